@@ -1,0 +1,124 @@
+"""One name -> object registry, shared by every plug-in kind of rlplat.
+
+Advantage estimators, policy losses, loss-aggregation modes, KL estimators (and later reward functions
+and engines) each own one :class:`Registry`. The rules are the same for all of them:
+
+* ``@REG.register("name")`` adds the decorated object; a second object under a name already taken is
+  refused unless ``replace=True`` is passed explicitly.
+* ``REG.get("nmae")`` on a miss raises :class:`UnknownNameError` listing the known names and the closest
+  match ("did you mean 'name'?").
+* ``REG.names()`` is what config validation checks names against, so allowed values never drift from
+  what is actually registered.
+* ``with REG.temporary("name", obj):`` (or ``with REG.isolated():``) lets a test register without
+  leaking the entry into other tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(ValueError):
+    """Base class of registry errors."""
+
+
+class UnknownNameError(RegistryError, KeyError):
+    """A name that is not registered was asked for."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class DuplicateNameError(RegistryError):
+    """A name was registered twice without ``replace=True``."""
+
+
+class Registry(Generic[T]):
+    """A mapping from names to plug-ins of one kind (e.g. ``"advantage estimator"``)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str | None = None, *, replace: bool = False) -> Callable[[T], T]:
+        """Decorator: register the object under ``name`` (default: its ``__name__``)."""
+
+        def decorator(obj: T) -> T:
+            self.add(name or obj.__name__, obj, replace=replace)
+            return obj
+
+        return decorator
+
+    def add(self, name: str, obj: T, *, replace: bool = False) -> None:
+        if not isinstance(name, str) or not name:
+            raise RegistryError(f"{self.kind} names must be non-empty strings, got {name!r}")
+        if name in self._entries and not replace and self._entries[name] is not obj:
+            raise DuplicateNameError(
+                f"{self.kind} {name!r} is already registered (by {_describe(self._entries[name])}); "
+                f"pass replace=True to override it on purpose"
+            )
+        self._entries[name] = obj
+
+    def remove(self, name: str) -> T:
+        if name not in self._entries:
+            raise self.unknown(name)
+        return self._entries.pop(name)
+
+    def get(self, name: str) -> T:
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise self.unknown(name) from None
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._entries))
+
+    def suggestion(self, name: object, candidates: tuple[str, ...] | None = None) -> str:
+        """The "did you mean ...? known: ..." tail of an error message about ``name``."""
+        candidates = self.names() if candidates is None else candidates
+        close = difflib.get_close_matches(str(name), candidates, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{hint}known: {', '.join(candidates) or '(none)'}"
+
+    def unknown(self, name: object, candidates: tuple[str, ...] | None = None) -> UnknownNameError:
+        return UnknownNameError(f"unknown {self.kind} {name!r}; {self.suggestion(name, candidates)}")
+
+    @contextlib.contextmanager
+    def temporary(self, name: str, obj: T, *, replace: bool = False) -> Iterator[T]:
+        """Register ``obj`` for the duration of a ``with`` block, then restore the previous state."""
+        with self.isolated():
+            self.add(name, obj, replace=replace)
+            yield obj
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[Registry[T]]:
+        """Whatever is registered or removed inside the block is undone when it exits."""
+        saved = dict(self._entries)
+        try:
+            yield self
+        finally:
+            self._entries.clear()
+            self._entries.update(saved)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, names={list(self.names())})"
+
+
+def _describe(obj: object) -> str:
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    return f"{module}.{qualname}" if module and qualname else repr(obj)

