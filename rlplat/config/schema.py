@@ -1,0 +1,208 @@
+"""The configuration schema: the single source of truth for every key, its type and its default.
+
+YAML files under ``rlplat/config/`` only select and override values; a key that is not a field here
+does not exist. Each field's meaning is the comment next to it (the README's config reference is
+generated from this file: ``python -m rlplat.config.reference``).
+
+Batch sizes say what they count: ``*_prompts`` count prompts (each expands to ``rollout.n``
+sequences), ``*_seqs`` count sequences (prompt + one response); ``global`` sizes are summed over all
+workers, ``*_per_worker`` sizes are what one worker holds at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    path: str = "embedded"  # HF hub id or local directory; "embedded" = rlplat's locally built tiny model
+    tokenizer_path: Optional[str] = None  # defaults to model.path
+    trust_remote_code: bool = False
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto = float32 on CPU, bfloat16 on GPU
+    gradient_checkpointing: bool = False
+    attn_implementation: str = "sdpa"  # passed to from_pretrained (eager | sdpa | flash_attention_2)
+
+
+@dataclass
+class DataConfig:
+    # One path or a list: parquet files, or builtin:<task> for a generated built-in task.
+    train_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])
+    val_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])
+    train_batch_size_prompts: int = 32  # prompts per training step, global (sequences = this x rollout.n)
+    val_batch_size_prompts: int = 256  # prompts per validation generation call, global
+    max_prompt_length: int = 128  # tokens, after the chat template
+    max_response_length: int = 64  # tokens generated per response (the one source for max_new_tokens)
+    truncation: str = "error"  # over-long prompt: error | left | right | filter
+    apply_chat_template: bool = True
+    shuffle: bool = True
+    seed: int = 1  # data order seed (trainer.seed seeds everything else)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    lr_schedule: str = "constant"  # constant | linear | cosine (after warmup)
+    warmup_steps: int = 0  # optimizer steps of linear warmup from 0
+    min_lr_ratio: float = 0.0  # floor of linear/cosine decay, as a fraction of lr
+    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = False  # GPU only: keep sharded params on CPU between uses
+    optimizer_offload: bool = False  # GPU only: keep optimizer state on CPU
+    reshard_after_forward: bool = True
+    mixed_precision: str = "auto"  # auto = bf16 compute / fp32 reduce on GPU, none on CPU | none | bf16
+
+
+@dataclass
+class MegatronConfig:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp"  # training engine (registry): fsdp | megatron
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    mini_batch_size_prompts: int = 32  # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch)
+    micro_batch_size_seqs_per_worker: int = 16  # sequences per forward/backward on one worker (gradient accumulation)
+    log_prob_micro_batch_size_seqs_per_worker: int = 32  # sequences per log-prob forward on one worker
+    ppo_epochs: int = 1  # passes over each step's batch
+    shuffle: bool = True  # shuffle sequences between mini-batches
+    entropy_coeff: float = 0.0  # entropy bonus in the actor loss
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"  # rollout engine (registry): hf | vllm | sglang
+    n: int = 8  # responses per prompt (group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = no top-k
+    generate_batch_size_seqs_per_worker: int = 256  # sequences per generate() call on one worker (hf)
+    val_n: int = 1  # responses per validation prompt (mean@N, best@N, maj@N, pass@k)
+    val_temperature: float = 0.0  # 0 = greedy
+    gpu_memory_utilization: float = 0.5  # vllm/sglang: share of device memory for weights + KV cache
+    tensor_parallel_size: int = 1  # vllm/sglang
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"  # fixed | adaptive (Ziegler et al. 1909.08593)
+    coef: float = 0.001  # beta of KL in the reward
+    target: float = 0.1  # adaptive: target KL
+    horizon: float = 10000  # adaptive: horizon in samples
+
+
+@dataclass
+class DynamicSamplingConfig:
+    enable: bool = False  # DAPO: drop groups whose scores are all equal and sample more prompts
+    max_gen_batches: int = 10  # give up filling the batch after this many generation rounds
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False  # DAPO soft overlong punishment
+    length: int = 16  # tokens before data.max_response_length where the penalty starts
+    penalty_factor: float = 1.0  # penalty reaches -penalty_factor at the maximum length
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"  # advantage estimator (registry)
+    gamma: float = 1.0  # discount (gae, reinforce_pp, remax)
+    lam: float = 1.0  # GAE lambda
+    norm_adv_scale: str = "group"  # grpo std scaling: group | batch | none
+    norm_adv_epsilon: float = 1e-6
+    policy_loss: str = "ppo"  # policy loss (registry)
+    loss_agg_mode: str = "token-mean"  # loss aggregation mode (registry)
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm constant; None = data.max_response_length
+    clip_ratio_low: float = 0.2  # epsilon_low
+    clip_ratio_high: float = 0.2  # epsilon_high (DAPO clip-higher: 0.28)
+    clip_ratio_c: float = 3.0  # dual-clip constant (> 1)
+    use_kl_in_reward: bool = False  # r_t - beta * KL_t with algorithm.kl_ctrl
+    kl_penalty: str = "k1"  # KL estimator used in the reward (registry)
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    use_kl_loss: bool = False  # beta * aggregate(KL) in the actor loss (GRPO style)
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "k3"  # KL estimator used in the loss (registry; "+" = straight-through)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+
+@dataclass
+class RefConfig:
+    enable: Optional[bool] = None  # None = whenever a KL term is used
+    placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
+    workers_per_node: int = 1  # only for placement=separate
+    log_prob_micro_batch_size_seqs_per_worker: int = 32
+
+
+@dataclass
+class CriticConfig:
+    model_path: Optional[str] = None  # defaults to model.path (a value head is added)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    micro_batch_size_seqs_per_worker: int = 16
+    cliprange_value: float = 0.5  # epsilon_v of the clipped value loss
+    ppo_epochs: int = 1
+
+
+@dataclass
+class CustomRewardConfig:
+    path: Optional[str] = None  # python file defining the function
+    name: str = "compute_score"  # function name in that file
+
+
+@dataclass
+class RewardConfig:
+    custom_fn: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    functions: list[str] = field(default_factory=lambda: ["auto"])  # reward functions (registry); auto = by data_source
+    weights: list[float] = field(default_factory=lambda: [1.0])  # one weight per function
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 20
+    output_dir: str = "outputs/${trainer.experiment_name}"
+    project_name: str = "rlplat"
+    experiment_name: str = "run"
+    test_freq: int = 5  # validate every N steps (and before training); <= 0 = only before and after
+    save_freq: int = 0  # checkpoint every N steps; <= 0 = only at the end
+    resume_mode: str = "auto"  # auto | disable | <checkpoint path>
+    nnodes: int = 1
+    workers_per_node: int = 1  # actor/rollout/ref workers (one per device) on each node
+    device: str = "auto"  # auto | cpu | cuda
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    seed: int = 42
+    ray_address: Optional[str] = None  # None = RAY_ADDRESS or a local cluster; "inprocess" = no Ray (world size 1)
+
+
+@dataclass
+class RLPlatConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+SCHEMA_NAME = "rlplat_schema"
+
+
+def register_schema() -> None:
+    """Register the schema in Hydra's ConfigStore (the root YAML's defaults list starts with it)."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=RLPlatConfig)

@@ -1,0 +1,99 @@
+"""Resource pools: devices reserved on a Ray cluster with one placement group per node.
+
+A pool of ``nnodes x workers_per_node`` bundles, each bundle one device (a GPU, or CPU cores on CPU
+machines). Each node's bundles form a STRICT_PACK placement group pinned to that node by its node-id
+label, so rank r lives on node r // workers_per_node. Worker groups placed on the same pool share its
+devices (colocation); a role placed on its own pool (e.g. a separate reference policy) gets its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PLACEMENT_TIMEOUT_S = 120
+
+
+@dataclass
+class ResourcePool:
+    nnodes: int
+    workers_per_node: int
+    device: str  # "cpu" | "cuda"
+    cpus_per_worker: float = 1.0
+    exclude_nodes: tuple[str, ...] = ()  # node ids another pool already uses, when roles must not share
+    placement_groups: list[Any] = field(default_factory=list, init=False)
+    node_ids: list[str] = field(default_factory=list, init=False)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.workers_per_node
+
+    def _bundle(self) -> dict[str, float]:
+        bundle = {"CPU": self.cpus_per_worker}
+        if self.device == "cuda":
+            bundle["GPU"] = 1.0
+        return bundle
+
+    def _pick_nodes(self) -> list[str]:
+        import ray
+
+        need = self._bundle()
+        fits = [
+            node["NodeID"]
+            for node in ray.nodes()
+            if node["Alive"]
+            and node["NodeID"] not in self.exclude_nodes
+            and all(node["Resources"].get(k, 0) >= v * self.workers_per_node for k, v in need.items())
+        ]
+        if len(fits) < self.nnodes:
+            raise RuntimeError(
+                f"trainer.nnodes={self.nnodes} x trainer.workers_per_node={self.workers_per_node} needs "
+                f"{self.nnodes} Ray nodes each with {self.workers_per_node} x {need}; only {len(fits)} "
+                f"node(s) qualify (ray.nodes() lists {len(ray.nodes())})"
+            )
+        return fits[: self.nnodes]
+
+    def create(self) -> ResourcePool:
+        """Reserve the bundles; raises a clear error if the cluster cannot hold them."""
+        import ray
+        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
+
+        self.node_ids = self._pick_nodes()
+        self.placement_groups = [
+            placement_group(
+                [self._bundle()] * self.workers_per_node,
+                strategy="STRICT_PACK",
+                bundle_label_selector=[{NODE_ID_LABEL_KEY: node_id}] * self.workers_per_node,
+            )
+            for node_id in self.node_ids
+        ]
+        ready, _ = ray.wait([pg.ready() for pg in self.placement_groups], num_returns=self.nnodes,
+                            timeout=PLACEMENT_TIMEOUT_S)
+        if len(ready) < self.nnodes:
+            raise RuntimeError(
+                f"could not reserve {self.world_size} x {self._bundle()} within {PLACEMENT_TIMEOUT_S}s; "
+                f"cluster resources: {ray.cluster_resources()}"
+            )
+        return self
+
+    def actor_options(self, rank: int, share: float = 1.0) -> dict[str, Any]:
+        """Ray ``.options()`` placing the worker of ``rank`` in its bundle, taking ``share`` of it."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        node, local = divmod(rank, self.workers_per_node)
+        options: dict[str, Any] = {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.placement_groups[node], placement_group_bundle_index=local
+            ),
+            "num_cpus": self.cpus_per_worker * share,
+        }
+        if self.device == "cuda":
+            options["num_gpus"] = share
+        return options
+
+    def release(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.placement_groups:
+            remove_placement_group(pg)
+        self.placement_groups = []

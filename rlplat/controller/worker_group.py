@@ -1,0 +1,135 @@
+"""Worker groups: N workers of one class that the controller drives as one object.
+
+``group.method(batch)`` looks up ``method``'s dispatch mode (see :mod:`rlplat.controller.dispatch`),
+splits the arguments over the workers, runs them concurrently and collects the answers.
+
+* :class:`RayWorkerGroup` starts one Ray actor per bundle of a :class:`ResourcePool` (one device each;
+  across nodes when the pool spans nodes), then joins them into one torch.distributed process group
+  (gloo on CPU, nccl on GPU).
+* :class:`InProcessWorkerGroup` runs a single worker in this process, with no Ray at all: for
+  debugging and for machines without Ray. The worker code and dispatch are the same.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from rlplat.controller.dispatch import Dispatch, collect_results, dispatch_mode, register, split_arguments
+from rlplat.controller.resource_pool import ResourcePool
+from rlplat.workers.dist import DistContext, free_port, init_distributed, node_ip
+
+
+class Worker:
+    """Base of every role class. Subclasses receive their rank and world size and the role's kwargs;
+    heavy set-up belongs in a ``@register(Dispatch.ONE_TO_ALL)`` method the controller calls."""
+
+    def __init__(self, rank: int, world_size: int, device: str):
+        self.rank, self.world_size, self.device_type = rank, world_size, device
+        self.dist: DistContext | None = None
+
+    def master_address(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def setup_distributed(self, master_addr: str, master_port: int) -> int:
+        self.dist = init_distributed(self.rank, self.world_size, master_addr, master_port, self.device_type)
+        return self.rank
+
+
+class WorkerGroup(ABC):
+    def __init__(self, worker_cls: type[Worker]):
+        self.worker_cls = worker_cls
+
+    @property
+    @abstractmethod
+    def world_size(self) -> int: ...
+
+    @abstractmethod
+    def _run(self, name: str, per_rank: list[tuple[tuple, dict]]) -> list[Any]:
+        """Call ``name`` on ranks 0..len(per_rank)-1 concurrently and return their results in rank order."""
+
+    def call(self, name: str, *args, **kwargs) -> Any:
+        mode = dispatch_mode(self.worker_cls, name)
+        per_rank, pad = split_arguments(mode, self.world_size, args, kwargs)
+        return collect_results(mode, self._run(name, per_rank), pad)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        dispatch_mode(self.worker_cls, name)  # fail early, listing the exposed methods
+        return lambda *args, **kwargs: self.call(name, *args, **kwargs)
+
+    def shutdown(self) -> None:
+        """Release the workers (Ray actors are killed; in-process workers are dropped)."""
+
+
+class InProcessWorkerGroup(WorkerGroup):
+    """World size 1 in the calling process: no Ray, same worker code and dispatch."""
+
+    def __init__(self, worker_cls: type[Worker], device: str, **worker_kwargs):
+        import torch.distributed as dist
+
+        super().__init__(worker_cls)
+        self.worker = worker_cls(rank=0, world_size=1, device=device, **worker_kwargs)
+        # Several in-process groups (actor, critic) share this process's world-size-1 process group;
+        # the one that created it destroys it.
+        self._owns_process_group = not dist.is_initialized()
+        self.worker.setup_distributed("127.0.0.1", free_port())
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def _run(self, name, per_rank):
+        args, kwargs = per_rank[0]
+        return [getattr(self.worker, name)(*args, **kwargs)]
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        self.worker = None
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RayWorkerGroup(WorkerGroup):
+    """One Ray actor per bundle of ``pool``; ``share`` is this group's fraction of each bundle's device
+    (colocated groups on one pool split it, e.g. actor+rollout+ref worker and critic worker)."""
+
+    def __init__(self, worker_cls: type[Worker], pool: ResourcePool, share: float = 1.0, **worker_kwargs):
+        import ray
+
+        super().__init__(worker_cls)
+        remote_cls = ray.remote(worker_cls)
+        self.actors = [
+            remote_cls.options(**pool.actor_options(index, share)).remote(
+                rank=index, world_size=pool.world_size, device=pool.device, **worker_kwargs
+            )
+            for index in range(pool.world_size)
+        ]
+        addr, port = ray.get(self.actors[0].master_address.remote())
+        ray.get([a.setup_distributed.remote(addr, port) for a in self.actors])
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    def _run(self, name, per_rank):
+        import ray
+
+        refs = [getattr(actor, name).remote(*a, **k) for actor, (a, k) in zip(self.actors, per_rank)]
+        return ray.get(refs)
+
+    def execute_all(self, fn_name: str, *args, **kwargs) -> list[Any]:
+        """Call a plain (unregistered) method on every actor, e.g. for tests and diagnostics."""
+        import ray
+
+        return ray.get([getattr(a, fn_name).remote(*args, **kwargs) for a in self.actors])
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

@@ -1,0 +1,89 @@
+"""Tiny causal LMs and character tokenizers built locally, saved in Hugging Face format.
+
+No model can be downloaded at run time on our machines, so tests and the embedded default build a
+small Qwen2 model and a character-level tokenizer here and ``save_pretrained`` both: everything after
+that goes through the real ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` path.
+
+The tokenizer is character-level (one token per character of a fixed alphabet) with chat-role
+special tokens and a chat template, which is enough for arithmetic-style built-in tasks.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+PAD, EOS, BOS = "<|pad|>", "<|endoftext|>", "<|bos|>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|endoftext|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Architecture of a tiny Qwen2. head_dim = hidden_size / num_heads must be >= 32 (vLLM's CPU
+    attention rejects 16)."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = True
+
+
+def build_tokenizer():
+    """A character-level ``PreTrainedTokenizerFast`` with pad/eos/role tokens and a chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [PAD, EOS, BOS, *ROLE_TOKENS]
+    vocab = {tok: i for i, tok in enumerate(specials + ["<unk>"] + list(ALPHABET))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=BOS,
+        unk_token="<unk>",
+        additional_special_tokens=list(ROLE_TOKENS),
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec(), seed: int = 0) -> Path:
+    """Build a randomly initialised tiny Qwen2 + tokenizer and save both to ``out_dir``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        torch_dtype="float32",
+        **asdict(spec),
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir

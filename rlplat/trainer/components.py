@@ -1,0 +1,136 @@
+"""What the trainer works with, built once from the config: worker groups, data, rewards, logging.
+
+:func:`build_components` starts the worker groups (on Ray, or in-process for
+``trainer.ray_address=inprocess``), loads the datasets and builds the reward managers; the trainer only
+calls the small methods below, so a test or recipe can swap any part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlplat.config.validate import RunPlan
+from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
+from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
+from rlplat.protocol import Batch
+from rlplat.reward import RewardManager, build_reward_manager
+from rlplat.utils.checkpoint import Checkpointer
+from rlplat.utils.tracking import Tracker
+from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker
+
+
+@dataclass
+class Components:
+    cfg: DictConfig
+    tokenizer: Any
+    actor: WorkerGroup
+    ref: WorkerGroup | None
+    critic: WorkerGroup | None
+    train_data: RLDataset
+    val_data: RLDataset
+    sampler: PromptSampler
+    reward_train: RewardManager
+    reward_val: RewardManager
+    tracker: Tracker
+    checkpoints: Checkpointer
+    pools: list[ResourcePool] = field(default_factory=list)
+
+    def _batch(self, items: list[dict]) -> Batch:
+        tensors, lists = collate(items, self.tokenizer.pad_token_id)
+        return Batch.from_dict(tensors, non_tensors=lists)
+
+    def train_prompts(self, num_prompts: int) -> Batch:
+        indices = self.sampler.next_batch()
+        assert len(indices) == num_prompts, (len(indices), num_prompts)
+        return self._batch([self.train_data[i] for i in indices])
+
+    def val_prompts(self) -> Iterator[Batch]:
+        size = self.cfg.data.val_batch_size_prompts
+        for start in range(0, len(self.val_data), size):
+            yield self._batch([self.val_data[i] for i in range(start, min(start + size, len(self.val_data)))])
+
+    def decode(self, batch: Batch) -> list[str]:
+        t = batch.tensors
+        return [
+            self.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+            for ids, mask in zip(t["responses"], t["response_mask"])
+        ]
+
+    def score(self, batch: Batch, validation: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+        manager = self.reward_val if validation else self.reward_train
+        nt = batch.non_tensors
+        result = manager.score(
+            self.decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra_info"]),
+            batch.tensors["response_mask"].sum(-1).tolist(),
+        )
+        metrics = {"reward/num_errors": float(result.num_errors)}
+        for name, values in result.per_function.items():
+            metrics[f"reward/{name}_mean"] = sum(values) / max(len(values), 1)
+        return torch.tensor(result.scores, dtype=torch.float32), metrics
+
+    def shutdown(self) -> None:
+        for group in (self.critic, self.ref, self.actor):  # the actor group owns an in-process PG
+            if group is not None:
+                group.shutdown()
+        for pool in self.pools:
+            pool.release()
+        self.tracker.close()
+
+
+def _groups(cfg: DictConfig, plan: RunPlan, model_path: str):
+    """Start the worker groups: colocated actor+rollout(+ref), then optional critic and separate ref."""
+    kwargs = {"cfg": cfg, "plan": plan}
+    colocated_ref = plan.needs_ref and cfg.ref.placement == "colocated"
+    if cfg.trainer.ray_address == "inprocess":
+        actor = InProcessWorkerGroup(ActorRolloutRefWorker, plan.device, **kwargs)
+        actor.init_model(model_path, with_ref=colocated_ref)
+        # One process holds one torch.distributed group: the in-process critic joins the actor's.
+        critic = InProcessWorkerGroup(CriticWorker, plan.device, **kwargs) if plan.needs_critic else None
+        if critic is not None:
+            critic.init_model(model_path)
+        return actor, None, critic, []
+    pool = ResourcePool(cfg.trainer.nnodes, cfg.trainer.workers_per_node, plan.device).create()
+    pools = [pool]
+    share = 0.5 if plan.needs_critic else 1.0
+    actor = RayWorkerGroup(ActorRolloutRefWorker, pool, share=share, **kwargs)
+    actor.init_model(model_path, with_ref=colocated_ref)
+    critic = None
+    if plan.needs_critic:
+        critic = RayWorkerGroup(CriticWorker, pool, share=share, **kwargs)
+        critic.init_model(model_path)
+    ref = None
+    if plan.needs_ref and not colocated_ref:
+        ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device).create()
+        pools.append(ref_pool)
+        ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
+        ref.init_model(model_path)
+    return actor, ref, critic, pools
+
+
+def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Components:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+    data = cfg.data
+
+    def dataset(files: tuple[str, ...], split: str) -> RLDataset:
+        return RLDataset(resolve_files(list(files), split), tokenizer, data.max_prompt_length, data.truncation,
+                         data.apply_chat_template)
+
+    train_data, val_data = dataset(plan.train_files, "train"), dataset(plan.val_files, "test")
+    sampler = PromptSampler(len(train_data), data.train_batch_size_prompts, shuffle=data.shuffle, seed=data.seed)
+    overlong = cfg.algorithm.overlong_buffer
+    reward_train = build_reward_manager(cfg.reward, overlong, data.max_response_length)
+    reward_val = build_reward_manager(cfg.reward, None, data.max_response_length)
+    tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg))
+    actor, ref, critic, pools = _groups(cfg, plan, model_path)
+    return Components(
+        cfg=cfg, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
+        val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,
+        checkpoints=Checkpointer(cfg, model_path), pools=pools,
+    )

@@ -1,0 +1,73 @@
+"""Entry point: ``python -m rlplat.trainer.main [group=preset ...] [key=value ...] [--cfg job] [--help]``.
+
+Composes the Hydra config (schema + presets + overrides), validates it, then runs the PPO-family
+trainer. ``--cfg job`` prints the resolved, validated config as YAML and exits without training.
+Configuration errors print one line naming the key and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: python -m rlplat.trainer.main [algorithm=PRESET] [actor=STRATEGY] [rollout=ENGINE] [key=value ...]
+                                   [--cfg job] [--help]
+
+  --cfg job   print the resolved, validated config and exit
+  --help      this message, with the presets of each group
+
+Examples:
+  python -m rlplat.trainer.main algorithm=grpo
+  python -m rlplat.trainer.main algorithm=dapo rollout.n=16 data.train_files=train.parquet
+  python -m rlplat.trainer.main algorithm=grpo algorithm.adv_estimator=rloo --cfg job
+"""
+
+
+def _usage() -> str:
+    from rlplat.config import group_options
+    from rlplat.config.loader import GROUPS
+
+    groups = "\n".join(f"  {g}: {', '.join(group_options(g))}" for g in GROUPS)
+    return f"{USAGE}\nPresets:\n{groups}\n\nEvery key and its default: python -m rlplat.config.reference\n"
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
+    overrides, cfg_mode, show_help = [], None, False
+    args = iter(argv)
+    for arg in args:
+        if arg in ("-h", "--help"):
+            show_help = True
+        elif arg == "--cfg" or arg.startswith("--cfg="):
+            cfg_mode = arg.split("=", 1)[1] if "=" in arg else next(args, None)
+            if cfg_mode not in ("job", "all"):
+                raise SystemExit(f"rlplat: --cfg takes 'job' (or 'all'), got {cfg_mode!r}")
+        elif arg.startswith("-"):
+            raise SystemExit(f"rlplat: unknown option {arg!r}\n\n{USAGE}")
+        else:
+            overrides.append(arg)
+    return overrides, cfg_mode, show_help
+
+
+def main(argv: list[str] | None = None) -> int:
+    from omegaconf import OmegaConf
+
+    from rlplat.config import ConfigError, load_config
+
+    overrides, cfg_mode, show_help = parse_args(sys.argv[1:] if argv is None else argv)
+    if show_help:
+        print(_usage())
+        return 0
+    try:
+        cfg, plan = load_config(overrides)
+    except ConfigError as err:
+        print(f"rlplat: config error: {err}", file=sys.stderr)
+        return 2
+    if cfg_mode:
+        print(OmegaConf.to_yaml(cfg), end="")
+        return 0
+    from rlplat.trainer.run import run
+
+    return run(cfg, plan)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

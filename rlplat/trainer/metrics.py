@@ -1,0 +1,97 @@
+"""Step metrics computed on the controller, and the validation metrics (mean@N, best@N, maj@N, pass@k)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from rlplat.protocol import Batch
+
+
+@contextlib.contextmanager
+def timed(metrics: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    metrics[f"timing/{name}_s"] = metrics.get(f"timing/{name}_s", 0.0) + time.perf_counter() - start
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    values = values.float()
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/std": float(values.std()) if values.numel() > 1 else 0.0,
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
+
+
+def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values and lengths of one training batch."""
+    t = batch.tensors
+    mask = t["response_mask"].bool()
+    lengths = mask.sum(-1)
+    out = {
+        **_stats("score", t["token_level_scores"].sum(-1)),
+        **_stats("reward", t["token_level_rewards"].sum(-1)),
+        **_stats("advantages", t["advantages"][mask]),
+        **_stats("response_length", lengths),
+        "response_length/truncation_ratio": float((lengths >= max_response_length).float().mean()),
+    }
+    if "returns" in t.keys():
+        out.update(_stats("returns", t["returns"][mask]))
+    if "values" in t.keys():
+        out.update(_stats("values", t["values"][mask]))
+    return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2107.03374, eq. 1)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def validation_metrics(
+    data_sources: Sequence[str], prompt_ids: Sequence[str], answers: Sequence[str], scores: Sequence[float]
+) -> dict[str, float]:
+    """Per data source: ``mean@N`` (mean score), ``best@N`` (mean over prompts of the best score),
+    ``maj@N`` (score of each prompt's most frequent answer), ``pass@1``/``pass@N`` (unbiased, a sample is
+    correct when its score >= 1) and ``accuracy`` (share of correct samples); plus overall ``val/accuracy``.
+    """
+    groups: dict[str, dict[str, list[tuple[str, float]]]] = defaultdict(lambda: defaultdict(list))
+    for source, pid, answer, score in zip(data_sources, prompt_ids, answers, scores):
+        groups[source][pid].append((answer.strip(), float(score)))
+    out: dict[str, float] = {}
+    for source, prompts in groups.items():
+        n = max(len(samples) for samples in prompts.values())
+        rows = defaultdict(list)
+        for samples in prompts.values():
+            sample_scores = [s for _, s in samples]
+            correct = sum(s >= 1.0 for s in sample_scores)
+            counts: dict[str, int] = defaultdict(int)
+            for answer, _ in samples:
+                counts[answer] += 1
+            majority = max(counts, key=lambda a: (counts[a], -[x for x, _ in samples].index(a)))
+            rows["mean"].append(sum(sample_scores) / len(samples))
+            rows["best"].append(max(sample_scores))
+            rows["maj"].append(next(s for a, s in samples if a == majority))
+            rows["pass1"].append(pass_at_k(len(samples), correct, 1))
+            rows["passn"].append(pass_at_k(len(samples), correct, len(samples)))
+            rows["accuracy"].append(correct / len(samples))
+        mean = {k: sum(v) / len(v) for k, v in rows.items()}
+        prefix = f"val/{source}"
+        out.update({
+            f"{prefix}/mean@{n}": mean["mean"], f"{prefix}/best@{n}": mean["best"], f"{prefix}/maj@{n}": mean["maj"],
+            f"{prefix}/pass@1": mean["pass1"], f"{prefix}/pass@{n}": mean["passn"], f"{prefix}/accuracy": mean["accuracy"],
+        })
+    correct = [float(s >= 1.0) for s in scores]
+    out["val/accuracy"] = sum(correct) / max(len(correct), 1)
+    out["val/score_mean"] = sum(scores) / max(len(scores), 1)
+    return out

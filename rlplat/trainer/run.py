@@ -1,0 +1,57 @@
+"""Run a validated config: connect to Ray (or run in-process), build the components, train, summarise."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from omegaconf import DictConfig
+
+from rlplat.config.validate import RunPlan
+
+
+def init_ray(cfg: DictConfig) -> bool:
+    """Connect to ``trainer.ray_address`` / ``RAY_ADDRESS``, or start a local cluster. False = in-process."""
+    if cfg.trainer.ray_address == "inprocess":
+        return False
+    try:
+        import ray
+    except ImportError:
+        raise SystemExit("rlplat: Ray is not installed; install it or set trainer.ray_address=inprocess") from None
+    if not ray.is_initialized():
+        address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
+        # Workers import rlplat from the same checkout as the controller.
+        env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+        ray.init(address=address, runtime_env=env, include_dashboard=False, log_to_driver=True)
+    return True
+
+
+def resolve_model_path(cfg: DictConfig) -> str:
+    if cfg.model.path == "embedded":
+        from rlplat.models.embedded import ensure_embedded_model
+
+        return str(ensure_embedded_model())
+    return cfg.model.path
+
+
+def run(cfg: DictConfig, plan: RunPlan) -> int:
+    from rlplat.trainer.components import build_components
+    from rlplat.trainer.ppo import PPOTrainer
+
+    model_path = resolve_model_path(cfg)
+    using_ray = init_ray(cfg)
+    components = build_components(cfg, plan, model_path)
+    try:
+        summary = PPOTrainer(cfg, plan, components).fit()
+    finally:
+        components.shutdown()
+        if using_ray:
+            import ray
+
+            ray.shutdown()
+    shown = {k: summary[k] for k in ("initial_val_accuracy", "final_val_accuracy", "steps", "wall_time_s")}
+    print(f"rlplat: done. {json.dumps(shown)}", flush=True)
+    print(f"rlplat: summary {summary['output_dir']}/summary.json, model {summary['hf_export']}", flush=True)
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,1 @@
+"""What runs on a device: the role workers and their training engines."""

@@ -1,0 +1,108 @@
+"""The actor's and critic's losses for one micro-batch, assembled from the algorithms registries.
+
+actor loss = agg(policy loss) − entropy_coeff · agg(entropy) + kl_loss_coef · agg(KL)   (if use_kl_loss)
+critic loss = agg(½ max((V − R)², (clip(V, V_old ± ε_v) − R)²))
+SFT loss    = token-mean(−log π(token))   (the warm start of the embedded model)
+
+Every ``agg`` uses the *mini-batch's* global denominators, so the micro-batch losses (and their
+gradients) add up to the mini-batch's exactly; metrics are weighted the same way, so summing a
+metric over micro-batches and ranks gives its mini-batch mean.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from rlplat.algorithms import (
+    KLInput,
+    LossDenominators,
+    PolicyLossConfig,
+    PolicyLossInput,
+    aggregate_loss,
+    get_policy_loss,
+    kl_penalty,
+    value_loss,
+)
+from rlplat.protocol import Batch
+from rlplat.workers.engines.base import ForwardOutput
+
+
+def policy_loss_config(algo: DictConfig) -> PolicyLossConfig:
+    return PolicyLossConfig(
+        clip_ratio_low=algo.clip_ratio_low,
+        clip_ratio_high=algo.clip_ratio_high,
+        clip_ratio_c=algo.clip_ratio_c,
+    )
+
+
+def _weighted(metrics: dict[str, torch.Tensor], mask: torch.Tensor, denominators: LossDenominators) -> dict[str, float]:
+    """Token-mean metrics of a micro-batch, weighted by its share of the mini-batch's tokens."""
+    share = float(mask.sum()) / max(denominators.num_tokens, 1.0)
+    return {k: float(v) * share for k, v in metrics.items()}
+
+
+def actor_loss(
+    fwd: ForwardOutput,
+    micro: Batch,
+    algo: DictConfig,
+    denominators: LossDenominators,
+    loss_scale_factor: float,
+    entropy_coeff: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    t = micro.tensors
+    mask = t["response_mask"].to(fwd.log_probs.device)
+    old = t["old_log_probs"].to(mask.device) if "old_log_probs" in t.keys() else fwd.log_probs.detach()
+
+    def agg(values: torch.Tensor) -> torch.Tensor:
+        return aggregate_loss(values, mask, algo.loss_agg_mode, denominators, loss_scale_factor)
+
+    policy = get_policy_loss(algo.policy_loss)(
+        PolicyLossInput(
+            log_prob=fwd.log_probs,
+            old_log_prob=old,
+            advantages=t["advantages"].to(mask.device),
+            response_mask=mask,
+            config=policy_loss_config(algo),
+        )
+    )
+    pg_loss = agg(policy.loss)
+    loss = pg_loss
+    metrics = {f"actor/{k}": v for k, v in _weighted(policy.metrics, mask, denominators).items()}
+    metrics["actor/pg_loss"] = float(pg_loss.detach())
+    if fwd.entropy is not None:
+        entropy = agg(fwd.entropy if entropy_coeff else fwd.entropy.detach())
+        metrics["actor/entropy"] = float(entropy.detach())
+        if entropy_coeff:
+            loss = loss - entropy_coeff * entropy
+    if algo.use_kl_loss:
+        kl = kl_penalty(algo.kl_loss_type, KLInput(fwd.log_probs, t["ref_log_probs"].to(mask.device)))
+        kl_loss = agg(kl)
+        loss = loss + algo.kl_loss_coef * kl_loss
+        metrics["actor/kl_loss"] = float(kl_loss.detach())
+    return loss, metrics
+
+
+def critic_loss(
+    fwd: ForwardOutput,
+    micro: Batch,
+    algo: DictConfig,
+    cliprange_value: float,
+    denominators: LossDenominators,
+    loss_scale_factor: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    t = micro.tensors
+    mask = t["response_mask"].to(fwd.values.device)
+    per_token, value_metrics = value_loss(
+        fwd.values, t["values"].to(mask.device), t["returns"].to(mask.device), mask, cliprange_value
+    )
+    loss = aggregate_loss(per_token, mask, algo.loss_agg_mode, denominators, loss_scale_factor)
+    metrics = {f"critic/{k}": v for k, v in _weighted(value_metrics, mask, denominators).items()}
+    metrics["critic/vf_loss"] = float(loss.detach())
+    return loss, metrics
+
+
+def sft_loss(fwd: ForwardOutput, micro: Batch, denominators: LossDenominators) -> tuple[torch.Tensor, dict[str, float]]:
+    mask = micro.tensors["response_mask"].to(fwd.log_probs.device)
+    loss = aggregate_loss(-fwd.log_probs, mask, "token-mean", denominators)
+    return loss, {"sft/nll": float(loss.detach())}

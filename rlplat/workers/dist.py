@@ -1,0 +1,83 @@
+"""torch.distributed set-up for one worker: gloo on CPU, nccl on GPU, a 1-D data-parallel mesh."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this worker sits: its rank among ``world_size`` data-parallel workers, and its device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    local_rank: int = 0
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    def mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum a few Python numbers over all ranks (e.g. global token counts for the loss)."""
+        if self.world_size == 1:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.tolist()
+
+
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> DistContext:
+    """Join the process group (idempotent for the same world) and pick this worker's device.
+
+    On GPU each worker sees the device Ray assigned to it (or the only one), so the local device is
+    ``cuda:0`` unless ``LOCAL_RANK`` says otherwise.
+    """
+    if device == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", 0)) if torch.cuda.device_count() > 1 else 0
+        torch.cuda.set_device(local_rank)
+        ctx = DistContext(rank, world_size, torch.device("cuda", local_rank), local_rank)
+    else:
+        ctx = DistContext(rank, world_size, torch.device("cpu"))
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise RuntimeError(
+                f"torch.distributed is already initialised as rank {dist.get_rank()}/{dist.get_world_size()}; "
+                f"cannot join as {rank}/{world_size} in the same process"
+            )
+        return ctx
+    os.environ["MASTER_ADDR"] = master_addr
+    os.environ["MASTER_PORT"] = str(master_port)
+    dist.init_process_group(backend=ctx.backend, rank=rank, world_size=world_size)
+    return ctx

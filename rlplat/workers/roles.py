@@ -1,0 +1,270 @@
+"""The role workers. One class per role; roles that share a device are composed in one worker.
+
+* :class:`ActorRolloutRefWorker`: a training engine (the actor), a rollout engine and, when the
+  reference policy is colocated, a frozen reference engine, all on one device.
+* :class:`RefWorker`: the reference policy alone, for ``ref.placement=separate`` (its own pool).
+* :class:`CriticWorker`: the value model for PPO.
+
+Methods the controller calls carry their dispatch mode (``@register``); see
+:mod:`rlplat.controller.dispatch`.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from rlplat.algorithms import LossDenominators
+from rlplat.config.validate import RunPlan
+from rlplat.controller.dispatch import Dispatch, register
+from rlplat.controller.worker_group import Worker
+from rlplat.protocol import Batch
+from rlplat.rollout import ROLLOUT_ENGINES, SamplingParams
+from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
+from rlplat.workers.engines import TRAINING_ENGINES, TrainingEngine
+
+
+def resolve_rollout_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:
+    name = cfg.model.dtype
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str, model_cfg: DictConfig) -> None:
+    """Save ``weights`` with ``model_path``'s config and tokenizer as a Hugging Face model directory,
+    atomically: written to a sibling temp dir, then renamed over ``path``."""
+    import os
+    import shutil
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32,
+                                                 trust_remote_code=model_cfg.trust_remote_code)
+    model.load_state_dict(weights)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".hf_export-", dir=parent)
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_path).save_pretrained(tmp)
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+def batched_forward(engine: TrainingEngine, batch: Batch, micro_size: int, temperature: float, **kw) -> dict:
+    """No-grad forward over ``batch`` in micro-batches; concatenated ``[B, R]`` outputs by name."""
+    outputs: dict[str, list[torch.Tensor]] = {}
+    for micro in batch.split(micro_size):
+        fwd = engine.forward(micro, temperature=temperature, grad=False, **kw)
+        for name in ("log_probs", "entropy", "values"):
+            value = getattr(fwd, name)
+            if value is not None:
+                outputs.setdefault(name, []).append(value.float().cpu())
+    return {name: torch.cat(parts) for name, parts in outputs.items()}
+
+
+class _TrainingRole(Worker):
+    """Shared by roles that train an engine: mini-/micro-batch loop with global loss denominators."""
+
+    cfg: DictConfig
+    plan: RunPlan
+
+    def _train(
+        self, engine: TrainingEngine, batch: Batch, epochs: int, mini_size: int, micro_size: int, loss_fn
+    ) -> dict[str, float]:
+        """``epochs`` passes of mini-batches of ``mini_size`` rows (this worker's share), each split in
+        micro-batches of ``micro_size``; one optimizer step per mini-batch. Returns mean metrics."""
+        totals: dict[str, float] = {}
+        steps = 0
+        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + batch.meta.get("step", 0) + self.rank)
+        for _ in range(epochs):
+            data = batch[torch.randperm(len(batch), generator=gen)] if self.cfg.actor.shuffle else batch
+            for mini in data.split(mini_size):
+                local = LossDenominators.from_mask(mini.tensors["response_mask"])
+                denominators = LossDenominators(*self.dist.all_reduce_sum([local.num_tokens, local.num_seqs]))
+                metrics: dict[str, float] = {}
+                for micro in mini.split(micro_size):
+                    loss, micro_metrics = loss_fn(micro, denominators)
+                    engine.backward(loss)
+                    for k, v in micro_metrics.items():
+                        metrics[k] = metrics.get(k, 0.0) + v
+                keys = sorted(metrics)
+                summed = dict(zip(keys, self.dist.all_reduce_sum([metrics[k] for k in keys])))
+                summed.update(engine.optimizer_step())
+                for k, v in summed.items():
+                    totals[k] = totals.get(k, 0.0) + v
+                steps += 1
+        return {k: v / steps for k, v in totals.items()}
+
+
+class ActorRolloutRefWorker(_TrainingRole):
+    """Actor (trained), rollout engine and (colocated) reference policy on one device."""
+
+    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
+        super().__init__(rank, world_size, device)
+        self.cfg, self.plan = cfg, plan
+        self.actor = self.rollout = self.ref = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, model_path: str, with_ref: bool) -> None:
+        from transformers import AutoTokenizer
+
+        cfg, ctx = self.cfg, self.dist
+        torch.manual_seed(cfg.trainer.seed + self.rank)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+        engine_cls = TRAINING_ENGINES.get(cfg.actor.strategy)
+        total = cfg.trainer.total_steps * self.plan.mini_batches_per_step * cfg.actor.ppo_epochs
+        self.actor = engine_cls(model_path, cfg.model, cfg.actor.fsdp, ctx, cfg.actor.optim, total)
+        if with_ref:
+            self.ref = engine_cls(model_path, cfg.model, cfg.actor.fsdp, ctx)
+        self.rollout = ROLLOUT_ENGINES.get(cfg.rollout.name)(
+            model_path,
+            device=ctx.device,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            dtype=resolve_rollout_dtype(cfg, ctx.device),
+            batch_size_seqs=cfg.rollout.generate_batch_size_seqs_per_worker,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
+
+    @register(Dispatch.DP_SPLIT)
+    def generate_sequences(self, prompts: Batch) -> Batch:
+        """Sample responses; ``prompts.meta`` may carry ``temperature``/``top_p``/``top_k`` (validation)."""
+        r = self.cfg.rollout
+        params = SamplingParams(
+            max_new_tokens=self.cfg.data.max_response_length,
+            temperature=prompts.meta.get("temperature", r.temperature),
+            top_p=prompts.meta.get("top_p", r.top_p),
+            top_k=prompts.meta.get("top_k", r.top_k),
+        )
+        out = self.rollout.generate(prompts, params)
+        out.meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
+        return out
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_log_probs(self, batch: Batch) -> Batch:
+        """``old_log_probs`` and ``entropy`` ``[B, R]`` under the current actor."""
+        out = batched_forward(
+            self.actor, batch, self.cfg.actor.log_prob_micro_batch_size_seqs_per_worker,
+            batch.meta["temperature"], need_entropy=True,
+        )
+        return Batch.from_dict({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        out = batched_forward(
+            self.ref, batch, self.cfg.ref.log_prob_micro_batch_size_seqs_per_worker, batch.meta["temperature"]
+        )
+        return Batch.from_dict({"ref_log_probs": out["log_probs"]})
+
+    @register(Dispatch.DP_SPLIT_EXACT)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """PPO-style update over ``actor.ppo_epochs`` x mini-batches; returns mini-batch-mean metrics."""
+        cfg = self.cfg
+        need_entropy = True  # the entropy metric is always reported; it gets a gradient only with a coeff
+
+        def loss_fn(micro: Batch, denominators: LossDenominators):
+            fwd = self.actor.forward(micro, temperature=batch.meta["temperature"], need_entropy=need_entropy, grad=True)
+            return actor_loss(fwd, micro, cfg.algorithm, denominators, self.plan.loss_scale_factor, cfg.actor.entropy_coeff)
+
+        return self._train(self.actor, batch, cfg.actor.ppo_epochs, self.plan.seqs_per_mini_batch_per_worker,
+                           cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
+
+    @register(Dispatch.DP_SPLIT_EXACT)
+    def update_sft(self, batch: Batch) -> dict[str, float]:
+        """One supervised step on teacher-forced responses: token-mean negative log-likelihood."""
+        def loss_fn(micro: Batch, denominators: LossDenominators):
+            fwd = self.actor.forward(micro, grad=True)
+            return sft_loss(fwd, micro, denominators)
+
+        return self._train(self.actor, batch, 1, len(batch), self.cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def sync_weights(self) -> None:
+        """Copy the actor's updated weights into the rollout engine (every rank gathers the full set)."""
+        self.rollout.load_weights(self.actor.full_weights())
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(f"{path}/actor")
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        """Restore the actor and bring the rollout engine to the restored weights."""
+        self.actor.load_checkpoint(f"{path}/actor")
+        self.sync_weights()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str, model_path: str) -> None:
+        """Write the actor as a Hugging Face model (safetensors + tokenizer) that from_pretrained loads."""
+        weights = {name: tensor.detach().cpu() for name, tensor in self.actor.full_weights()}
+        if self.rank == 0:
+            export_hf_model(weights, path, model_path, self.cfg.model)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def actor_weights(self) -> dict[str, torch.Tensor]:
+        """Every rank's view of the full actor weights (CPU copies), for checks and debugging."""
+        return {name: tensor.detach().cpu().clone() for name, tensor in self.actor.full_weights()}
+
+
+class RefWorker(Worker):
+    """The reference policy on its own pool (``ref.placement=separate``)."""
+
+    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
+        super().__init__(rank, world_size, device)
+        self.cfg, self.plan, self.ref = cfg, plan, None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, model_path: str) -> None:
+        self.ref = TRAINING_ENGINES.get(self.cfg.actor.strategy)(model_path, self.cfg.model, self.cfg.actor.fsdp, self.dist)
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        out = batched_forward(
+            self.ref, batch, self.cfg.ref.log_prob_micro_batch_size_seqs_per_worker, batch.meta["temperature"]
+        )
+        return Batch.from_dict({"ref_log_probs": out["log_probs"]})
+
+
+class CriticWorker(_TrainingRole):
+    """Value model (the policy's backbone with a 1-output head) trained with the clipped value loss."""
+
+    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
+        super().__init__(rank, world_size, device)
+        self.cfg, self.plan, self.critic = cfg, plan, None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, model_path: str) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.trainer.seed + self.rank)  # the value head is freshly initialised
+        total = cfg.trainer.total_steps * self.plan.mini_batches_per_step * cfg.critic.ppo_epochs
+        self.critic = TRAINING_ENGINES.get(cfg.actor.strategy)(
+            cfg.critic.model_path or model_path, cfg.model, cfg.actor.fsdp, self.dist, cfg.critic.optim, total,
+            value_head=True,
+        )
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.critic.save_checkpoint(f"{path}/critic")
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.critic.load_checkpoint(f"{path}/critic")
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_values(self, batch: Batch) -> Batch:
+        out = batched_forward(self.critic, batch, self.cfg.critic.micro_batch_size_seqs_per_worker, 1.0)
+        return Batch.from_dict({"values": out["values"] * batch.tensors["response_mask"]})
+
+    @register(Dispatch.DP_SPLIT_EXACT)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        cfg = self.cfg
+
+        def loss_fn(micro: Batch, denominators: LossDenominators):
+            fwd = self.critic.forward(micro, grad=True)
+            return critic_loss(fwd, micro, cfg.algorithm, cfg.critic.cliprange_value, denominators, self.plan.loss_scale_factor)
+
+        return self._train(self.critic, batch, cfg.critic.ppo_epochs, self.plan.seqs_per_mini_batch_per_worker,
+                           cfg.critic.micro_batch_size_seqs_per_worker, loss_fn)
