@@ -19,11 +19,29 @@ def tiny_model_path(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """A local Ray instance shared by the tests that need one (started lazily)."""
-    ray = pytest.importorskip("ray")
+def start_local_ray():
+    import ray
+
     if not ray.is_initialized():
+        # Logical CPUs: several single-CPU workers (actor + critic groups) on a 2-core machine.
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
+    return ray
+
+
+@pytest.fixture
+def ray_cluster():
+    """A local Ray instance shared by the tests that need one (started lazily, restarted if a test
+    shut it down, e.g. the multi-node tests that start their own cluster)."""
+    pytest.importorskip("ray")
+    return start_local_ray()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shutdown_ray_at_exit():
+    yield
+    try:
+        import ray
+
+        ray.shutdown()
+    except ImportError:
+        pass

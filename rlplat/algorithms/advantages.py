@@ -115,11 +115,13 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) 
     if gamma == 1.0:  # a reverse cumulative sum, with the reset applied where the mask is 0
         if bool((mask[:, 1:] <= mask[:, :-1]).all()):  # contiguous masks: no reset inside a response
             return rewards.flip(-1).cumsum(-1).flip(-1) * mask
-    returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(rewards.shape[1])):
-        running = (rewards[:, t] + gamma * running) * mask[:, t]
-        returns[:, t] = running
+    rewards_t, mask_t = rewards.T.contiguous(), mask.T.contiguous()  # time-major: contiguous rows
+    returns_t = torch.zeros_like(rewards_t)
+    running = torch.zeros_like(rewards_t[0])
+    for t in reversed(range(rewards_t.shape[0])):
+        running = (rewards_t[t] + gamma * running) * mask_t[t]
+        returns_t[t] = running
+    returns = returns_t.T
     return returns
 
 
@@ -266,18 +268,19 @@ def gae(inp: AdvantageInput) -> AdvantageOutput:
     returns = A + V; advantages = whiten(A). "Next" is the next valid token; after the last, V = A = 0."""
     mask = _mask(inp)
     values = _require(inp, "gae", "values", "[batch, response_len]").to(mask.dtype)
-    rewards = inp.token_level_rewards * mask
     gamma, lam = inp.options.gamma, inp.options.lam
-    advantages = torch.zeros_like(rewards)
-    next_value = torch.zeros_like(rewards[:, 0])
-    next_adv = torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(rewards.shape[1])):
-        valid = mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        adv_t = delta + gamma * lam * next_adv
-        advantages[:, t] = adv_t * valid
+    # Time-major copies: the reverse loop then reads contiguous rows instead of strided columns.
+    rewards_t, values_t, mask_t = (inp.token_level_rewards * mask).T.contiguous(), values.T.contiguous(), mask.T.contiguous()
+    advantages_t = torch.zeros_like(rewards_t)
+    next_value = torch.zeros_like(rewards_t[0])
+    next_adv = torch.zeros_like(rewards_t[0])
+    for t in reversed(range(rewards_t.shape[0])):
+        valid = mask_t[t] > 0
+        adv_t = rewards_t[t] + gamma * next_value - values_t[t] + gamma * lam * next_adv
+        advantages_t[t] = adv_t * mask_t[t]
         # invalid positions are skipped: they pass the next valid token's value and advantage through
-        next_value = torch.where(valid > 0, values[:, t], next_value)
-        next_adv = torch.where(valid > 0, adv_t, next_adv)
+        next_value = torch.where(valid, values_t[t], next_value)
+        next_adv = torch.where(valid, adv_t, next_adv)
+    advantages = advantages_t.T
     returns = (advantages + values) * mask
     return AdvantageOutput(advantages=masked_whiten(advantages, mask), returns=returns)

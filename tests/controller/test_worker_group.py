@@ -1,0 +1,118 @@
+"""Dispatch modes on real worker groups: in-process, 2 Ray workers, and 2 Ray nodes."""
+
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlplat.controller import Dispatch, InProcessWorkerGroup, RayWorkerGroup, ResourcePool, Worker, register
+from rlplat.protocol import Batch
+
+
+class Probe(Worker):
+    def __init__(self, rank, world_size, device, offset=0):
+        super().__init__(rank, world_size, device)
+        self.offset = offset
+
+    @register(Dispatch.ONE_TO_ALL)
+    def where(self):
+        import os
+
+        node = "local"
+        try:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+        except ImportError:
+            pass
+        return self.rank, dist.get_world_size(), node, os.getpid()
+
+    @register(Dispatch.RANK_ZERO)
+    def leader(self):
+        return f"rank {self.rank}"
+
+    @register(Dispatch.DP_SPLIT)
+    def double(self, batch: Batch) -> Batch:
+        return Batch.from_dict({"x2": batch.tensors["x"] * 2 + self.offset,
+                                "rank": torch.full((len(batch),), self.rank)})
+
+    @register(Dispatch.DP_SPLIT_EXACT)
+    def global_sum(self, batch: Batch) -> float:
+        total = batch.tensors["x"].sum().double()
+        dist.all_reduce(total)  # a real collective over the group's process group
+        return float(total)
+
+    def not_exposed(self):
+        return 1
+
+
+def data(n):
+    return Batch.from_dict({"x": torch.arange(n)}, {"uid": [str(i) for i in range(n)]})
+
+
+def check_dispatch(group, world):
+    out = group.double(data(5))  # 5 rows over `world` workers: padded, then unpadded
+    assert out.tensors["x2"].tolist() == [0, 2, 4, 6, 8]
+    assert len(out) == 5 and sorted(set(out.tensors["rank"].tolist())) == list(range(world))
+    assert group.leader() == "rank 0"
+    assert group.global_sum(data(4 * world)) == [float(sum(range(4 * world)))] * world
+    info = group.where()
+    assert [i[0] for i in info] == list(range(world)) and all(i[1] == world for i in info)
+    return info
+
+
+def test_in_process_group():
+    group = InProcessWorkerGroup(Probe, device="cpu")
+    try:
+        check_dispatch(group, 1)
+        with pytest.raises(AttributeError, match="not_exposed is not a worker method.*exposed: double"):
+            group.not_exposed
+    finally:
+        group.shutdown()
+
+
+@pytest.fixture
+def by_value():
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.mark.slow
+def test_two_ray_workers(ray_cluster, by_value):
+    pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
+    group = RayWorkerGroup(Probe, pool)
+    try:
+        info = check_dispatch(group, 2)
+        assert info[0][3] != info[1][3]  # two processes
+        with pytest.raises(ValueError, match="does not split evenly over 2 workers"):
+            group.global_sum(data(5))
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+@pytest.mark.slow
+def test_two_node_cluster_places_one_worker_per_node(by_value):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        pool = ResourcePool(nnodes=2, workers_per_node=1, device="cpu").create()
+        group = RayWorkerGroup(Probe, pool)
+        info = check_dispatch(group, 2)
+        assert info[0][2] != info[1][2] and {info[0][2], info[1][2]} == set(pool.node_ids)
+        group.shutdown()
+        pool.release()
+        with pytest.raises(RuntimeError, match="trainer.nnodes=3 .* only 2 node"):
+            ResourcePool(nnodes=3, workers_per_node=1, device="cpu").create()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
