@@ -2,6 +2,7 @@
 
     python -m rlplat.config.reference              # schema defaults
     python -m rlplat.config.reference algorithm=dapo
+    python -m rlplat.config.reference --write README.md   # refresh the README's table
 
 The text comes from the schema's field comments, so the reference cannot drift from the code.
 """
@@ -64,5 +65,22 @@ def markdown(overrides: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
+START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+
+
+def with_table(text: str) -> str:
+    """``text`` with the table between the config-reference markers replaced by the current one."""
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    return f"{head}{START}\n{markdown()}\n{END}{tail}"
+
+
 if __name__ == "__main__":
-    print(markdown(sys.argv[1:]))
+    if sys.argv[1:2] == ["--write"]:
+        path = sys.argv[2]
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(with_table(text))
+    else:
+        print(markdown(sys.argv[1:]))

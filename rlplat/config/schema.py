@@ -4,6 +4,9 @@ YAML files under ``rlplat/config/`` only select and override values; a key that 
 does not exist. Each field's meaning is the comment next to it (the README's config reference is
 generated from this file: ``python -m rlplat.config.reference``).
 
+The defaults run the embedded quickstart (a tiny model on CPU); for a real model set at least
+``model.path``, ``data.*_files``, ``data.max_response_length`` and ``actor.optim.lr``.
+
 Batch sizes say what they count: ``*_prompts`` count prompts (each expands to ``rollout.n``
 sequences), ``*_seqs`` count sequences (prompt + one response); ``global`` sizes are summed over all
 workers, ``*_per_worker`` sizes are what one worker holds at a time.
@@ -21,9 +24,9 @@ from hydra.core.config_store import ConfigStore
 class ModelConfig:
     path: str = "embedded"  # HF hub id or local directory; "embedded" = rlplat's locally built tiny model
     tokenizer_path: Optional[str] = None  # defaults to model.path
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # allow model code from the hub/model directory
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto = float32 on CPU, bfloat16 on GPU
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward (saves memory)
     attn_implementation: str = "sdpa"  # passed to from_pretrained (eager | sdpa | flash_attention_2)
 
 
@@ -31,25 +34,25 @@ class ModelConfig:
 class DataConfig:
     # One path or a list: parquet files, or builtin:<task> for a generated built-in task.
     train_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])
-    val_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])
-    train_batch_size_prompts: int = 32  # prompts per training step, global (sequences = this x rollout.n)
+    val_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])  # validation prompts, same forms
+    train_batch_size_prompts: int = 64  # prompts per training step, global (sequences = this x rollout.n)
     val_batch_size_prompts: int = 256  # prompts per validation generation call, global
     max_prompt_length: int = 128  # tokens, after the chat template
-    max_response_length: int = 64  # tokens generated per response (the one source for max_new_tokens)
+    max_response_length: int = 8  # tokens generated per response (the one source for max_new_tokens)
     truncation: str = "error"  # over-long prompt: error | left | right | filter
-    apply_chat_template: bool = True
-    shuffle: bool = True
+    apply_chat_template: bool = True  # format prompts with the tokenizer's chat template
+    shuffle: bool = True  # reshuffle the prompts every epoch
     seed: int = 1  # data order seed (trainer.seed seeds everything else)
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    lr: float = 3e-4  # peak learning rate (AdamW); the embedded tiny model's value: ~1e-6 for LLMs
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2)
+    eps: float = 1e-8  # AdamW epsilon
     lr_schedule: str = "constant"  # constant | linear | cosine (after warmup)
-    warmup_steps: int = 0  # optimizer steps of linear warmup from 0
+    warmup_steps: int = 5  # optimizer steps of linear warmup from 0
     min_lr_ratio: float = 0.0  # floor of linear/cosine decay, as a fraction of lr
     grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
 
@@ -58,42 +61,33 @@ class OptimConfig:
 class FSDPConfig:
     param_offload: bool = False  # GPU only: keep sharded params on CPU between uses
     optimizer_offload: bool = False  # GPU only: keep optimizer state on CPU
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool = True  # free gathered weights after forward (ZeRO-3 style)
     mixed_precision: str = "auto"  # auto = bf16 compute / fp32 reduce on GPU, none on CPU | none | bf16
 
 
 @dataclass
-class MegatronConfig:
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-
-
-@dataclass
 class ActorConfig:
-    strategy: str = "fsdp"  # training engine (registry): fsdp | megatron
+    strategy: str = "fsdp"  # training engine (registry): fsdp
     optim: OptimConfig = field(default_factory=OptimConfig)
-    mini_batch_size_prompts: int = 32  # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch)
-    micro_batch_size_seqs_per_worker: int = 16  # sequences per forward/backward on one worker (gradient accumulation)
-    log_prob_micro_batch_size_seqs_per_worker: int = 32  # sequences per log-prob forward on one worker
+    mini_batch_size_prompts: int = 16  # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch)
+    micro_batch_size_seqs_per_worker: int = 128  # sequences per forward/backward on one worker (gradient accumulation)
+    log_prob_micro_batch_size_seqs_per_worker: int = 128  # sequences per log-prob forward on one worker
     ppo_epochs: int = 1  # passes over each step's batch
-    shuffle: bool = True  # shuffle sequences between mini-batches
+    shuffle: bool = True  # shuffle sequences before splitting them into mini-batches
     entropy_coeff: float = 0.0  # entropy bonus in the actor loss
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"  # rollout engine (registry): hf | vllm | sglang
+    name: str = "hf"  # rollout engine (registry): hf
     n: int = 8  # responses per prompt (group size)
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
+    top_p: float = 1.0  # nucleus sampling (1 = off)
     top_k: int = -1  # -1 = no top-k
     generate_batch_size_seqs_per_worker: int = 256  # sequences per generate() call on one worker (hf)
-    val_n: int = 1  # responses per validation prompt (mean@N, best@N, maj@N, pass@k)
-    val_temperature: float = 0.0  # 0 = greedy
-    gpu_memory_utilization: float = 0.5  # vllm/sglang: share of device memory for weights + KV cache
-    tensor_parallel_size: int = 1  # vllm/sglang
+    val_n: int = 4  # responses per validation prompt (mean@N, best@N, maj@N, pass@k)
+    val_temperature: float = 1.0  # 0 = greedy; 1.0 with val_n=4 = sampled pass@1 averaged over 4 (mean@4)
 
 
 @dataclass
@@ -113,7 +107,7 @@ class DynamicSamplingConfig:
 @dataclass
 class OverlongBufferConfig:
     enable: bool = False  # DAPO soft overlong punishment
-    length: int = 16  # tokens before data.max_response_length where the penalty starts
+    length: int = 4  # tokens before data.max_response_length where the penalty starts
     penalty_factor: float = 1.0  # penalty reaches -penalty_factor at the maximum length
 
 
@@ -123,7 +117,7 @@ class AlgorithmConfig:
     gamma: float = 1.0  # discount (gae, reinforce_pp, remax)
     lam: float = 1.0  # GAE lambda
     norm_adv_scale: str = "group"  # grpo std scaling: group | batch | none
-    norm_adv_epsilon: float = 1e-6
+    norm_adv_epsilon: float = 1e-6  # epsilon added to the std in grpo-style normalisation
     policy_loss: str = "ppo"  # policy loss (registry)
     loss_agg_mode: str = "token-mean"  # loss aggregation mode (registry)
     loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm constant; None = data.max_response_length
@@ -134,7 +128,7 @@ class AlgorithmConfig:
     kl_penalty: str = "k1"  # KL estimator used in the reward (registry)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     use_kl_loss: bool = False  # beta * aggregate(KL) in the actor loss (GRPO style)
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: float = 0.001  # beta of the KL loss
     kl_loss_type: str = "k3"  # KL estimator used in the loss (registry; "+" = straight-through)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
@@ -145,16 +139,16 @@ class RefConfig:
     enable: Optional[bool] = None  # None = whenever a KL term is used
     placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
     workers_per_node: int = 1  # only for placement=separate
-    log_prob_micro_batch_size_seqs_per_worker: int = 32
+    log_prob_micro_batch_size_seqs_per_worker: int = 128  # sequences per reference forward on one worker
 
 
 @dataclass
 class CriticConfig:
     model_path: Optional[str] = None  # defaults to model.path (a value head is added)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    micro_batch_size_seqs_per_worker: int = 16
+    micro_batch_size_seqs_per_worker: int = 128  # sequences per forward/backward on one worker
     cliprange_value: float = 0.5  # epsilon_v of the clipped value loss
-    ppo_epochs: int = 1
+    ppo_epochs: int = 1  # passes over each step's batch
 
 
 @dataclass
@@ -172,18 +166,18 @@ class RewardConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 20
-    output_dir: str = "outputs/${trainer.experiment_name}"
-    project_name: str = "rlplat"
-    experiment_name: str = "run"
-    test_freq: int = 5  # validate every N steps (and before training); <= 0 = only before and after
+    total_steps: int = 100  # training steps (one batch of data.train_batch_size_prompts prompts each)
+    output_dir: str = "outputs/${trainer.experiment_name}"  # metrics, checkpoints, summary, hf_export
+    project_name: str = "rlplat"  # for loggers that group runs (wandb)
+    experiment_name: str = "run"  # run name (and the default output directory)
+    test_freq: int = 20  # validate every N steps (and before training); <= 0 = only before and after
     save_freq: int = 0  # checkpoint every N steps; <= 0 = only at the end
     resume_mode: str = "auto"  # auto | disable | <checkpoint path>
-    nnodes: int = 1
+    nnodes: int = 1  # Ray nodes to place workers on
     workers_per_node: int = 1  # actor/rollout/ref workers (one per device) on each node
     device: str = "auto"  # auto | cpu | cuda
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    seed: int = 42
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console | jsonl | tensorboard | wandb
+    seed: int = 42  # seeds model init, sampling and mini-batch shuffling
     ray_address: Optional[str] = None  # None = RAY_ADDRESS or a local cluster; "inprocess" = no Ray (world size 1)
 
 

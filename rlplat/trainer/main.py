@@ -47,7 +47,8 @@ def parse_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
     return overrides, cfg_mode, show_help
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
+    """Run the CLI; a recipe passes its trainer subclass as ``trainer_cls``."""
     from omegaconf import OmegaConf
 
     from rlplat.config import ConfigError, load_config
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rlplat.trainer.run import run
 
-    return run(cfg, plan)
+    run(cfg, plan, trainer_cls)
+    return 0
 
 
 if __name__ == "__main__":

@@ -242,7 +242,7 @@ class PPOTrainer:
         for prompts in self.c.val_prompts():
             pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
             prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
-            prompts.meta.update(step=self.step, temperature=self.cfg.rollout.val_temperature)
+            prompts.meta.update(step=self.step, temperature=self.cfg.rollout.val_temperature, validation=True)
             out = self.c.actor.generate_sequences(prompts.repeat(self.cfg.rollout.val_n, interleave=True))
             batch_scores, _ = self.c.score(out, validation=True)
             sources += list(out.non_tensors["data_source"])

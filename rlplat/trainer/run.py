@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from omegaconf import DictConfig
 
@@ -35,15 +34,17 @@ def resolve_model_path(cfg: DictConfig) -> str:
     return cfg.model.path
 
 
-def run(cfg: DictConfig, plan: RunPlan) -> int:
+def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict:
+    """Train and return the summary (also written to ``summary.json``)."""
     from rlplat.trainer.components import build_components
     from rlplat.trainer.ppo import PPOTrainer
 
+    trainer_cls = trainer_cls or PPOTrainer
     model_path = resolve_model_path(cfg)
     using_ray = init_ray(cfg)
     components = build_components(cfg, plan, model_path)
     try:
-        summary = PPOTrainer(cfg, plan, components).fit()
+        summary = trainer_cls(cfg, plan, components).fit()
     finally:
         components.shutdown()
         if using_ray:
@@ -53,5 +54,4 @@ def run(cfg: DictConfig, plan: RunPlan) -> int:
     shown = {k: summary[k] for k in ("initial_val_accuracy", "final_val_accuracy", "steps", "wall_time_s")}
     print(f"rlplat: done. {json.dumps(shown)}", flush=True)
     print(f"rlplat: summary {summary['output_dir']}/summary.json, model {summary['hf_export']}", flush=True)
-    sys.stdout.flush()
-    return 0
+    return summary

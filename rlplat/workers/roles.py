@@ -139,7 +139,15 @@ class ActorRolloutRefWorker(_TrainingRole):
             top_p=prompts.meta.get("top_p", r.top_p),
             top_k=prompts.meta.get("top_k", r.top_k),
         )
-        out = self.rollout.generate(prompts, params)
+        if prompts.meta.get("validation"):
+            # Validation samples from a forked RNG, so it never changes the training run's randomness
+            # (a resumed run and an uninterrupted one stay identical whatever the validation schedule).
+            devices = [self.dist.device] if self.dist.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(self.cfg.trainer.seed + 7919 * (1 + self.rank))
+                out = self.rollout.generate(prompts, params)
+        else:
+            out = self.rollout.generate(prompts, params)
         out.meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
         return out
 

@@ -14,7 +14,7 @@ from rlplat.workers.engines.base import ForwardOutput, position_ids_from_mask, r
 PROMPTS = ["1+2=", "34+5=", "7+80=", "9+9=", "12+13=", "5+6=", "40+2=", "3+3="]
 
 
-def engine_config(model_path: str, workers: int = 1, extra: list[str] | None = None):
+def engine_config(model_path: str, workers: int = 1, extra: list[str] | None = None, device: str = "cpu"):
     # AdamW's first step is lr * g / (|g| + eps): with the default eps a near-zero gradient whose sign
     # is decided by float rounding moves a weight by a full lr. eps=1e-4 keeps the comparison of a
     # sharded and an unsharded step about the math, not the rounding.
@@ -23,7 +23,7 @@ def engine_config(model_path: str, workers: int = 1, extra: list[str] | None = N
         "actor.mini_batch_size_prompts=4", "actor.micro_batch_size_seqs_per_worker=2",
         "critic.micro_batch_size_seqs_per_worker=2", "actor.log_prob_micro_batch_size_seqs_per_worker=3",
         "data.max_response_length=8", "actor.optim.lr=1e-3", "actor.optim.eps=1e-4", "actor.shuffle=false",
-        f"trainer.workers_per_node={workers}", "trainer.device=cpu",
+        f"trainer.workers_per_node={workers}", f"trainer.device={device}",
     ]
     if workers == 1:
         overrides.append("trainer.ray_address=inprocess")

@@ -1,0 +1,105 @@
+"""The trainer end to end on the embedded model: resume, export, 2 workers, 2 nodes."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlplat.config import load_config
+from rlplat.data import TASKS, write_parquet
+from rlplat.trainer.run import run
+
+
+@pytest.fixture(scope="session")
+def embedded_cache(tmp_path_factory):
+    """Build the embedded (warm-started) model once per session in a private cache."""
+    from rlplat.models.embedded import ensure_embedded_model
+
+    cache = os.environ.get("RLPLAT_CACHE") or str(tmp_path_factory.mktemp("rlplat-cache"))
+    os.environ["RLPLAT_CACHE"] = cache
+    ensure_embedded_model()
+    return cache
+
+
+@pytest.fixture(scope="session")
+def small_val(tmp_path_factory):
+    return str(write_parquet(TASKS.get("arithmetic")(32, seed=1, split="test"),
+                             tmp_path_factory.mktemp("val") / "val.parquet"))
+
+
+def overrides(out_dir, steps, val_file, *extra):
+    return [
+        f"trainer.output_dir={out_dir}", f"trainer.total_steps={steps}", "trainer.test_freq=0",
+        f"data.val_files={val_file}", "data.train_batch_size_prompts=8", "actor.mini_batch_size_prompts=8",
+        "rollout.n=4", "actor.micro_batch_size_seqs_per_worker=8", "critic.micro_batch_size_seqs_per_worker=8",
+        "rollout.val_n=2", *extra,
+    ]
+
+
+def metrics(out_dir):
+    lines = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {m["step"]: m for m in lines}
+
+
+def comparable(m):
+    return {k: v for k, v in m.items() if not k.startswith(("timing/", "perf/")) and k != "time"}
+
+
+def train(args):
+    cfg, plan = load_config(args)
+    return run(cfg, plan)
+
+
+def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(embedded_cache, small_val, tmp_path):
+    inproc = "trainer.ray_address=inprocess"
+    full = tmp_path / "full"
+    train(overrides(full, 4, small_val, inproc, "trainer.save_freq=2"))
+    resumed = tmp_path / "resumed"
+    train(overrides(resumed, 2, small_val, inproc))  # stops after step 2 (and saves)
+    summary = train(overrides(resumed, 4, small_val, inproc, "trainer.resume_mode=auto"))
+    assert summary["steps"] == 4
+    a, b = metrics(full), metrics(resumed)
+    for step in (3, 4):
+        assert comparable(b[step]) == comparable(a[step]), step
+    assert comparable(a[2]) != comparable(a[3])  # the steps do differ: the comparison means something
+
+    # the Hugging Face export loads with plain transformers and generates
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    export = full / "hf_export"
+    model = AutoModelForCausalLM.from_pretrained(export)
+    tok = AutoTokenizer.from_pretrained(export)
+    ids = tok.apply_chat_template([{"role": "user", "content": "12+30="}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape[1] > ids["input_ids"].shape[1]
+    summary_file = json.loads((full / "summary.json").read_text())
+    assert {"initial_val_accuracy", "final_val_accuracy", "steps", "wall_time_s"} <= set(summary_file)
+
+
+@pytest.mark.slow
+def test_two_workers_fsdp_over_ray(embedded_cache, small_val, tmp_path, ray_cluster):
+    summary = train(overrides(tmp_path, 2, small_val, "trainer.workers_per_node=2"))
+    assert summary["steps"] == 2
+    m = metrics(tmp_path)
+    assert m[2]["actor/grad_norm"] > 0 and "score/mean" in m[2]
+
+
+@pytest.mark.slow
+def test_two_node_ray_cluster(embedded_cache, small_val, tmp_path):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        summary = train(overrides(tmp_path, 2, small_val, "trainer.nnodes=2", f"trainer.ray_address={cluster.address}"))
+        assert summary["steps"] == 2 and metrics(tmp_path)[2]["actor/grad_norm"] > 0
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
