@@ -166,11 +166,11 @@ class RewardConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 100  # training steps (one batch of data.train_batch_size_prompts prompts each)
+    total_steps: int = 200  # training steps (one batch of data.train_batch_size_prompts prompts each)
     output_dir: str = "outputs/${trainer.experiment_name}"  # metrics, checkpoints, summary, hf_export
     project_name: str = "rlplat"  # for loggers that group runs (wandb)
     experiment_name: str = "run"  # run name (and the default output directory)
-    test_freq: int = 20  # validate every N steps (and before training); <= 0 = only before and after
+    test_freq: int = 50  # validate every N steps (and before training); <= 0 = only before and after
     save_freq: int = 0  # checkpoint every N steps; <= 0 = only at the end
     resume_mode: str = "auto"  # auto | disable | <checkpoint path>
     nnodes: int = 1  # Ray nodes to place workers on

@@ -65,6 +65,11 @@ def batched_forward(engine: TrainingEngine, batch: Batch, micro_size: int, tempe
     return {name: torch.cat(parts) for name, parts in outputs.items()}
 
 
+def reference_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -> Batch:
+    out = batched_forward(engine, batch, cfg.ref.log_prob_micro_batch_size_seqs_per_worker, batch.meta["temperature"])
+    return Batch.from_dict({"ref_log_probs": out["log_probs"]})
+
+
 class _TrainingRole(Worker):
     """Shared by roles that train an engine: mini-/micro-batch loop with global loss denominators."""
 
@@ -162,10 +167,7 @@ class ActorRolloutRefWorker(_TrainingRole):
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
-        out = batched_forward(
-            self.ref, batch, self.cfg.ref.log_prob_micro_batch_size_seqs_per_worker, batch.meta["temperature"]
-        )
-        return Batch.from_dict({"ref_log_probs": out["log_probs"]})
+        return reference_log_probs(self.ref, batch, self.cfg)
 
     @register(Dispatch.DP_SPLIT_EXACT)
     def update_actor(self, batch: Batch) -> dict[str, float]:
@@ -230,10 +232,7 @@ class RefWorker(Worker):
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
-        out = batched_forward(
-            self.ref, batch, self.cfg.ref.log_prob_micro_batch_size_seqs_per_worker, batch.meta["temperature"]
-        )
-        return Batch.from_dict({"ref_log_probs": out["log_probs"]})
+        return reference_log_probs(self.ref, batch, self.cfg)
 
 
 class CriticWorker(_TrainingRole):
