@@ -59,8 +59,7 @@ class OptimConfig:
 
 @dataclass
 class FSDPConfig:
-    param_offload: bool = False  # GPU only: keep sharded params on CPU between uses
-    optimizer_offload: bool = False  # GPU only: keep optimizer state on CPU
+    param_offload: bool = False  # GPU only: FSDP2 CPU offload of sharded params, grads and optimizer state
     reshard_after_forward: bool = True  # free gathered weights after forward (ZeRO-3 style)
     mixed_precision: str = "auto"  # auto = bf16 compute / fp32 reduce on GPU, none on CPU | none | bf16
 

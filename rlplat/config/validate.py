@@ -202,8 +202,8 @@ def _check_placement(cfg: DictConfig, device: str, world: int) -> None:
     fsdp = cfg.actor.fsdp
     if device == "cpu":
         _check(
-            not (fsdp.param_offload or fsdp.optimizer_offload),
-            "actor.fsdp.param_offload/optimizer_offload need a GPU (trainer.device resolved to cpu)",
+            not fsdp.param_offload,
+            "actor.fsdp.param_offload needs a GPU (trainer.device resolved to cpu)",
         )
     if cfg.trainer.ray_address == "inprocess":
         _check(world == 1, f"trainer.ray_address=inprocess runs one worker; got {world} (nnodes x workers_per_node)")

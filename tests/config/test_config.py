@@ -81,7 +81,7 @@ BAD = [
     (["algorithm.clip_ratio_c=0.5"], "algorithm.clip_ratio_c must be > 1 (dual clip), got 0.5"),
     (["algorithm=grpo", "ref.enable=false"], "a KL term is enabled (algorithm.use_kl_*) but ref.enable=false"),
     (["trainer.device=cpu", "actor.fsdp.param_offload=true"],
-     "actor.fsdp.param_offload/optimizer_offload need a GPU"),
+     "actor.fsdp.param_offload needs a GPU"),
     (["algorithm.kl_loss_type=full"], "algorithm.kl_loss_type='full': the trainer passes per-token log-probs"),
     (["reward.weights=[1.0,2.0]"], "reward.weights has 2 entries but reward.functions has 1"),
     (["data.train_files=[]"], "data.train_files must be a path or a non-empty list of paths"),
