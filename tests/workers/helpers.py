@@ -22,7 +22,7 @@ def engine_config(model_path: str, workers: int = 1, extra: list[str] | None = N
         f"model.path={model_path}", "algorithm=grpo", "rollout.n=2", "data.train_batch_size_prompts=4",
         "actor.mini_batch_size_prompts=4", "actor.micro_batch_size_seqs_per_worker=2",
         "critic.micro_batch_size_seqs_per_worker=2", "actor.log_prob_micro_batch_size_seqs_per_worker=3",
-        "data.max_response_length=8", "actor.optim.lr=1e-3", "actor.optim.eps=1e-4", "actor.shuffle=false",
+        "data.max_response_length=8", "actor.optim.lr=1e-3", "actor.optim.eps=1e-4", "actor.optim.warmup_steps=0", "actor.shuffle=false",
         f"trainer.workers_per_node={workers}", f"trainer.device={device}",
     ]
     if workers == 1:
