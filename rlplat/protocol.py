@@ -1,18 +1,54 @@
 """The batch passed between the controller and the workers.
 
-    controller: prompts ──► rollout (generate) ──► reward ──► actor / ref / critic (log-probs, values)
-                  ▲                                                              │
-                  └──────────── advantages, update metrics ◄────────────────────┘
+Where a Batch flows in one step; each arrow passes a Batch, and under each stage are the fields it adds::
 
-A :class:`Batch` holds per-row tensors in a ``tensordict.TensorDict`` (first dim = rows), per-row Python
-objects in ``non_tensors`` (1-D numpy object arrays) and batch-level ``meta`` (copied, never split).
-Every operation returns a new Batch; only :meth:`Batch.pop` changes the batch it is called on.
+    controller ───► rollout ──────────► reward ──────────────► actor / ref / critic ──► controller
+    prompts         responses           token_level_scores     old_log_probs           token_level_rewards
+    prompt_mask     response_mask                              ref_log_probs           advantages
+    uid, raw_prompt input_ids, ...                             values                  returns
+    data_source     rollout_log_probs                                                  (then updates the
+    ground_truth                                                                       critic and actor)
 
-Documented fields (``B`` rows, ``P`` prompt tokens, ``R`` response tokens):
+A :class:`Batch` holds ``B`` rows: per-row tensors in a ``tensordict.TensorDict`` with
+``batch_size=[B]``, per-row Python objects in ``non_tensors`` (1-D numpy object arrays of length B)
+and batch-level ``meta`` (temperature, global token counts, step ...), which is copied to every piece
+and never split. Every operation returns a new Batch; only :meth:`Batch.pop` changes the batch it is
+called on. New Batches share tensor storage with their source (like tensor slicing), so clone before
+writing into a tensor in place.
+
+Documented fields (``B`` rows, ``P`` prompt tokens, ``R`` response tokens); the same text is
+:data:`FIELDS`, and a test keeps the two identical::
+
+    prompts              [B, P] int64: prompt token ids, left-padded
+    prompt_mask          [B, P] int64: 1 on prompt tokens, 0 on left padding
+    responses            [B, R] int64: response token ids, right-padded with the pad id
+    response_mask        [B, R] int64: 1 on generated tokens up to and including EOS
+    input_ids            [B, P+R] int64: prompts and responses concatenated
+    attention_mask       [B, P+R] int64: prompt_mask and response_mask concatenated
+    position_ids         [B, P+R] int64: positions counting attended tokens only
+    rollout_log_probs    [B, R] float: log-probs of the sampled tokens from the rollout engine
+    old_log_probs        [B, R] float: log-probs under the policy before this step's update
+    ref_log_probs        [B, R] float: log-probs under the reference policy
+    entropy              [B, R] float: entropy of the policy at each response position
+    values               [B, R] float: critic values
+    baseline_scores      [B] float: score of the greedy response to the same prompt (ReMax)
+    token_level_scores   [B, R] float: reward-function score on the last response token
+    token_level_rewards  [B, R] float: scores after the optional KL penalty
+    advantages           [B, R] float: advantage estimates (0 on masked tokens)
+    returns              [B, R] float: return targets (critic)
+    group_ids            [B] int64: prompt-group index, equal for the n responses to one prompt
+    uid                  [B] str: prompt-group id; the n responses to one prompt share it
+    data_source          [B] str: dataset name, selects the reward function
+    ground_truth         [B] str: reference answer (reward_model.ground_truth)
+    extra_info           [B] dict: per-row extras from the dataset
+    raw_prompt           [B] list[dict]: the chat messages of the prompt
+
+The last five are non-tensors; the rest are tensors.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,18 +76,19 @@ FIELDS: dict[str, str] = {
     "token_level_rewards": "[B, R] float: scores after the optional KL penalty",
     "advantages": "[B, R] float: advantage estimates (0 on masked tokens)",
     "returns": "[B, R] float: return targets (critic)",
+    "group_ids": "[B] int64: prompt-group index, equal for the n responses to one prompt",
     # non-tensors
-    "uid": "str: prompt-group id; the n responses to one prompt share it",
-    "data_source": "str: dataset name, selects the reward function",
-    "ground_truth": "str: reference answer (reward_model.ground_truth)",
-    "extra_info": "dict: per-row extras from the dataset",
-    "raw_prompt": "list[dict]: the chat messages of the prompt",
+    "uid": "[B] str: prompt-group id; the n responses to one prompt share it",
+    "data_source": "[B] str: dataset name, selects the reward function",
+    "ground_truth": "[B] str: reference answer (reward_model.ground_truth)",
+    "extra_info": "[B] dict: per-row extras from the dataset",
+    "raw_prompt": "[B] list[dict]: the chat messages of the prompt",
 }
-__doc__ += "\n".join(f"    ``{name}``: {meaning}" for name, meaning in FIELDS.items()) + "\n"
+NON_TENSOR_FIELDS = ("uid", "data_source", "ground_truth", "extra_info", "raw_prompt")
 
 
-def _object_array(values: Any) -> np.ndarray:
-    """A 1-D object array, also for lists of lists/dicts (np.array would build a 2-D array)."""
+def _object_array(values: Iterable[Any]) -> np.ndarray:
+    """A 1-D object array of ``values``; np.array would turn a list of equal-length lists into 2-D."""
     if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
         return values
     values = list(values)
@@ -61,64 +98,121 @@ def _object_array(values: Any) -> np.ndarray:
     return out
 
 
-def _row_index(index: Any) -> slice | torch.Tensor:
-    """int / slice / sequence / bool mask -> a slice or a LongTensor of row numbers."""
-    if isinstance(index, int):
-        return slice(index, index + 1 or None)
-    if isinstance(index, (list, tuple, np.ndarray)):
-        index = torch.as_tensor(np.asarray(index))
-    if isinstance(index, torch.Tensor):
-        return index.nonzero().squeeze(-1) if index.dtype == torch.bool else index.long()
+def _row_index(index: Any, length: int) -> slice | torch.Tensor:
+    """int / slice / index list, array or LongTensor / bool mask -> a slice or 1-D CPU LongTensor."""
     if isinstance(index, slice):
         return index
-    raise TypeError(f"cannot index a Batch with {type(index).__name__}")
+    if isinstance(index, torch.Tensor) and index.dim() == 0 and not index.is_floating_point():
+        index = index if index.dtype == torch.bool else int(index)  # a 0-d bool is no row number
+    if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+        if not -length <= index < length:
+            raise IndexError(f"row {index} is out of range for a Batch of {length} rows")
+        return slice(index % length, index % length + 1)  # a slice keeps the batch dimension
+    if isinstance(index, (list, tuple, np.ndarray)):
+        array = np.asarray(index)
+        index = torch.as_tensor(array if array.size else array.astype(np.int64))  # [] is float64
+    if not isinstance(index, torch.Tensor) or index.dim() != 1:
+        raise TypeError(f"cannot index a Batch with {index!r}; use an int, slice, 1-D index or bool mask")
+    index = index.cpu()  # numpy indexes the non-tensors with it
+    if index.dtype == torch.bool:
+        if len(index) != length:
+            raise IndexError(f"bool mask has {len(index)} entries, the Batch has {length} rows")
+        return index.nonzero().squeeze(-1)
+    if index.is_floating_point() or index.is_complex():
+        raise TypeError(f"row indices must be integers, got dtype {index.dtype}")
+    return index.long()
 
 
-@dataclass
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and values; NaN equals NaN (torch.equal alone would say they differ)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        a_nan, b_nan = a.isnan(), b.isnan()
+        return torch.equal(a_nan, b_nan) and torch.equal(a.masked_fill(a_nan, 0), b.masked_fill(b_nan, 0))
+    return bool(torch.equal(a, b))
+
+
+def _same_objects(a: np.ndarray, b: np.ndarray) -> bool:
+    """Element-wise equality of two object columns; elements may be arrays (np == gives an array)."""
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, (np.ndarray, torch.Tensor)) or isinstance(y, (np.ndarray, torch.Tensor)):
+            return np.array_equal(np.asarray(x), np.asarray(y))
+        return bool(x == y)
+
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+
+@dataclass(eq=False)  # field-wise == would compare TensorDicts and arrays, whose == is element-wise
 class Batch:
+    """``B`` rows of tensors (``TensorDict``, ``batch_size=[B]``), object columns and shared meta."""
+
     tensors: TensorDict
     non_tensors: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tensors.batch_dims != 1:
+            raise ValueError(f"tensors must have batch_size [B], got {list(self.tensors.batch_size)}")
+        for key, column in self.non_tensors.items():
+            if len(column) != len(self):
+                raise ValueError(f"non-tensor {key!r} has {len(column)} rows, expected {len(self)}")
 
     @classmethod
     def from_dict(
         cls,
         tensors: dict[str, torch.Tensor] | None = None,
-        non_tensors: dict[str, Iterable] | None = None,
+        non_tensors: dict[str, Iterable[Any]] | None = None,
         meta: dict[str, Any] | None = None,
     ) -> Batch:
-        tensors, non_tensors = dict(tensors or {}), {k: _object_array(v) for k, v in (non_tensors or {}).items()}
-        lengths = {k: v.shape[0] for k, v in tensors.items()} | {k: len(v) for k, v in non_tensors.items()}
+        """Build a Batch, checking that every tensor (first dim) and column has the same length B.
+
+        Non-tensor columns (lists, tuples, arrays) become 1-D object arrays, also lists of dicts/lists.
+        """
+        tensors = dict(tensors or {})
+        for key, value in tensors.items():
+            if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                raise ValueError(f"tensor field {key!r} must be a tensor of shape [B, ...], got {value!r}")
+        for key, value in (non_tensors or {}).items():
+            if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+                raise ValueError(f"non-tensor field {key!r} must be a sequence of B values, got {value!r}")
+        columns = {k: _object_array(v) for k, v in (non_tensors or {}).items()}
+        lengths = {k: v.shape[0] for k, v in tensors.items()} | {k: len(v) for k, v in columns.items()}
         if not lengths:
             raise ValueError("a Batch needs at least one tensor or non-tensor field")
         first_key, size = next(iter(lengths.items()))
         for key, length in lengths.items():
             if length != size:
                 raise ValueError(f"field {key!r} has {length} rows, expected {size} (as {first_key!r})")
-        return cls(TensorDict(tensors, batch_size=[size]), non_tensors, dict(meta or {}))
+        return cls(TensorDict(tensors, batch_size=[size]), columns, dict(meta or {}))
 
     # ------------------------------------------------------------------ size and access
     def __len__(self) -> int:
-        if self.tensors.batch_size:
-            return int(self.tensors.batch_size[0])
-        return len(next(iter(self.non_tensors.values()))) if self.non_tensors else 0
+        return int(self.tensors.batch_size[0])
 
     @property
     def batch_size(self) -> int:
+        """B, the number of rows (sequences, not prompts)."""
         return len(self)
 
     def keys(self) -> tuple[list[str], list[str]]:
+        """(tensor keys, non-tensor keys)."""
         return list(self.tensors.keys()), list(self.non_tensors)
 
-    def __getitem__(self, index: Any) -> Batch:
-        """Rows by int, slice, index list/array/LongTensor or bool mask; always returns a Batch."""
-        idx = _row_index(index)
-        np_idx = idx.numpy() if isinstance(idx, torch.Tensor) else idx
-        return Batch(
-            self.tensors[idx], {k: _object_array(v[np_idx]) for k, v in self.non_tensors.items()}, dict(self.meta)
-        )
+    def _with(self, tensors: TensorDict, non_tensors: dict[str, np.ndarray]) -> Batch:
+        """A new Batch of these fields carrying a copy of this batch's meta."""
+        return Batch(tensors, non_tensors, dict(self.meta))
 
-    def _check_keys(self, tensor_keys, non_tensor_keys) -> tuple[list[str], list[str]]:
+    def __getitem__(self, index: Any) -> Batch:
+        """Rows by int (a Batch of 1 row), slice, index list/array/LongTensor or bool mask [B]."""
+        rows = _row_index(index, len(self))
+        np_rows = rows.numpy() if isinstance(rows, torch.Tensor) else rows
+        return self._with(self.tensors[rows], {k: _object_array(v[np_rows]) for k, v in self.non_tensors.items()})
+
+    def _check_keys(
+        self, tensor_keys: Sequence[str] | None, non_tensor_keys: Sequence[str] | None
+    ) -> tuple[list[str], list[str]]:
+        """Resolve None to all keys; KeyError naming the first unknown key and the available ones."""
         t_keys = list(self.tensors.keys()) if tensor_keys is None else list(tensor_keys)
         n_keys = list(self.non_tensors) if non_tensor_keys is None else list(non_tensor_keys)
         for key in t_keys:
@@ -130,12 +224,15 @@ class Batch:
         return t_keys, n_keys
 
     def select(self, tensor_keys: Sequence[str] | None = None, non_tensor_keys: Sequence[str] | None = None) -> Batch:
-        """A Batch with only the named fields (None = all of that kind)."""
+        """A Batch with only the named fields (None = all fields of that kind)."""
         t_keys, n_keys = self._check_keys(tensor_keys, non_tensor_keys)
-        return Batch(self.tensors.select(*t_keys), {k: self.non_tensors[k] for k in n_keys}, dict(self.meta))
+        return self._with(self.tensors.select(*t_keys), {k: self.non_tensors[k] for k in n_keys})
 
     def pop(self, tensor_keys: Sequence[str] = (), non_tensor_keys: Sequence[str] = ()) -> Batch:
-        """Remove the named fields from this batch (mutates) and return them as a new Batch."""
+        """Remove the named fields from this batch (mutates it) and return them as a new Batch.
+
+        All keys are checked before anything is removed, so a KeyError leaves this batch whole.
+        """
         out = self.select(list(tensor_keys), list(non_tensor_keys))
         for key in tensor_keys:
             del self.tensors[key]
@@ -144,18 +241,18 @@ class Batch:
         return out
 
     def union(self, other: Batch) -> Batch:
-        """This batch's fields plus ``other``'s; a field in both must hold equal values. Meta is merged
-        (this batch's values win)."""
+        """This batch's fields plus ``other``'s. A field in both must hold equal values (it is the same
+        data coming back from a worker); meta is merged, this batch's values winning."""
         if len(self) != len(other):
             raise ValueError(f"cannot union batches of {len(self)} and {len(other)} rows")
-        tensors = self.tensors.clone(recurse=False)
+        tensors = self.tensors.clone(recurse=False)  # new container, same tensors
         for key, value in other.tensors.items():
-            if key in tensors.keys() and not torch.equal(tensors[key], value):
+            if key in tensors.keys() and not _same_tensor(tensors[key], value):
                 raise ValueError(f"union: tensor field {key!r} differs between the two batches")
             tensors[key] = value
         non_tensors = dict(self.non_tensors)
         for key, value in other.non_tensors.items():
-            if key in non_tensors and not all(a == b for a, b in zip(non_tensors[key], value)):
+            if key in non_tensors and not _same_objects(non_tensors[key], value):
                 raise ValueError(f"union: non-tensor field {key!r} differs between the two batches")
             non_tensors[key] = value
         return Batch(tensors, non_tensors, {**other.meta, **self.meta})
@@ -168,49 +265,66 @@ class Batch:
         return [self[start : start + size] for start in range(0, len(self), size)]
 
     def chunk(self, n: int) -> list[Batch]:
-        """``n`` equal pieces; the length must divide (pad first with :meth:`pad_to_divisor`)."""
+        """``n`` equal consecutive pieces; B must divide by n (pad first with :meth:`pad_to_divisor`)."""
+        if n < 1:
+            raise ValueError(f"chunk count must be >= 1, got {n}")
         if len(self) % n:
             raise ValueError(f"cannot chunk {len(self)} rows into {n} equal pieces; use pad_to_divisor({n}) first")
-        return self.split(len(self) // n)
+        return [self[i * (len(self) // n) : (i + 1) * (len(self) // n)] for i in range(n)]
 
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:
-        """Rows of all batches in order; all must have the same fields. Meta comes from the first."""
+        """Rows of all batches in order. All must have the same fields, and each tensor field the same
+        shape after the batch dim. Meta is taken from the first batch (the others' meta is ignored)."""
         if not batches:
             raise ValueError("concat needs at least one batch")
         first = batches[0]
-        keys = (set(first.tensors.keys()), set(first.non_tensors))
+        keys = (sorted(first.tensors.keys()), sorted(first.non_tensors))
         for i, b in enumerate(batches[1:], 1):
-            if (set(b.tensors.keys()), set(b.non_tensors)) != keys:
-                raise ValueError(
-                    f"concat: batch {i} has fields {sorted(b.tensors.keys()) + sorted(b.non_tensors)}, "
-                    f"batch 0 has {sorted(keys[0]) + sorted(keys[1])}"
-                )
+            if (sorted(b.tensors.keys()), sorted(b.non_tensors)) != keys:
+                raise ValueError(f"concat: batch {i} has fields {b.keys()}, batch 0 has {first.keys()}")
+            for key in keys[0]:
+                if b.tensors[key].shape[1:] != first.tensors[key].shape[1:]:
+                    raise ValueError(
+                        f"concat: tensor field {key!r} has shape {list(b.tensors[key].shape)} in batch {i}, "
+                        f"{list(first.tensors[key].shape)} in batch 0 (all but the first dim must match)"
+                    )
         tensors = torch.cat([b.tensors for b in batches], dim=0)
         non_tensors = {k: _object_array(np.concatenate([b.non_tensors[k] for b in batches])) for k in keys[1]}
-        return Batch(tensors, non_tensors, dict(first.meta))
+        return first._with(tensors, non_tensors)
 
     def repeat(self, n: int, interleave: bool = True) -> Batch:
-        """Each row ``n`` times: interleaved [a, a, b, b] (a prompt's samples adjacent) or tiled [a, b, a, b]."""
+        """Each row ``n`` times: interleaved [a, a, b, b] (a prompt's samples adjacent) or tiled
+        [a, b, a, b]. Repeated object rows are the same Python object, not copies."""
+        if n < 1:
+            raise ValueError(f"repeat count must be >= 1, got {n}")
         rows = torch.arange(len(self))
-        index = rows.repeat_interleave(n) if interleave else rows.repeat(n)
-        return self[index]
+        return self[rows.repeat_interleave(n) if interleave else rows.repeat(n)]
 
     def pad_to_divisor(self, divisor: int) -> tuple[Batch, int]:
-        """Append rows copied from the start until the length divides ``divisor``; return the pad size.
-        Copies (not zeros) keep padded rows valid inputs, so no NaN can come out of them."""
-        pad = (-len(self)) % divisor
-        if pad == 0:
-            return self, 0
-        index = torch.arange(pad) % len(self)
-        return Batch.concat([self, self[index]]), pad
+        """Append rows copied from the start until B divides by ``divisor``; return (padded, pad size).
+
+        Copies of real rows, not zeros: a padded row is a valid input, so no worker sees an all-masked
+        row (whose mean over zero tokens would be NaN). Undo with :meth:`unpad`.
+        """
+        if divisor < 1:
+            raise ValueError(f"divisor must be >= 1, got {divisor}")
+        pad = -len(self) % divisor  # 0 for an empty batch, which has no rows to copy
+        return self[torch.arange(len(self) + pad) % max(len(self), 1)], pad
 
     def unpad(self, pad: int) -> Batch:
-        return self[: len(self) - pad] if pad else self
+        """Drop the last ``pad`` rows (the ones :meth:`pad_to_divisor` added)."""
+        if not 0 <= pad <= len(self):
+            raise ValueError(f"pad size must be in [0, {len(self)}] for a Batch of {len(self)} rows, got {pad}")
+        return self[: len(self) - pad]
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.tensors.to(device), dict(self.non_tensors), dict(self.meta))
+        """Tensors moved to ``device``; non-tensors and meta stay on the host."""
+        return self._with(self.tensors.to(device), dict(self.non_tensors))
 
     def __repr__(self) -> str:
-        tensors = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self.tensors.items())
-        return f"Batch(rows={len(self)}, tensors={{{tensors}}}, non_tensors={sorted(self.non_tensors)}, meta={self.meta})"
+        tensors = ", ".join(f"{k}: {list(v.shape)} {v.dtype}" for k, v in self.tensors.items())
+        return (
+            f"Batch(B={len(self)}, tensors={{{tensors}}}, non_tensors={list(self.non_tensors)}, "
+            f"meta={sorted(self.meta)})"
+        )

@@ -1,20 +1,35 @@
-"""Advantage estimators: token-level rewards (+ values / baselines) -> advantages and returns.
+"""Advantage estimators: token-level rewards (+ critic values or a greedy baseline) -> advantages, returns.
 
-Every estimator has the same call, ``fn(AdvantageInput) -> AdvantageOutput``, so the trainer never
-branches on a name. Formulas and sources: ALGORITHMS.md; each function's docstring repeats its own.
-Estimators carry three attributes the config validation and trainer read instead of names:
-``min_group_size`` (responses per prompt they need), ``needs_values`` (a critic) and
-``needs_baseline`` (greedy-response scores).
+Every estimator has one call, ``fn(AdvantageInput) -> AdvantageOutput``, and is registered in
+``ADVANTAGE_ESTIMATORS`` with three attributes the config validation and the trainer read instead of
+branching on names: ``min_group_size`` (responses per prompt it needs), ``needs_values`` (a critic) and
+``needs_baseline`` (greedy-response scores). Formulas: ``ALGORITHMS.md``; each docstring repeats its own.
 
-Where rlplat departs from the papers / peers:
+Conventions. s_i = Σ_t r_{i,t} m_{i,t} is a response's score; per-response advantages are broadcast over
+its valid tokens; advantages are 0 on masked tokens. Estimators without a critic return
+``returns = advantages`` (the same tensor), as verl and TRL do.
 
-* A group of one sample uses mean 0 and std 1 (grpo family, rloo, opo, gpg, reinforce_pp_baseline): its
-  advantage is its own score. rloo has no leave-one-out baseline there, so it uses the same rule.
-* Groups whose scores are all equal get an advantage of *exactly* 0 (the float mean of equal numbers
-  can differ from them by an ulp, which a 1e-6 std epsilon would blow up to ~1e-11 noise).
-* reinforce_pp / remax returns restart after the end of each response (G_t = m_t (r_t + γ G_{t+1})),
-  and gae skips masked positions: "next" is the next *valid* token, as verl does for multi-turn masks.
-* Estimators without a critic return ``returns = advantages``, as verl and TRL do.
+Group of one: a prompt with a single response has mean 0 (baseline 0) and std 1, so its advantage is its
+own score (grpo, dr_grpo, dapo, rloo, opo, gpg, reinforce_pp_baseline); grpo_passk refuses such groups.
+Groups of >= 2 whose scores are all equal get an advantage of exactly 0 (the float mean of equal numbers
+can miss them by an ulp, which a 1e-6 std epsilon would turn into ~1e-11 noise) and are flagged in
+``zero_variance``.
+
+Where each estimator departs from its paper:
+
+* ``grpo``: outcome supervision only (the paper's process-supervision variant is not implemented); ε is
+  added to the std as verl does; ``scale`` adds TRL's batch-std and no-std variants.
+* ``dr_grpo``: none in the advantage; the paper's constant loss normaliser is an aggregation mode.
+* ``dapo``: none in the advantage; dynamic sampling itself is the trainer's, this only flags the groups.
+* ``rloo``: the leave-one-out baseline is undefined for a group of one; it uses baseline 0 there.
+* ``reinforce_pp``: the paper's KL-in-reward is applied by the trainer before this runs; returns restart
+  at every masked token (end of response, or a hole in a multi-turn mask).
+* ``reinforce_pp_baseline``: follows verl: the group mean is subtracted from the score, then whitened.
+* ``remax``: returns are discounted by ``gamma`` (the paper's γ = 1 is the default).
+* ``opo``: none in the advantage; the paper's exact on-policy training is the trainer's concern.
+* ``gpg``: α counts the samples with a non-zero score, as verl implements it.
+* ``grpo_passk``: follows verl: only the best response gets s_max − s_second (optionally ÷ (std + ε)).
+* ``gae``: masked tokens are not steps: "next" is the next valid token, and V = A = 0 after the last.
 """
 
 from __future__ import annotations
@@ -24,10 +39,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlplat.algorithms.masked import group_stats, masked_whiten, sequence_scores
+from rlplat.algorithms.masked import GroupStats, group_stats, masked_whiten, sequence_scores
 from rlplat.registry import Registry
 
-SCALES = ("group", "batch", "none")
+SCALES = ("group", "batch", "none")  # grpo std scaling, TRL's ``scale_rewards`` values
 
 
 @dataclass(frozen=True)
@@ -35,16 +50,22 @@ class AdvantageOptions:
     gamma: float = 1.0  # discount (gae, reinforce_pp, remax)
     lam: float = 1.0  # GAE lambda
     epsilon: float = 1e-6  # std epsilon of grpo-style normalisation
-    scale: str = "group"  # grpo std scaling: "group" | "batch" | "none"
-    norm_by_std: bool = True  # grpo_passk: divide by (std + epsilon)
+    scale: str = "group"  # grpo std: per group, over the whole batch, or none (mean is always per group)
+    norm_by_std: bool = True  # grpo_passk: divide by (std_g + epsilon)
     gpg_f_norm: float = 1.0  # gpg F_norm
+
+    def __post_init__(self):
+        if self.scale not in SCALES:
+            raise ValueError(f"AdvantageOptions.scale={self.scale!r} is not one of {SCALES}")
+        if not self.gpg_f_norm > 0:
+            raise ValueError(f"AdvantageOptions.gpg_f_norm must be > 0, got {self.gpg_f_norm}")
 
 
 @dataclass
 class AdvantageInput:
-    token_level_rewards: torch.Tensor  # [batch, response_len]
-    response_mask: torch.Tensor  # [batch, response_len], bool or 0/1
-    group_ids: torch.Tensor | None = None  # [batch] int: equal for the responses to one prompt
+    token_level_rewards: torch.Tensor  # [batch, response_len] float
+    response_mask: torch.Tensor  # [batch, response_len] bool or 0/1
+    group_ids: torch.Tensor | None = None  # [batch] int64, equal for the responses to one prompt
     values: torch.Tensor | None = None  # [batch, response_len] critic values (gae)
     baseline_scores: torch.Tensor | None = None  # [batch] score of the greedy response (remax)
     options: AdvantageOptions = field(default_factory=AdvantageOptions)
@@ -62,6 +83,7 @@ ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
 def get_advantage_estimator(name: str) -> Estimator:
+    """The estimator registered under ``name``; a miss raises ``UnknownNameError`` (known names listed)."""
     return ADVANTAGE_ESTIMATORS.get(name)
 
 
@@ -70,7 +92,7 @@ def compute_advantages(name: str, inp: AdvantageInput) -> AdvantageOutput:
 
 
 def estimator(name: str, min_group_size: int = 1, needs_values: bool = False, needs_baseline: bool = False):
-    """Register an estimator under ``name`` with what it requires of the batch."""
+    """Register an estimator under ``name``, with what it requires of the batch."""
 
     def decorator(fn: Estimator) -> Estimator:
         fn.min_group_size, fn.needs_values, fn.needs_baseline = min_group_size, needs_values, needs_baseline
@@ -79,8 +101,12 @@ def estimator(name: str, min_group_size: int = 1, needs_values: bool = False, ne
     return decorator
 
 
-# ---------------------------------------------------------------------------- input checks and helpers
-def _mask(inp: AdvantageInput) -> torch.Tensor:
+# ---------------------------------------------------------------------------- inputs and shared pieces
+_SHAPES = {"group_ids": "[batch]", "baseline_scores": "[batch]", "values": "[batch, response_len]"}
+
+
+def _token_mask(inp: AdvantageInput) -> torch.Tensor:
+    """The mask as a 0/1 tensor of the rewards' dtype, converted once and reused by every step."""
     rewards, mask = inp.token_level_rewards, inp.response_mask
     if rewards.dim() != 2 or mask.shape != rewards.shape:
         raise ValueError(
@@ -90,197 +116,252 @@ def _mask(inp: AdvantageInput) -> torch.Tensor:
     return mask.to(rewards.dtype)
 
 
-def _require(inp: AdvantageInput, name: str, field_name: str, shape: str) -> torch.Tensor:
-    value = getattr(inp, field_name)
+def _require(inp: AdvantageInput, name: str, field_name: str) -> torch.Tensor:
+    value, shape = getattr(inp, field_name), _SHAPES[field_name]
     if value is None:
-        raise ValueError(f"advantage estimator {name!r} needs AdvantageInput.{field_name} {shape}")
-    batch = inp.token_level_rewards.shape[0]
-    if value.shape[0] != batch:
-        raise ValueError(f"AdvantageInput.{field_name} has {value.shape[0]} rows, expected {batch}")
+        raise ValueError(f"advantage estimator {name!r} needs AdvantageInput.{field_name}, a {shape} tensor")
+    rewards = inp.token_level_rewards
+    expected = tuple(rewards.shape) if field_name == "values" else tuple(rewards.shape[:1])
+    if tuple(value.shape) != expected:
+        raise ValueError(
+            f"AdvantageInput.{field_name} has shape {tuple(value.shape)}; expected {shape} = {expected}"
+        )
     return value
 
 
-def _broadcast(per_sequence: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return per_sequence.unsqueeze(-1) * mask
+def _scored_groups(inp: AdvantageInput, name: str) -> tuple[torch.Tensor, torch.Tensor, GroupStats]:
+    """(mask [batch, response_len], scores [batch], their group statistics)."""
+    mask = _token_mask(inp)
+    group_ids = _require(inp, name, "group_ids")
+    scores = sequence_scores(inp.token_level_rewards, mask)
+    return mask, scores, group_stats(scores, group_ids)
 
 
-def _outcome(advantage: torch.Tensor, mask: torch.Tensor, zero_variance: torch.Tensor | None) -> AdvantageOutput:
-    adv = _broadcast(advantage, mask)
-    return AdvantageOutput(advantages=adv, returns=adv, zero_variance=zero_variance)
+def _zero_variance(groups: GroupStats) -> torch.Tensor:
+    return groups.all_equal & (groups.size > 1)
 
 
-def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """G_t = m_t (r_t + γ G_{t+1}), ``[batch, response_len]``; restarts after each response's end."""
-    rewards = rewards * mask
-    if gamma == 1.0:  # a reverse cumulative sum, with the reset applied where the mask is 0
-        if bool((mask[:, 1:] <= mask[:, :-1]).all()):  # contiguous masks: no reset inside a response
-            return rewards.flip(-1).cumsum(-1).flip(-1) * mask
-    rewards_t, mask_t = rewards.T.contiguous(), mask.T.contiguous()  # time-major: contiguous rows
-    returns_t = torch.zeros_like(rewards_t)
-    running = torch.zeros_like(rewards_t[0])
-    for t in reversed(range(rewards_t.shape[0])):
-        running = (rewards_t[t] + gamma * running) * mask_t[t]
-        returns_t[t] = running
-    returns = returns_t.T
-    return returns
+def _centred(scores: torch.Tensor, groups: GroupStats) -> torch.Tensor:
+    """s_i − mean_g s, ``[batch]``: mean 0 for a group of one, exactly 0 in a zero-variance group."""
+    centred = scores - groups.mean.masked_fill(groups.size == 1, 0.0)
+    return centred.masked_fill(_zero_variance(groups), 0.0)
+
+
+def _per_group(values: torch.Tensor, groups: GroupStats, reduce: str) -> torch.Tensor:
+    """Reduce ``[batch]`` values within each group ("sum", "amax", "amin"), then read back per sample."""
+    num_groups = int(groups.index.max()) + 1 if len(values) else 0
+    out = values.new_zeros(num_groups).scatter_reduce(0, groups.index, values, reduce, include_self=False)
+    return out[groups.index]
+
+
+def _broadcast(advantage: torch.Tensor, mask: torch.Tensor, groups: GroupStats | None) -> AdvantageOutput:
+    """Per-response ``[batch]`` advantages onto valid tokens; returns = advantages (no critic)."""
+    tokens = advantage.unsqueeze(-1) * mask
+    zero_variance = None if groups is None else _zero_variance(groups)
+    return AdvantageOutput(advantages=tokens, returns=tokens, zero_variance=zero_variance)
 
 
 # ---------------------------------------------------------------------------- grpo family
-def _group_normalised(inp: AdvantageInput, name: str, scale: str) -> AdvantageOutput:
-    """(s − mean_g) / (std + ε) with std over the group, the batch, or none (the grpo core)."""
-    if scale not in SCALES:
-        raise ValueError(f"AdvantageOptions.scale={scale!r} is not one of {SCALES}")
-    mask = _mask(inp)
-    scores = sequence_scores(inp.token_level_rewards, mask)
-    groups = group_stats(scores, _require(inp, name, "group_ids", "[batch]"))
-    single = groups.size == 1
-    centred = scores - torch.where(single, torch.zeros_like(groups.mean), groups.mean)
+def _grpo_core(inp: AdvantageInput, name: str, scale: str) -> AdvantageOutput:
+    """(s − mean_g) / (std + ε), the std taken over the group, over the batch, or not at all."""
+    mask, scores, groups = _scored_groups(inp, name)
+    advantage = _centred(scores, groups)
     if scale == "group":
-        std = torch.where(single, torch.ones_like(groups.std), groups.std)
-        centred = centred / (std + inp.options.epsilon)
-    elif scale == "batch":
-        centred = centred / (scores.std() + inp.options.epsilon) if len(scores) > 1 else centred
-    zero_variance = groups.all_equal & ~single
-    return _outcome(torch.where(zero_variance, torch.zeros_like(centred), centred), mask, zero_variance)
+        advantage = advantage / (groups.std.masked_fill(groups.size == 1, 1.0) + inp.options.epsilon)
+    elif scale == "batch":  # a batch of one sample is a group of one: std 1
+        batch_std = scores.std() if len(scores) > 1 else scores.new_ones(())
+        advantage = advantage / (batch_std + inp.options.epsilon)
+    return _broadcast(advantage, mask, groups)
 
 
 @estimator("grpo", min_group_size=2)
 def grpo(inp: AdvantageInput) -> AdvantageOutput:
-    """GRPO (DeepSeekMath 2402.03300, Sec. 4.1.2): A_i = (s_i − mean_g s) / (std_g s + ε), broadcast.
+    """GRPO outcome advantage (DeepSeekMath 2402.03300, Sec. 4.1.2; as verl implements it):
+    A_i = (s_i − mean_g s) / (std_g s + ε), unbiased std, broadcast over ``[batch, response_len]``.
 
-    ``options.scale``: std over the group (default), over the batch, or none (TRL ``scale_rewards``).
+    ``options.scale`` = "batch" divides by the std of all ``[batch]`` scores, "none" by nothing (TRL
+    ``scale_rewards``); the mean stays per group. Needs ``group_ids`` ``[batch]``.
     """
-    return _group_normalised(inp, "grpo", inp.options.scale)
+    return _grpo_core(inp, "grpo", inp.options.scale)
 
 
 @estimator("dr_grpo", min_group_size=2)
 def dr_grpo(inp: AdvantageInput) -> AdvantageOutput:
-    """Dr. GRPO (2503.20783, Sec. 3.1): A_i = s_i − mean_g s — grpo without the std division."""
-    return _group_normalised(inp, "dr_grpo", "none")
+    """Dr. GRPO (2503.20783, Sec. 3.1): A_i = s_i − mean_g s, i.e. grpo with scale "none"
+    (``options.scale`` is ignored). Needs ``group_ids`` ``[batch]``; advantages ``[batch, response_len]``."""
+    return _grpo_core(inp, "dr_grpo", "none")
 
 
 @estimator("dapo", min_group_size=2)
 def dapo(inp: AdvantageInput) -> AdvantageOutput:
-    """DAPO (2503.14476): grpo's advantage; ``zero_variance`` marks the groups dynamic sampling drops."""
-    return _group_normalised(inp, "dapo", inp.options.scale)
+    """DAPO (2503.14476, eq. 9 and Sec. 3.2): grpo's advantage; ``zero_variance`` ``[batch]`` marks the
+    groups whose scores are all equal, which dynamic sampling drops. Needs ``group_ids`` ``[batch]``."""
+    return _grpo_core(inp, "dapo", inp.options.scale)
 
 
 @estimator("rloo", min_group_size=2)
 def rloo(inp: AdvantageInput) -> AdvantageOutput:
-    """RLOO (2402.14740, eq. 2): A_i = s_i − mean_{j≠i} s_j = G/(G−1) (s_i − mean_g s)."""
-    mask = _mask(inp)
-    scores = sequence_scores(inp.token_level_rewards, mask)
-    groups = group_stats(scores, _require(inp, "rloo", "group_ids", "[batch]"))
-    single = groups.size == 1
-    factor = groups.size / (groups.size - 1).clamp(min=1)
-    adv = torch.where(single, scores, factor * (scores - groups.mean))
-    zero_variance = groups.all_equal & ~single
-    return _outcome(torch.where(zero_variance, torch.zeros_like(adv), adv), mask, zero_variance)
+    """RLOO (2402.14740, Sec. 3): A_i = s_i − mean_{j≠i} s_j = G/(G−1) · (s_i − mean_g s), as verl
+    implements it. Needs ``group_ids`` ``[batch]``; advantages ``[batch, response_len]``."""
+    mask, scores, groups = _scored_groups(inp, "rloo")
+    leave_one_out = groups.size / (groups.size - 1).clamp(min=1)  # 1 for a group of one: A = s
+    return _broadcast(leave_one_out * _centred(scores, groups), mask, groups)
 
 
 @estimator("opo", min_group_size=2)
 def opo(inp: AdvantageInput) -> AdvantageOutput:
-    """OPO (2505.23585): A_i = s_i − b, b = Σ_j |o_j| s_j / Σ_j |o_j| (length-weighted group mean)."""
-    mask = _mask(inp)
-    scores = sequence_scores(inp.token_level_rewards, mask)
+    """OPO (2505.23585, eq. 5): A_i = s_i − b, b = Σ_j |o_j| s_j / Σ_j |o_j| over the group, |o_j| = valid
+    tokens of response j (as verl implements it). Needs ``group_ids`` ``[batch]``."""
+    mask, scores, groups = _scored_groups(inp, "opo")
     lengths = mask.sum(-1)
-    groups = group_stats(scores, _require(inp, "opo", "group_ids", "[batch]"))
-    zeros = scores.new_zeros(int(groups.index.max()) + 1)
-    weighted = zeros.index_add(0, groups.index, lengths * scores)[groups.index]
-    total = zeros.index_add(0, groups.index, lengths)[groups.index]
-    baseline = torch.where((groups.size > 1) & (total > 0), weighted / total.clamp(min=1), torch.zeros_like(scores))
-    zero_variance = groups.all_equal & (groups.size > 1)
-    adv = torch.where(zero_variance, torch.zeros_like(scores), scores - baseline)
-    return _outcome(adv, mask, zero_variance)
+    weighted = _per_group(lengths * scores, groups, "sum")
+    total = _per_group(lengths, groups, "sum")
+    baseline = (weighted / total.clamp(min=1)).masked_fill(groups.size == 1, 0.0)  # empty group: 0/1
+    return _broadcast((scores - baseline).masked_fill(_zero_variance(groups), 0.0), mask, groups)
 
 
 @estimator("gpg", min_group_size=2)
 def gpg(inp: AdvantageInput) -> AdvantageOutput:
-    """GPG (2504.02546, eq. 9, as verl implements it): A_i = α (s_i − mean_g s) / F_norm,
-    α = batch size / number of samples with a non-zero score (at least 1)."""
-    mask = _mask(inp)
-    scores = sequence_scores(inp.token_level_rewards, mask)
-    groups = group_stats(scores, _require(inp, "gpg", "group_ids", "[batch]"))
-    alpha = len(scores) / max(int((scores != 0).sum()), 1)
-    mean = torch.where(groups.size > 1, groups.mean, torch.zeros_like(groups.mean))
-    zero_variance = groups.all_equal & (groups.size > 1)
-    adv = torch.where(zero_variance, torch.zeros_like(scores), alpha * (scores - mean) / inp.options.gpg_f_norm)
-    return _outcome(adv, mask, zero_variance)
+    """GPG (2504.02546, eq. 9; α as verl implements it): A_i = α (s_i − mean_g s) / F_norm,
+    α = batch size / max(1, samples with a non-zero score), F_norm = ``options.gpg_f_norm``.
+    Needs ``group_ids`` ``[batch]``; advantages ``[batch, response_len]``."""
+    mask, scores, groups = _scored_groups(inp, "gpg")
+    alpha = len(scores) / max(1, int(torch.count_nonzero(scores)))
+    return _broadcast(alpha * _centred(scores, groups) / inp.options.gpg_f_norm, mask, groups)
 
 
 @estimator("grpo_passk", min_group_size=2)
 def grpo_passk(inp: AdvantageInput) -> AdvantageOutput:
-    """Pass@k training (2503.19595): only each group's best response (first on ties) gets
-    s_max − s_second (÷ (std_g + ε) with ``norm_by_std``); the others get 0."""
-    mask = _mask(inp)
-    scores = sequence_scores(inp.token_level_rewards, mask)
-    groups = group_stats(scores, _require(inp, "grpo_passk", "group_ids", "[batch]"))
+    """Pass@k GRPO (2503.19595, as verl implements it): each group's best response (first on ties) gets
+    s_max − s_second, ÷ (std_g + ε) when ``options.norm_by_std``; the others get 0. Needs ``group_ids``
+    ``[batch]`` with >= 2 responses per prompt."""
+    mask, scores, groups = _scored_groups(inp, "grpo_passk")
     if bool((groups.size < 2).any()):
-        raise ValueError("grpo_passk needs at least 2 responses per prompt (rollout.n >= 2)")
-    num_groups = int(groups.index.max()) + 1
-    position = torch.arange(len(scores))
-    best_score = scores.new_zeros(num_groups).scatter_reduce(0, groups.index, scores, "amax", include_self=False)
-    at_max = scores == best_score[groups.index]
-    first = position.new_zeros(num_groups).scatter_reduce(
-        0, groups.index, torch.where(at_max, position, len(scores)), "amin", include_self=False
-    )
-    is_best = position == first[groups.index]
-    others = torch.where(is_best, torch.full_like(scores, -torch.inf), scores)
-    second = scores.new_zeros(num_groups).scatter_reduce(0, groups.index, others, "amax", include_self=False)
-    gain = best_score[groups.index] - second[groups.index]
+        raise ValueError("grpo_passk needs at least 2 responses per prompt (a lone one has no second best)")
+    position = torch.arange(len(scores), device=scores.device)
+    best = _per_group(scores, groups, "amax")
+    first_best = _per_group(position.masked_fill(scores != best, len(scores)), groups, "amin")
+    is_best = position == first_best
+    second = _per_group(scores.masked_fill(is_best, -torch.inf), groups, "amax")
+    gain = best - second
     if inp.options.norm_by_std:
         gain = gain / (groups.std + inp.options.epsilon)
-    return _outcome(torch.where(is_best, gain, torch.zeros_like(gain)), mask, groups.all_equal)
-
-
-# ---------------------------------------------------------------------------- token-level returns
-@estimator("reinforce_pp")
-def reinforce_pp(inp: AdvantageInput) -> AdvantageOutput:
-    """REINFORCE++ (2501.03262, Sec. 3): G_t = Σ_{k≥t} γ^{k−t} r_k, advantages = whiten(G) over the batch."""
-    mask = _mask(inp)
-    returns = discounted_returns(inp.token_level_rewards, mask, inp.options.gamma)
-    return AdvantageOutput(advantages=masked_whiten(returns, mask), returns=returns)
+    return _broadcast(gain.masked_fill(~is_best, 0.0), mask, groups)
 
 
 @estimator("reinforce_pp_baseline", min_group_size=2)
 def reinforce_pp_baseline(inp: AdvantageInput) -> AdvantageOutput:
-    """REINFORCE++ with a group baseline (2501.03262): (s_i − mean_g s) over tokens, then whiten."""
-    mask = _mask(inp)
-    scores = sequence_scores(inp.token_level_rewards, mask)
-    groups = group_stats(scores, _require(inp, "reinforce_pp_baseline", "group_ids", "[batch]"))
-    centred = scores - torch.where(groups.size > 1, groups.mean, torch.zeros_like(groups.mean))
-    adv = masked_whiten(_broadcast(centred, mask), mask)
-    return AdvantageOutput(advantages=adv, returns=adv, zero_variance=groups.all_equal & (groups.size > 1))
+    """REINFORCE++-baseline (2501.03262, as verl implements it): (s_i − mean_g s) broadcast over valid
+    tokens, then whitened over all valid tokens of the batch. Needs ``group_ids`` ``[batch]``."""
+    mask, scores, groups = _scored_groups(inp, "reinforce_pp_baseline")
+    advantages = masked_whiten(_centred(scores, groups).unsqueeze(-1) * mask, mask)
+    return AdvantageOutput(advantages=advantages, returns=advantages, zero_variance=_zero_variance(groups))
+
+
+# ---------------------------------------------------------------------------- token-level returns
+SCAN_BLOCK = 32  # tokens per matmul block of the discounted scan: 32 loop steps for 1,024 tokens
+
+
+def _one_run_per_row(mask: torch.Tensor) -> bool:
+    """True when every row's valid tokens are one contiguous run (no hole inside a response)."""
+    valid = mask > 0
+    runs = (valid[:, 1:] > valid[:, :-1]).sum(-1) + valid[:, 0]
+    return bool((runs <= 1).all())
+
+
+def _reverse_discounted_sum(x: torch.Tensor, decay: float) -> torch.Tensor:
+    """y_t = x_t + decay · y_{t+1} along the last dim of ``[batch, T]`` (no reset), ``[batch, T]``.
+
+    decay 1 is a reverse cumulative sum. Otherwise each block of ``SCAN_BLOCK`` tokens is solved by one
+    matmul with the [L, L] matrix of decay^(k−t), and a reverse loop over blocks adds the carry: the
+    same recursion as a per-token loop, in T/L Python steps instead of T, on batch-major memory.
+    """
+    if decay == 1.0:
+        return x.flip(-1).cumsum_(-1).flip(-1)
+    batch, length = x.shape
+    block = SCAN_BLOCK
+    padded = torch.nn.functional.pad(x, (0, -length % block))  # zeros after the end change nothing
+    k = torch.arange(block, dtype=x.dtype, device=x.device)
+    lag = k[:, None] - k[None, :]
+    base = torch.tensor(decay, dtype=x.dtype, device=x.device)
+    within = torch.where(lag >= 0, base ** lag.clamp(min=0), 0.0)  # [from k, to t]
+    y = padded.view(batch, -1, block) @ within
+    carry = base ** (block - k)  # weight of the next block's first y on each position of this block
+    for j in range(y.shape[1] - 2, -1, -1):
+        y[:, j].addcmul_(y[:, j + 1, :1], carry)
+    y = y.view(batch, -1)
+    return y if y.shape[1] == length else y[:, :length].contiguous()
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = m_t (r_t + γ G_{t+1}), ``[batch, response_len]`` -> ``[batch, response_len]``.
+
+    Zero on masked tokens, so the sum restarts after the end of a response (and at a hole in the mask).
+    """
+    rewards = rewards * mask
+    if _one_run_per_row(mask):  # nothing to restart inside a row: rewards are already 0 past its end
+        return _reverse_discounted_sum(rewards, gamma).mul_(mask)
+    # Time-major copies: the reverse loop then reads contiguous rows instead of 4 KiB-strided columns.
+    rewards_t, mask_t = rewards.T.contiguous(), mask.T.contiguous()
+    returns_t = torch.empty_like(rewards_t)
+    running = rewards_t.new_zeros(rewards_t.shape[1])
+    for t in range(rewards_t.shape[0] - 1, -1, -1):
+        running = torch.add(rewards_t[t], running, alpha=gamma, out=returns_t[t]).mul_(mask_t[t])
+    return returns_t.T.contiguous()
+
+
+@estimator("reinforce_pp")
+def reinforce_pp(inp: AdvantageInput) -> AdvantageOutput:
+    """REINFORCE++ (2501.03262, Sec. 3; as verl implements it): G_t = Σ_{k≥t} γ^{k−t} r_k within the
+    response, advantages = whiten(G) over all valid tokens of the batch, returns = G. ``[batch,
+    response_len]`` in and out; γ = ``options.gamma``."""
+    mask = _token_mask(inp)
+    returns = discounted_returns(inp.token_level_rewards, mask, inp.options.gamma)
+    return AdvantageOutput(advantages=masked_whiten(returns, mask), returns=returns)
 
 
 @estimator("remax", needs_baseline=True)
 def remax(inp: AdvantageInput) -> AdvantageOutput:
-    """ReMax (2310.10505, Alg. 1): A_{i,t} = G_t − b_i, b_i = score of the greedy response to the prompt."""
-    mask = _mask(inp)
-    baseline = _require(inp, "remax", "baseline_scores", "[batch]").to(mask.dtype)
+    """ReMax (2310.10505, Alg. 1; as verl implements it): A_{i,t} = G_t − b_i, b_i = score of the greedy
+    response to the prompt (``baseline_scores`` ``[batch]``), G as in reinforce_pp; returns = G."""
+    mask = _token_mask(inp)
+    baseline = _require(inp, "remax", "baseline_scores").to(mask.dtype)
     returns = discounted_returns(inp.token_level_rewards, mask, inp.options.gamma)
     return AdvantageOutput(advantages=(returns - baseline.unsqueeze(-1)) * mask, returns=returns)
 
 
+def _gae_one_run(rewards, values, mask, gamma: float, lam: float) -> torch.Tensor:
+    """Unwhitened GAE when each row is one contiguous run: the next valid token is simply t + 1."""
+    next_values = torch.nn.functional.pad((values * mask)[:, 1:], (0, 1))  # V = 0 past the last token
+    deltas = torch.add(rewards, next_values, alpha=gamma).sub_(values).mul_(mask)
+    return _reverse_discounted_sum(deltas, gamma * lam).mul_(mask)
+
+
+def _gae_with_holes(rewards, values, mask, gamma: float, lam: float) -> torch.Tensor:
+    """Unwhitened GAE for any mask: a reverse loop over time that steps over masked positions."""
+    valid_t = (mask > 0).T.contiguous()  # time-major, for contiguous rows in the loop
+    values_t = values.T.contiguous()
+    partial_t = (rewards - values).T.contiguous()  # δ_t without its γ V_next term
+    adv_t = torch.empty_like(partial_t)
+    next_value = partial_t.new_zeros(partial_t.shape[1])  # V and A at the next valid token; 0 past the end
+    next_adv = partial_t.new_zeros(partial_t.shape[1])
+    for t in range(partial_t.shape[0] - 1, -1, -1):
+        step = torch.add(partial_t[t], next_value, alpha=gamma).add_(next_adv, alpha=gamma * lam)
+        # a masked position carries the next valid token's A and V through to the previous one
+        next_adv = torch.where(valid_t[t], step, next_adv, out=adv_t[t])
+        next_value = torch.where(valid_t[t], values_t[t], next_value)
+    return adv_t.T.contiguous().mul_(mask)  # drop the values carried on masked positions
+
+
 @estimator("gae", needs_values=True)
 def gae(inp: AdvantageInput) -> AdvantageOutput:
-    """GAE (1506.02438, eq. 16): δ_t = r_t + γV_{t+1} − V_t, A_t = δ_t + γλA_{t+1} over valid tokens;
-    returns = A + V; advantages = whiten(A). "Next" is the next valid token; after the last, V = A = 0."""
-    mask = _mask(inp)
-    values = _require(inp, "gae", "values", "[batch, response_len]").to(mask.dtype)
-    gamma, lam = inp.options.gamma, inp.options.lam
-    # Time-major copies: the reverse loop then reads contiguous rows instead of strided columns.
-    rewards_t, values_t, mask_t = (inp.token_level_rewards * mask).T.contiguous(), values.T.contiguous(), mask.T.contiguous()
-    advantages_t = torch.zeros_like(rewards_t)
-    next_value = torch.zeros_like(rewards_t[0])
-    next_adv = torch.zeros_like(rewards_t[0])
-    for t in reversed(range(rewards_t.shape[0])):
-        valid = mask_t[t] > 0
-        adv_t = rewards_t[t] + gamma * next_value - values_t[t] + gamma * lam * next_adv
-        advantages_t[t] = adv_t * mask_t[t]
-        # invalid positions are skipped: they pass the next valid token's value and advantage through
-        next_value = torch.where(valid, values_t[t], next_value)
-        next_adv = torch.where(valid, adv_t, next_adv)
-    advantages = advantages_t.T
-    returns = (advantages + values) * mask
-    return AdvantageOutput(advantages=masked_whiten(advantages, mask), returns=returns)
+    """GAE (1506.02438, eqs. 11-16; as verl implements it): δ_t = r_t + γV_{t+1} − V_t,
+    A_t = δ_t + γλA_{t+1}, where t+1 is the next valid token and V = A = 0 after the last one;
+    returns = A + V (before whitening, 0 on masked tokens); advantages = whiten(A) over the batch's valid
+    tokens. ``values`` ``[batch, response_len]``; γ, λ = ``options.gamma``, ``options.lam``."""
+    mask = _token_mask(inp)
+    values = _require(inp, "gae", "values").to(mask.dtype)
+    compute = _gae_one_run if _one_run_per_row(mask) else _gae_with_holes
+    adv = compute(inp.token_level_rewards, values, mask, inp.options.gamma, inp.options.lam)
+    returns = (adv + values).mul_(mask)
+    return AdvantageOutput(advantages=masked_whiten(adv, mask), returns=returns)

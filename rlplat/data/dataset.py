@@ -1,36 +1,48 @@
-"""Parquet prompts for training: reading and checking rows, tokenising, batching, resumable order.
+"""Parquet prompts for training: reading and checking rows, tokenising, batching, a resumable order.
 
-Rows follow the common RLHF schema (``data_source``, ``prompt``, ``reward_model.ground_truth``,
-optional ``extra_info``). ``prompt`` is a list of chat messages, or a plain string (one user message).
-Bad rows fail with one error naming the file, the row and the key.
+Rows follow the common RLHF schema: ``data_source`` (str), ``prompt`` (a list of ``{"role", "content"}``
+messages, or a plain string meaning one user message), ``reward_model`` (a dict with ``ground_truth``) and
+an optional ``extra_info`` dict. A bad row fails with one :class:`DataError` naming the file, the row
+(0-based) and the key; nothing is trained on a half-checked file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 from rlplat.data.synthetic import DataError
 
 REQUIRED = ("data_source", "prompt", "reward_model")
 TRUNCATION = ("error", "left", "right", "filter")
+ITEM_LISTS = ("raw_prompt", "data_source", "ground_truth", "extra_info")  # per-row values collate keeps as lists
+SCHEMA_HINT = "expected {'style': ..., 'ground_truth': ...}"
 
 
 def _plain(value: Any) -> Any:
-    """pyarrow hands back numpy arrays for lists; turn nested values into plain Python."""
+    """Nested numpy arrays (how pandas hands back parquet lists) -> plain Python lists and dicts."""
     if isinstance(value, np.ndarray):
         return [_plain(v) for v in value.tolist()]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
 
 
-def _messages(prompt: Any, where: str) -> list[dict]:
+def _as_dict(value: Any) -> Any:
+    """Parquet map columns read back as lists of (key, value) pairs; structs already read as dicts."""
+    if isinstance(value, list) and all(isinstance(kv, (list, tuple)) and len(kv) == 2 for kv in value):
+        return {k: v for k, v in value}
+    return value
+
+
+def _messages(prompt: Any, where: str) -> list[dict[str, str]]:
     prompt = _plain(prompt)
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
@@ -38,74 +50,124 @@ def _messages(prompt: Any, where: str) -> list[dict]:
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
     ):
         return [{"role": m["role"], "content": m["content"]} for m in prompt]
-    raise DataError(f"{where}: prompt must be a string or a non-empty list of {{'role', 'content'}} messages, "
-                    f"got {str(prompt)[:80]!r}")
+    raise DataError(f"{where}: prompt must be a string or a non-empty list of {{'role': str, 'content': str}} "
+                    f"messages, got {str(prompt)[:80]!r}")
 
 
-def load_rows(files: Sequence[str]) -> list[dict]:
-    """Read and check every row of the parquet files; each row gets its ``file`` and ``row`` origin."""
+def _ground_truth(reward: Any, where: str) -> str:
+    reward = _as_dict(_plain(reward))
+    if not isinstance(reward, dict):
+        raise DataError(f"{where}: reward_model must be a dict, got {str(reward)[:80]!r} ({SCHEMA_HINT})")
+    truth = reward.get("ground_truth")
+    if truth is None:
+        raise DataError(f"{where}: reward_model has no 'ground_truth' ({SCHEMA_HINT})")
+    if isinstance(truth, (int, float)):  # e.g. a numeric answer column written by pandas
+        return str(truth)
+    if not isinstance(truth, str):
+        raise DataError(f"{where}: reward_model.ground_truth must be a string, got {str(truth)[:80]!r}")
+    return truth
+
+
+def _check_row(record: dict, path: str, index: int) -> dict:
+    where = f"{path} row {index}"
+    if not isinstance(record["data_source"], str):
+        raise DataError(f"{where}: data_source must be a string, got {record['data_source']!r}")
+    extra = _as_dict(_plain(record.get("extra_info")))
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, dict):
+        raise DataError(f"{where}: extra_info must be a dict, got {str(extra)[:80]!r}")
+    checked = {"prompt": _messages(record["prompt"], where), "extra_info": extra,
+               "ground_truth": _ground_truth(record["reward_model"], where)}
+    return {**record, **checked, "source_file": path, "source_row": index}
+
+
+def _read_file(path: str) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
-    rows = []
-    for path in files:
-        try:
-            table = pq.read_table(path)
-        except Exception as err:  # pyarrow raises several types for unreadable files
-            raise DataError(f"{path}: cannot read as parquet ({err})") from None
-        missing = [c for c in REQUIRED if c not in table.column_names]
-        if missing:
-            raise DataError(f"{path}: missing column(s) {missing}; expected {list(REQUIRED)} (+ optional extra_info)")
-        for index, record in enumerate(table.to_pylist()):
-            where = f"{path} row {index}"
-            reward = record["reward_model"]
-            if not isinstance(reward, dict) or reward.get("ground_truth") is None:
-                raise DataError(f"{where}: reward_model has no 'ground_truth' (expected {{'style': ..., 'ground_truth': ...}})")
-            if not isinstance(record["data_source"], str):
-                raise DataError(f"{where}: data_source must be a string, got {record['data_source']!r}")
-            rows.append({
-                "raw_prompt": _messages(record["prompt"], where),
-                "data_source": record["data_source"],
-                "ground_truth": str(reward["ground_truth"]),
-                "extra_info": _plain(record.get("extra_info") or {}),
-                "origin": where,
-            })
-    return rows
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such parquet file")
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises several types for unreadable files
+        raise DataError(f"{path}: cannot read as parquet ({err})") from None
+    missing = [c for c in REQUIRED if c not in table.column_names]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {missing}; expected {list(REQUIRED)} (+ optional extra_info)")
+    rows = [_check_row(record, path, i) for i, record in enumerate(table.to_pylist())]
+    columns = list(dict.fromkeys([*table.column_names, "extra_info", "ground_truth", "source_file", "source_row"]))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def load_rows(files: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.DataFrame:
+    """Read and check every row of one or more parquet files, concatenated in order.
+
+    Columns: the file's own, with ``prompt`` normalised to a list of messages and ``extra_info`` to a
+    dict (``{}`` when absent), plus ``ground_truth`` (str), ``source_file`` and ``source_row`` (0-based).
+    """
+    paths = _paths(files)
+    if not paths:
+        raise DataError("no parquet files given")
+    return pd.concat([_read_file(path) for path in paths], ignore_index=True)
+
+
+def _paths(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+    return [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
 
 
 class RLDataset:
-    """Tokenised prompts of one or more parquet files (tokenised once, at construction)."""
+    """The tokenised prompts of one or more parquet files (tokenised once, at construction).
 
-    def __init__(self, files: Sequence[str], tokenizer, max_prompt_length: int, truncation: str = "error",
-                 apply_chat_template: bool = True):
+    ``dataset[i]`` is a dict with ``prompt_ids`` (list[int]), ``raw_prompt`` (the messages),
+    ``data_source``, ``ground_truth`` (str) and ``extra_info`` (dict). Prompts longer than
+    ``max_prompt_length`` tokens fail (``truncation="error"``), keep their last / first tokens
+    (``"left"`` / ``"right"``) or are dropped and counted in ``num_filtered`` (``"filter"``).
+    """
+
+    def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer, max_prompt_length: int,
+                 truncation: str = "error", apply_chat_template: bool = True):
         if truncation not in TRUNCATION:
-            raise ValueError(f"truncation must be one of {TRUNCATION}, got {truncation!r}")
+            raise ValueError(f"data.truncation={truncation!r} is not one of {', '.join(TRUNCATION)}")
+        if max_prompt_length < 1:
+            raise ValueError(f"data.max_prompt_length must be positive, got {max_prompt_length}")
+        rows = load_rows(files)
+        texts = [self._render(tokenizer, messages, apply_chat_template) for messages in rows["prompt"]]
+        # One batched call: the fast tokenizer splits 20,000 prompts in parallel instead of one by one.
+        all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         self.items: list[dict] = []
         self.num_filtered = 0
-        for row in load_rows(files):
-            ids = self._tokenise(tokenizer, row["raw_prompt"], apply_chat_template)
+        for row, ids in zip(rows.itertuples(index=False), all_ids):
+            where = f"{row.source_file} row {row.source_row}"
+            if not ids:
+                raise DataError(f"{where}: the prompt is empty after tokenisation")
             if len(ids) > max_prompt_length:
                 if truncation == "error":
                     raise DataError(
-                        f"{row['origin']}: prompt has {len(ids)} tokens > data.max_prompt_length={max_prompt_length}; "
-                        f"raise it or set data.truncation=left|right|filter"
+                        f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={max_prompt_length}; set "
+                        f"data.truncation=left|right|filter or a larger data.max_prompt_length"
                     )
                 if truncation == "filter":
                     self.num_filtered += 1
                     continue
                 ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
-            self.items.append({**row, "prompt_ids": ids})
+            self.items.append({"prompt_ids": list(ids), "raw_prompt": row.prompt, "data_source": row.data_source,
+                               "ground_truth": row.ground_truth, "extra_info": row.extra_info})
         if self.num_filtered:
-            print(f"[data] dropped {self.num_filtered} prompts longer than {max_prompt_length} tokens", flush=True)
+            print(f"[rlplat.data] dropped {self.num_filtered} of {len(rows)} prompts longer than "
+                  f"data.max_prompt_length={max_prompt_length} tokens (data.truncation=filter)", flush=True)
         if not self.items:
-            raise DataError(f"{list(files)}: no usable prompt (all rows filtered or files empty)")
+            raise DataError(f"{', '.join(_paths(files))}: no usable prompt (the files "
+                            f"have no rows, or every prompt was longer than data.max_prompt_length)")
 
     @staticmethod
-    def _tokenise(tokenizer, messages: list[dict], apply_chat_template: bool) -> list[int]:
-        if apply_chat_template:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = "".join(m["content"] for m in messages)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    def _render(tokenizer, messages: list[dict], apply_chat_template: bool) -> str:
+        if not apply_chat_template:
+            return "".join(m["content"] for m in messages)
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except ValueError as err:  # e.g. a base model's tokenizer has no chat template
+            raise DataError(f"cannot apply the tokenizer's chat template ({err}); "
+                            f"set data.apply_chat_template=false for a base model") from None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -114,46 +176,74 @@ class RLDataset:
         return self.items[index]
 
 
-def collate(items: Sequence[dict], pad_token_id: int) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
-    """Left-pad the prompts: tensors ``prompts`` / ``prompt_mask`` ``[B, P]``, plus the per-row lists."""
+def collate(items: Sequence[Mapping], pad_token_id: int) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
+    """Left-pad ``prompt_ids`` to the batch's longest prompt (generation continues from the right edge).
+
+    Returns tensors ``prompts`` [batch, prompt_len] int64 and ``prompt_mask`` [batch, prompt_len] int64
+    (1 on real tokens), and the lists ``raw_prompt``, ``data_source``, ``ground_truth``, ``extra_info``.
+    """
+    if not items:
+        raise ValueError("collate needs at least one item")
     width = max(len(item["prompt_ids"]) for item in items)
     prompts = torch.full((len(items), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)
     for row, item in enumerate(items):
         ids = item["prompt_ids"]
-        prompts[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        prompts[row, width - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
         mask[row, width - len(ids):] = 1
-    lists = {key: [item[key] for item in items] for key in ("raw_prompt", "data_source", "ground_truth", "extra_info")}
-    return {"prompts": prompts, "prompt_mask": mask}, lists
+    return {"prompts": prompts, "prompt_mask": mask}, {key: [item[key] for item in items] for key in ITEM_LISTS}
 
 
 class PromptSampler:
-    """Batches of dataset indices, reshuffled each epoch with a seeded generator; resumable exactly.
+    """Endless batches of ``batch_size`` dataset indices, epoch after epoch; resumable exactly.
 
-    The last incomplete batch of an epoch is dropped so every step has the configured size.
+    With ``shuffle`` each epoch is a fresh permutation from ``torch.Generator().manual_seed(seed + epoch)``,
+    otherwise indices come in order. An epoch's last incomplete batch is dropped so every step has the
+    configured number of prompts. ``state_dict()`` ({epoch, position, seed}) restored into a sampler of the
+    same dataset size and batch size continues with exactly the batches the original would have given.
     """
 
     def __init__(self, size: int, batch_size: int, shuffle: bool = True, seed: int = 0):
+        if batch_size < 1:
+            raise ValueError(f"data.train_batch_size_prompts must be positive, got {batch_size}")
         if size < batch_size:
-            raise DataError(f"the dataset has {size} prompts, fewer than data.train_batch_size_prompts={batch_size}")
+            raise DataError(f"the dataset has {size} prompts, fewer than data.train_batch_size_prompts={batch_size}; "
+                            f"use more data or a smaller batch")
         self.size, self.batch_size, self.shuffle, self.seed = size, batch_size, shuffle, seed
         self.epoch, self.position = 0, 0
+        self._order: tuple[int, list[int]] | None = None  # (epoch, permutation) cache
 
-    def _order(self) -> list[int]:
-        if not self.shuffle:
-            return list(range(self.size))
-        gen = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.size, generator=gen).tolist()
+    def order(self, epoch: int) -> list[int]:
+        """The index order of one epoch."""
+        if self._order is None or self._order[0] != epoch:
+            if self.shuffle:
+                generator = torch.Generator().manual_seed(self.seed + epoch)
+                self._order = (epoch, torch.randperm(self.size, generator=generator).tolist())
+            else:
+                self._order = (epoch, list(range(self.size)))
+        return self._order[1]
 
     def next_batch(self) -> list[int]:
         if self.position + self.batch_size > self.size:
             self.epoch, self.position = self.epoch + 1, 0
-        batch = self._order()[self.position : self.position + self.batch_size]
+        batch = self.order(self.epoch)[self.position : self.position + self.batch_size]
         self.position += self.batch_size
         return batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self
+
+    def __next__(self) -> list[int]:
+        return self.next_batch()
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position, self.seed = state["epoch"], state["position"], state["seed"]
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        missing = [key for key in ("epoch", "position", "seed") if key not in state]
+        if missing:
+            raise ValueError(f"sampler state has no {missing}; expected keys epoch, position, seed")
+        if not 0 <= state["position"] <= self.size:
+            raise ValueError(f"sampler state position={state['position']} is outside a dataset of {self.size} prompts")
+        self.epoch, self.position, self.seed = int(state["epoch"]), int(state["position"]), int(state["seed"])
+        self._order = None

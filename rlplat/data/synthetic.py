@@ -1,31 +1,36 @@
 """Built-in tasks: generators that write parquet in the common RLHF schema.
 
     python -m rlplat.data.synthetic --task arithmetic --out data/train.parquet --num 1000 --seed 0
+    python -m rlplat.data.synthetic --task arithmetic --out data/hard.parquet --option digits=3 --option ops=+-
     python -m rlplat.data.synthetic --task countdown --out data/cd.parquet --option think_format=true
 
-Rows: ``data_source``, ``prompt`` (chat messages), ``ability``, ``reward_model`` {``style``,
-``ground_truth``}, ``extra_info`` (``index``, ``split``, task extras) — the schema verl/TRL datasets use,
-so the same files feed the peers. ``data.train_files=builtin:<task>`` materialises a cached split.
+Each row has ``data_source``, ``prompt`` (chat messages), ``ability``, ``reward_model`` {``style``,
+``ground_truth``} and ``extra_info`` (``index``, ``split``, task extras): the schema verl's and TRL's
+prepared datasets use, so the same files feed the peers. ``data.train_files=builtin:<task>`` materialises a
+cached split with :func:`builtin_path`.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import hashlib
+import inspect
 import os
 import random
 import sys
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rlplat.registry import Registry, RegistryError
 
-TASKS: Registry = Registry("built-in task")
-SPLIT_DEFAULTS = {"train": (20_000, 0), "test": (256, 1)}  # rows, seed
+TASKS: Registry[Callable[..., list[dict]]] = Registry("built-in task")
+SPLIT_DEFAULTS = {"train": (20_000, 0), "test": (256, 1)}  # split -> (rows, seed) of builtin:<task>
+SPLIT_KEYS = {"train": "data.train_files", "test": "data.val_files"}  # where the user named the files
 
 
 class DataError(ValueError):
-    """Bad data: the message names the file, row and key, and what was expected."""
+    """Bad data or a bad data option: the message names the file, row and key, and what was expected."""
 
 
 def _row(source: str, content: str, answer: str, index: int, split: str, **extra) -> dict:
@@ -38,82 +43,158 @@ def _row(source: str, content: str, answer: str, index: int, split: str, **extra
     }
 
 
-def _arithmetic_problems(digits: int, ops: str) -> list[tuple[int, str, int]]:
+def _rng(task: str, split: str, seed: int) -> random.Random:
+    # String seeds hash with SHA-512 inside `random`, so streams are stable across runs and
+    # PYTHONHASHSEED, and train/test of the same seed still draw different streams.
+    return random.Random(f"{task}/{split}/{seed}")
+
+
+# ---------------------------------------------------------------------------------------------- arithmetic
+ARITHMETIC_HOLDOUT = 256  # problems reserved for the test split when the problem space is enumerated
+_SPLIT_SHUFFLE_SEED = "arithmetic-split"  # fixed: every seed's train split must exclude the same test problems
+_HASHED_TEST_BUCKETS = 100  # beyond 2 digits, 1 problem in 100 (chosen by hash) is test-only
+
+
+def _arith(a: int, op: str, b: int) -> tuple[int, str, int]:
+    return (b, op, a) if op == "-" and a < b else (a, op, b)  # order operands: results stay non-negative
+
+
+def _is_hashed_test(a: int, op: str, b: int) -> bool:
+    digest = hashlib.blake2b(f"{a}{op}{b}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % _HASHED_TEST_BUCKETS == 0
+
+
+def _cycle(pool: list, num: int, rng: random.Random) -> list:
+    """``num`` picks from ``pool``: a seeded shuffle, repeated with a fresh shuffle when ``num`` exceeds it."""
+    picks: list = []
+    while len(picks) < num:
+        order = pool[:]
+        rng.shuffle(order)
+        picks.extend(order[: num - len(picks)])
+    return picks
+
+
+def _enumerated_problems(digits: int, ops: str, split: str, num: int, rng: random.Random) -> list[tuple]:
     top = 10**digits
-    problems = []
-    for op in ops:
-        for a, b in itertools.product(range(top), repeat=2):
-            if op == "-" and a < b:  # keep results non-negative
-                continue
-            problems.append((a, op, b))
-    return problems
+    problems = [(a, op, b) for op in ops for a in range(top) for b in range(top) if op == "+" or a >= b]
+    random.Random(_SPLIT_SHUFFLE_SEED).shuffle(problems)
+    holdout = min(ARITHMETIC_HOLDOUT, len(problems) // 2)  # 1 digit has only 100 "+" problems
+    return _cycle(problems[:holdout] if split == "test" else problems[holdout:], num, rng)
+
+
+def _hashed_problems(digits: int, ops: str, split: str, num: int, rng: random.Random) -> list[tuple]:
+    # Too many problems to enumerate: draw at random and let a stable hash decide which split owns each.
+    top, picks, seen = 10**digits, [], set()
+    distinct = sum(top * top if op == "+" else top * (top + 1) // 2 for op in ops)
+    owned = distinct // _HASHED_TEST_BUCKETS if split == "test" else distinct
+    unique = num <= owned // 2  # distinct rows unless that would make the draw crawl
+    while len(picks) < num:
+        problem = _arith(rng.randrange(top), rng.choice(ops), rng.randrange(top))
+        if _is_hashed_test(*problem) == (split == "test") and not (unique and problem in seen):
+            picks.append(problem)
+            seen.add(problem)
+    return picks
 
 
 @TASKS.register("arithmetic")
 def arithmetic(num: int, seed: int, split: str = "train", digits: int = 2, ops: str = "+") -> list[dict]:
-    """``a+b=`` with ``digits``-digit operands (``ops`` "+" or "+-"); the answer is the exact integer.
+    """``a+b=`` (or ``a-b=``) with operands in ``0 .. 10**digits - 1``; the answer is the exact integer.
 
-    All problems are enumerated and shuffled with a fixed seed; the test split takes the first 256, the
-    train split samples (seeded) from the rest, so train and test never share a problem.
+    The prompt is that short on purpose: a tiny character-level model learns it within minutes. With up
+    to 2 digits every problem is enumerated and shuffled with a fixed seed; the first 256 are the test
+    split's, train draws (seeded, repeating only once all are used) from the rest. With more digits a
+    stable hash sends 1 problem in 100 to test. Either way train and test never share a problem.
     """
-    if set(ops) - {"+", "-"} or not ops:
-        raise DataError(f"arithmetic: ops must be made of '+' and '-', got {ops!r}")
-    problems = _arithmetic_problems(int(digits), ops)
-    random.Random(1234).shuffle(problems)
-    test_count = SPLIT_DEFAULTS["test"][0]
-    pool = problems[:test_count] if split == "test" else problems[test_count:]
-    rng = random.Random(seed)
-    picks = rng.sample(pool, num) if num <= len(pool) else [rng.choice(pool) for _ in range(num)]
+    if not isinstance(digits, int) or isinstance(digits, bool) or digits < 1:
+        raise DataError(f"arithmetic: option digits must be a positive integer, got {digits!r}")
+    if not isinstance(ops, str) or not ops or set(ops) - {"+", "-"} or len(set(ops)) != len(ops):
+        raise DataError(f"arithmetic: option ops must be '+', '-' or '+-', got {ops!r}")
+    draw = _enumerated_problems if digits <= 2 else _hashed_problems
+    problems = draw(digits, ops, split, num, _rng("arithmetic", split, seed))
     return [
         _row("rlplat/arithmetic", f"{a}{op}{b}=", str(a + b if op == "+" else a - b), i, split)
-        for i, (a, op, b) in enumerate(picks)
+        for i, (a, op, b) in enumerate(problems)
     ]
 
 
-def _countdown_instance(rng: random.Random, count: int, high: int) -> tuple[list[int], str, int]:
-    """Numbers, a solution and its value, built left to right so the expression needs no evaluator."""
+# ----------------------------------------------------------------------------------------------- countdown
+COUNTDOWN_MAX_TARGET = 100  # targets in 1..100 keep the answers short and the search small
+
+
+def _countdown_instance(rng: random.Random, count: int, max_number: int) -> tuple[list[int], str, int]:
+    """Numbers, one solution and the target: a random expression tree over a random permutation, redrawn
+    until its value is in 1..100."""
     apply = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
     while True:
-        numbers = [rng.randint(1, high) for _ in range(count)]
-        expr, value = str(numbers[0]), numbers[0]
-        for n in numbers[1:]:
+        numbers = [rng.randint(1, max_number) for _ in range(count)]
+        terms = [(str(n), n) for n in rng.sample(numbers, count)]
+        while len(terms) > 1:  # join two neighbouring terms until one expression is left
+            i = rng.randrange(len(terms) - 1)
+            (left, x), (right, y) = terms[i], terms[i + 1]
             op = rng.choice("+-*")
-            expr = f"({expr}{op}{n})" if op != "*" else f"{expr}*{n}"
-            value = apply[op](value, n)
-        if 0 < value <= 100:
-            shuffled = numbers[:]
-            rng.shuffle(shuffled)
-            return shuffled, expr, value
+            terms[i : i + 2] = [(f"({left}{op}{right})", apply[op](x, y))]
+        expr, value = terms[0]
+        if 0 < value <= COUNTDOWN_MAX_TARGET:
+            return numbers, expr[1:-1], value  # the last join's parentheses enclose everything
 
 
 @TASKS.register("countdown")
-def countdown(
-    num: int, seed: int, split: str = "train", count: int = 3, high: int = 20, think_format: bool = False
-) -> list[dict]:
-    """Reach a target (1..100) with ``count`` numbers in 1..``high``, each used once, with + - * and
-    parentheses. ``think_format`` asks for ``<think>…</think><answer>…</answer>``."""
-    rng = random.Random(seed + (10_000 if split == "test" else 0))
-    rows = []
+def countdown(num: int, seed: int, split: str = "train", count: int = 3, max_number: int = 20,
+              think_format: bool = False) -> list[dict]:
+    """Reach a target (1..100) with ``count`` numbers in 1..``max_number``, each used exactly once, with
+    + - * and parentheses. ``think_format`` asks for ``<think>…</think><answer>…</answer>``, otherwise for
+    the bare expression. ``extra_info`` carries ``numbers`` and ``target`` (the scorer checks both) and one
+    ``solution``."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 2:
+        raise DataError(f"countdown: option count must be an integer >= 2, got {count!r}")
+    if not isinstance(max_number, int) or isinstance(max_number, bool) or max_number < 1:
+        raise DataError(f"countdown: option max_number must be a positive integer, got {max_number!r}")
+    rng, rows = _rng("countdown", split, seed), []
     for i in range(num):
-        numbers, expr, target = _countdown_instance(rng, int(count), int(high))
+        numbers, solution, target = _countdown_instance(rng, count, max_number)
         listed = ", ".join(map(str, numbers))
         if think_format:
-            content = (f"Using the numbers [{listed}], create an equation that equals {target}. Use + - * and "
-                       f"each number once. Think in <think></think>, then give the equation in <answer></answer>.")
+            content = (f"Using the numbers [{listed}], create an equation that equals {target}. You can use + - * "
+                       f"and parentheses, and each number exactly once. Think inside <think></think>, then give "
+                       f"only the equation inside <answer></answer>, for example <answer>(1+2)*3</answer>.")
         else:
-            content = f"{listed} -> {target}:"
+            content = (f"Using the numbers [{listed}], each exactly once, with + - * and parentheses, make "
+                       f"{target}. Reply with the expression only.")
         rows.append(_row("rlplat/countdown", content, str(target), i, split, target=target, numbers=numbers,
-                         solution=expr))
+                         solution=solution))
     return rows
 
 
-def write_parquet(rows: list[dict], path: str | Path) -> Path:
-    """Write rows atomically (temp file in the same directory, then rename)."""
+# ------------------------------------------------------------------------------------- generating, caching
+def task_options(task: str) -> dict[str, object]:
+    """The options of a registered task and their defaults (what ``--option key=value`` may set)."""
+    params = inspect.signature(TASKS.get(task)).parameters
+    return {name: p.default for name, p in params.items() if name not in ("num", "seed", "split")}
+
+
+def generate(task: str, num: int, seed: int, split: str = "train", **options) -> list[dict]:
+    """Rows of a registered task; unknown tasks and options fail naming the known ones."""
+    known = task_options(task)
+    for key in options:
+        if key not in known:
+            raise DataError(f"{task}: unknown option {key!r}; {TASKS.suggestion(key, tuple(known))}")
+    if split not in SPLIT_DEFAULTS:
+        raise DataError(f"{task}: split must be one of {sorted(SPLIT_DEFAULTS)}, got {split!r}")
+    if not isinstance(num, int) or num < 1:
+        raise DataError(f"{task}: num must be a positive number of rows, got {num!r}")
+    return TASKS.get(task)(num, seed, split=split, **options)
+
+
+def write_parquet(rows: list[dict], path: str | os.PathLike) -> Path:
+    """Write rows to ``path`` atomically: a temp file in the same directory, then ``os.replace``, so
+    readers never see a half-written file and a failed write leaves nothing behind."""
     import pandas as pd
 
+    if not rows:
+        raise DataError(f"{path}: no rows to write")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         pd.DataFrame(rows).to_parquet(tmp, index=False)
@@ -124,28 +205,40 @@ def write_parquet(rows: list[dict], path: str | Path) -> Path:
     return path
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("RLPLAT_CACHE", Path.home() / ".cache" / "rlplat"))
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("RLPLAT_CACHE") or Path.home() / ".cache" / "rlplat")
 
 
-def builtin_path(task: str, split: str, num: int | None = None, seed: int | None = None) -> Path:
-    """The cached parquet of a built-in task's split, generated on first use."""
+def builtin_path(task: str, split: str, cache_dir: str | os.PathLike | None = None, num: int | None = None,
+                 seed: int | None = None) -> Path:
+    """The parquet of a built-in task's split under ``<cache_dir>/data/``, generated only if missing.
+
+    Defaults: ``train`` 20,000 rows with seed 0, ``test`` 256 rows with seed 1; ``cache_dir`` defaults to
+    ``$RLPLAT_CACHE`` or ``~/.cache/rlplat``.
+    """
+    if split not in SPLIT_DEFAULTS:
+        raise DataError(f"builtin:{task}: split must be one of {sorted(SPLIT_DEFAULTS)}, got {split!r}")
     default_num, default_seed = SPLIT_DEFAULTS[split]
-    num, seed = num or default_num, default_seed if seed is None else seed
-    path = cache_dir() / "data" / f"{task}-{split}-{num}-{seed}.parquet"
+    num = default_num if num is None else num
+    seed = default_seed if seed is None else seed
+    path = Path(cache_dir or default_cache_dir()) / "data" / f"{task}-{split}-{num}-{seed}.parquet"
     if not path.exists():
-        write_parquet(TASKS.get(task)(num, seed, split=split), path)
+        write_parquet(generate(task, num, seed, split=split), path)
     return path
 
 
-def resolve_files(paths: str | list[str], split: str) -> list[str]:
-    """``builtin:<task>`` entries become cached parquet files; other paths must exist."""
-    key = "data.train_files" if split == "train" else "data.val_files"
+def resolve_files(paths: str | os.PathLike | Iterable[str | os.PathLike], split: str) -> list[str]:
+    """Files named by ``data.train_files`` (``split="train"``) or ``data.val_files`` (``split="test"``):
+    ``builtin:<task>`` entries become cached parquet files; every other entry must be an existing file."""
+    key = SPLIT_KEYS.get(split, "data.val_files")
+    entries = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not entries:
+        raise DataError(f"{key}: no files given; pass parquet paths or builtin:<task> ({', '.join(TASKS.names())})")
     out = []
-    for entry in [paths] if isinstance(paths, str) else list(paths):
+    for entry in map(str, entries):
         if entry.startswith("builtin:"):
             try:
-                out.append(str(builtin_path(entry.split(":", 1)[1], split)))
+                out.append(str(builtin_path(entry.removeprefix("builtin:"), split)))
             except RegistryError as err:
                 raise DataError(f"{key}: {err}") from None
         elif not Path(entry).is_file():
@@ -155,31 +248,46 @@ def resolve_files(paths: str | list[str], split: str) -> list[str]:
     return out
 
 
-def _option(text: str) -> tuple[str, object]:
-    key, _, value = text.partition("=")
-    lowered = value.lower()
-    if lowered in ("true", "false"):
-        return key, lowered == "true"
-    return key, int(value) if value.lstrip("-").isdigit() else value
+# --------------------------------------------------------------------------------------------------- CLI
+def _parse_option(task: str, text: str) -> tuple[str, object]:
+    """``key=value`` with the value typed like the option's default (bool, int or str)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise DataError(f"--option {text!r}: expected key=value")
+    default = task_options(task).get(key)
+    if isinstance(default, bool):
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise DataError(f"--option {text!r}: {key} expects true or false")
+        return key, value.lower() in ("true", "1", "yes")
+    if isinstance(default, int):
+        try:
+            return key, int(value)
+        except ValueError:
+            raise DataError(f"--option {text!r}: {key} expects an integer") from None
+    return key, value
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m rlplat.data.synthetic", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
-    parser.add_argument("--out", required=True, help="parquet file to write")
-    parser.add_argument("--num", type=int, default=1000, help="rows")
+    parser.add_argument("--out", required=True, help="parquet file to write (parent folders are created)")
+    parser.add_argument("--num", type=int, default=1000, help="rows (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--split", default="train", choices=["train", "test"])
-    parser.add_argument("--option", action="append", default=[], help="task option key=value (repeatable)")
+    parser.add_argument("--split", default="train", choices=sorted(SPLIT_DEFAULTS),
+                        help="test rows never repeat a train problem (arithmetic)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="task option, repeatable (arithmetic: digits, ops; countdown: count, max_number, "
+                             "think_format)")
     args = parser.parse_args(argv)
     try:
-        task = TASKS.get(args.task)
-        rows = task(args.num, args.seed, split=args.split, **dict(_option(o) for o in args.option))
-    except (RegistryError, DataError, TypeError) as err:
-        print(f"rlplat.data.synthetic: {err}", file=sys.stderr)
+        options = dict(_parse_option(args.task, text) for text in args.option)
+        rows = generate(args.task, args.num, args.seed, split=args.split, **options)
+    except (RegistryError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     path = write_parquet(rows, args.out)
-    print(f"wrote {len(rows)} rows of {args.task} ({args.split}) to {path}")
+    print(f"wrote {len(rows)} rows of {args.task} ({args.split}, seed {args.seed}) to {path}")
     return 0
 
 

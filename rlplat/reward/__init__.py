@@ -1,17 +1,33 @@
 """Rewards: rule-based scorers chosen by data_source, custom functions, weighted managers.
 
-A custom reward function is a Python file with one function::
+A custom reward function is a Python file with one function of the common signature::
 
     # my_reward.py
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        # solution_str: the decoded response; ground_truth: reward_model.ground_truth of the row;
+        # extra_info: the row's extra_info dict. Return a float; an exception scores that sample 0.
         return 1.0 if solution_str.strip() == ground_truth else 0.0
 
-selected with ``reward.custom_fn.path=my_reward.py`` (and ``reward.custom_fn.name=...`` for another
-function name). Built-ins: ``reward.functions=[arithmetic,format] reward.weights=[1.0,0.2]``.
+selected with ``reward.custom_fn.path=my_reward.py`` (and ``reward.custom_fn.name=my_fn`` for a name other
+than ``compute_score``). With the default ``reward.functions=[auto]`` it replaces ``auto``; with other
+functions listed it is added to them with weight 1.0. Built-ins are combined by name, e.g.
+``reward.functions=[countdown,format] reward.weights=[1.0,0.2]``; ``auto`` picks the scorer from each
+row's ``data_source``.
 """
 
 from rlplat.reward.manager import OverlongShaping, RewardManager, ScoreResult, build_reward_manager, token_level_scores
-from rlplat.reward.scorers import REWARD_FUNCTIONS, UnknownDataSourceError, load_custom_function
+from rlplat.reward.scorers import (
+    REWARD_FUNCTIONS,
+    UnknownDataSourceError,
+    last_boxed,
+    load_custom_function,
+    normalize_math,
+    safe_arithmetic,
+    scorer_for,
+)
 
-__all__ = ["REWARD_FUNCTIONS", "OverlongShaping", "RewardManager", "ScoreResult", "UnknownDataSourceError",
-           "build_reward_manager", "load_custom_function", "token_level_scores"]
+__all__ = [
+    "REWARD_FUNCTIONS", "OverlongShaping", "RewardManager", "ScoreResult", "UnknownDataSourceError",
+    "build_reward_manager", "last_boxed", "load_custom_function", "normalize_math", "safe_arithmetic",
+    "scorer_for", "token_level_scores",
+]

@@ -1,23 +1,38 @@
-"""Rule-based reward functions, one signature for all:
-``fn(data_source, solution_str, ground_truth, extra_info) -> float``.
+"""Rule-based reward functions, one signature for all::
 
-Scorers never raise on odd model text (they return 0.0) and never ``eval`` it. ``auto`` picks the
-scorer from the row's ``data_source``.
+    fn(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None) -> float
+
+``solution_str`` is the decoded response (model text), ``ground_truth`` the row's
+``reward_model.ground_truth`` and ``extra_info`` its ``extra_info`` dict. Scorers never raise on odd model
+text (they return 0.0) and never ``eval`` it; they do raise on bad *data* (e.g. a countdown row without
+``extra_info["numbers"]``), which the reward manager counts and reports. ``auto`` picks the scorer from the
+row's ``data_source`` and raises :class:`UnknownDataSourceError` (a configuration error) when it has none.
+
+Where they depart from the scorers they imitate (verl / TinyZero / Hendrycks MATH):
+
+* ``countdown`` parses with :mod:`ast` instead of ``eval``; a syntactically valid expression that cannot be
+  evaluated (division by zero) gets 0.0, not TinyZero's format credit.
+* ``gsm8k`` and ``math`` compare numbers exactly as fractions (``0.5 == 1/2``), not with a float tolerance.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
+import itertools
 import operator
 import re
+import sys
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 
 from rlplat.registry import Registry
 
-RewardFn = Callable[..., float]
+RewardFn = Callable[[str, str, str, "dict | None"], float]
 REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function")
+
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -25,160 +40,326 @@ class UnknownDataSourceError(ValueError):
     """``auto`` has no scorer for a data_source: a configuration problem, not a sample's."""
 
 
+# ---------------------------------------------------------------------------------------------- arithmetic
+# End-of-text markers a decoder leaves in the text when it does not skip special tokens.
+END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "</s>", "<eos>")
+_WRAPPED = re.compile(r"<answer>(.*)</answer>", re.DOTALL)
+
+
+def _strip_end_markers(text: str) -> str:
+    text = text.strip()
+    while text.endswith(END_MARKERS):
+        text = text[: -len(next(m for m in END_MARKERS if text.endswith(m)))].rstrip()
+    return text
+
+
+@REWARD_FUNCTIONS.register("arithmetic")
+def arithmetic(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """1.0 if the response is exactly the ground-truth integer, else 0.0.
+
+    Accepted: the integer's digits as written in ``ground_truth`` (``"-7"``, not ``"-07"`` or ``"+7"``),
+    surrounded by any whitespace, optionally followed by end-of-text markers (:data:`END_MARKERS`), and
+    optionally wrapped as a whole in ``<answer>…</answer>``. Anything else, e.g. ``"12 because"``, is 0.0.
+    """
+    text = _strip_end_markers(solution_str)
+    wrapped = _WRAPPED.fullmatch(text)
+    if wrapped:
+        text = wrapped.group(1).strip()
+    return 1.0 if text == str(ground_truth).strip() else 0.0
+
+
+# ----------------------------------------------------------------------------------------------- countdown
+_BINARY_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_UNARY_OPS = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+_EXPRESSION_ALPHABET = re.compile(r"[0-9+\-*/() ]+")
+
+
+def safe_arithmetic(expression: str) -> int | float:
+    """Value of ``expression`` built only from integer literals, ``+ - * /`` and parentheses.
+
+    Parsed with :mod:`ast`; names, calls, attributes, ``**``, ``//`` and every other node raise
+    ``ValueError``, so nothing in the text is ever executed. Division by zero raises ``ZeroDivisionError``.
+    """
+
+    def value(node: ast.AST) -> int | float:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
+            return _BINARY_OPS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY_OPS:
+            return _UNARY_OPS[type(node.op)](value(node.operand))
+        raise ValueError(f"disallowed expression element {type(node).__name__}")
+
+    return value(ast.parse(expression, mode="eval").body)
+
+
 def _last_answer(text: str) -> str:
     found = _ANSWER.findall(text)
     return found[-1] if found else text
 
 
-@REWARD_FUNCTIONS.register("arithmetic")
-def arithmetic(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """1.0 if the response (optionally inside ``<answer>…</answer>``) is exactly the integer answer."""
-    return 1.0 if _last_answer(solution_str).strip() == str(ground_truth).strip() else 0.0
-
-
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def _safe_eval(node: ast.AST) -> float:
-    """Evaluate + - * / over integer literals only; anything else raises ValueError."""
-    if isinstance(node, ast.Expression):
-        return _safe_eval(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_safe_eval(node.left), _safe_eval(node.right))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_safe_eval(node.operand)
-    raise ValueError(f"disallowed expression element {type(node).__name__}")
+def _countdown_task(ground_truth: str, extra_info: dict | None) -> tuple[list[int], float]:
+    info = extra_info or {}
+    if info.get("numbers") is None:
+        raise ValueError("countdown needs extra_info['numbers'] (the numbers to use) in every row")
+    target = info.get("target", ground_truth)
+    return sorted(int(n) for n in info["numbers"]), float(target)
 
 
 @REWARD_FUNCTIONS.register("countdown")
 def countdown(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """1.0 for an expression (in the last ``<answer>`` if any) that uses each of ``extra_info["numbers"]``
-    exactly once and equals the target; 0.1 for a well-formed but wrong one (format credit, as the
-    TinyZero countdown scorer gives); 0.0 otherwise."""
-    expr = _last_answer(solution_str).strip()
-    if not expr or not re.fullmatch(r"[\d+\-*/() ]+", expr):
+    """1.0 for an expression that uses each of ``extra_info["numbers"]`` exactly once and equals
+    ``extra_info["target"]`` (``ground_truth`` when absent) within 1e-6; 0.1 for a well-formed but wrong
+    one (format credit, as the TinyZero countdown scorer gives); 0.0 otherwise.
+
+    The expression is the content of the last ``<answer>…</answer>``, or the whole response when there is
+    none, stripped at both ends. Well-formed: only digits, ``+ - * /``, parentheses and spaces, and it
+    parses and evaluates (:func:`safe_arithmetic`; intermediate values may be fractions). Not well-formed,
+    so 0.0: ``=``, letters, ``**``, division by zero, a syntax error.
+    """
+    numbers, target = _countdown_task(ground_truth, extra_info)
+    expression = _last_answer(solution_str).strip()
+    if not _EXPRESSION_ALPHABET.fullmatch(expression):
         return 0.0
     try:
-        value = _safe_eval(ast.parse(expr, mode="eval"))
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        value = safe_arithmetic(expression)
+        correct = abs(value - target) < 1e-6  # int -> float may overflow for absurd literals
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError):
         return 0.0
-    info = extra_info or {}
-    numbers = sorted(int(n) for n in info.get("numbers", []))
-    used = sorted(int(n) for n in re.findall(r"\d+", expr))
-    target = float(info.get("target", ground_truth))
-    return 1.0 if used == numbers and abs(value - target) < 1e-6 else 0.1
+    used = sorted(int(n) for n in re.findall(r"[0-9]+", expression))
+    return 1.0 if correct and used == numbers else 0.1
 
 
-def _number(text: str) -> float | None:
-    text = text.replace(",", "").replace("$", "").strip().rstrip(".")
-    try:
-        return float(text)
-    except ValueError:
+# ------------------------------------------------------------------------------------------------- numbers
+_DECIMAL = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)")  # no exponent: "1e999999999" must not build a huge int
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+
+
+def _exact(text: str) -> Fraction | None:
+    """A plain decimal (``-12``, ``3.50``, ``.5``) as an exact fraction, or None."""
+    if not _DECIMAL.fullmatch(text):
         return None
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):  # e.g. more digits than int() accepts from a string
+        return None
+
+
+# --------------------------------------------------------------------------------------------------- gsm8k
+_GSM8K_NUMBER = re.compile(r"\s*(-?)\s*\$?\s*(-?[\d,]*\.?\d+)(?!\w)")  # "1e9", "12abc": not numbers
 
 
 @REWARD_FUNCTIONS.register("gsm8k")
 def gsm8k(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """1.0 if the number after the last ``####`` equals the ground truth (commas and $ ignored)."""
-    found = re.findall(r"####\s*([-$\d.,]+)", solution_str)
+    """1.0 if the number right after the LAST ``####`` equals the ground truth, else 0.0.
+
+    Accepted after ``####``: optional spaces, an optional ``-`` and ``$``, digits with optional commas and
+    decimals (``#### $1,234.00``, ``#### -5.``), not followed by a letter or digit (``#### 1e9`` is not a
+    number); a trailing full stop or words after it are fine. Compared exactly as
+    fractions, so ``72.0`` equals ``72``. No ``####``, or no number after the last one: 0.0. A ground truth
+    that is a full GSM8K solution counts by its own ``####`` answer.
+    """
+    _, hashes, tail = solution_str.rpartition("####")
+    found = _GSM8K_NUMBER.match(tail) if hashes else None
     if not found:
         return 0.0
-    answer, truth = _number(found[-1]), _number(str(ground_truth))
-    return 1.0 if answer is not None and truth is not None and abs(answer - truth) < 1e-6 else 0.0
+    answer = _exact(found.group(1) + found.group(2).replace(",", ""))
+    truth = str(ground_truth).rpartition("####")[2]  # a full GSM8K solution as ground truth works too
+    truth = _exact(truth.strip().replace(",", "").replace("$", "").rstrip("."))
+    return 1.0 if answer is not None and answer == truth else 0.0
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (nested braces handled), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1 : j]
+# ---------------------------------------------------------------------------------------------------- math
+def _braced(text: str, open_at: int) -> str | None:
+    """The content of the ``{...}`` group opening at ``text[open_at]``, nested braces included."""
+    depth = 0
+    for j in range(open_at, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_at + 1 : j]
     return None
 
 
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), nested braces handled; None when there is
+    none or it is not closed."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    return _braced(text, text.index("{", start))
+
+
+def _unwrap(text: str, command: str) -> str:
+    """``\\command{content}`` -> ``content`` everywhere, nested braces included."""
+    token = "\\" + command + "{"
+    while (start := text.find(token)) >= 0:
+        inner = _braced(text, start + len(token) - 1)
+        if inner is None:
+            break
+        text = text[:start] + inner + text[start + len(token) + len(inner) + 1 :]
+    return text
+
+
+_MATH_REMOVE = ("\\!", "\\,", "\\;", "\\:", "^{\\circ}", "^\\circ", "°", "\\$", "$", "\\%", "%")
+
+
 def normalize_math(answer: str) -> str:
-    text = answer.strip()
-    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"),
-                     ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", ""), ("$", ""), (" ", "")):
-        text = text.replace(old, new)
-    text = re.sub(r"\\text\{(.*?)\}", r"\1", text)
+    """Canonical string form of a MATH-style answer.
+
+    Unwraps ``\\text{}``, ``\\textbf{}``, ``\\mathrm{}``, ``\\mbox{}``; drops ``\\left``/``\\right``, thin
+    spaces (``\\! \\, \\; \\:``), degrees (``^{\\circ}``), dollars and percent signs, all whitespace, a
+    trailing ``.`` and a leading ``x=`` (any single-letter variable); ``\\dfrac``/``\\tfrac`` -> ``\\frac``,
+    ``\\frac12`` -> ``\\frac{1}{2}``, ``\\sqrt2`` -> ``\\sqrt{2}``.
+    """
+    text = answer
+    for command in ("text", "textbf", "mathrm", "mbox"):
+        text = _unwrap(text, command)
+    text = re.sub(r"\\(?:left|right)(?![a-zA-Z])", "", text)  # keeps \rightarrow intact
+    for token in _MATH_REMOVE:
+        text = text.replace(token, "")
+    text = re.sub(r"\s+", "", text).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    text = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", text)
+    text = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", text)
+    text = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", text)
     text = re.sub(r"^[a-zA-Z]=", "", text)
     return text.rstrip(".")
 
 
-def _math_value(text: str) -> float | None:
-    frac = re.fullmatch(r"\\frac\{(-?\d+)\}\{(-?\d+)\}|(-?\d+)/(-?\d+)", text)
-    if frac:
-        num, den = (int(g) for g in (frac.group(1, 2) if frac.group(1) else frac.group(3, 4)))
-        return num / den if den else None
-    return _number(text)
+_FRACTION = re.compile(r"(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}|(-?\d+)/(-?\d+)")
+
+
+def _math_value(text: str) -> Fraction | None:
+    """A normalised answer as an exact number: decimals, ``1,000``, ``a/b``, ``\\frac{a}{b}``; else None."""
+    if _THOUSANDS.fullmatch(text):
+        text = text.replace(",", "")
+    fraction = _FRACTION.fullmatch(text)
+    if not fraction:
+        return _exact(text)
+    sign, num, den = (fraction.group(1), *fraction.group(2, 3)) if fraction.group(2) else ("", *fraction.group(4, 5))
+    if int(den) == 0:
+        return None
+    return Fraction(int(num), int(den)) * (-1 if sign else 1)
 
 
 @REWARD_FUNCTIONS.register("math")
 def math_boxed(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """1.0 if the last ``\\boxed{}`` equals the ground truth after normalisation (as strings, or as
-    numbers when both parse, fractions included)."""
+    """1.0 if the content of the LAST ``\\boxed{}`` equals the ground truth, else 0.0.
+
+    Both sides go through :func:`normalize_math` and are compared as strings, then as exact numbers when
+    both parse (``0.5``, ``1/2`` and ``\\frac{1}{2}`` are equal; ``1,2`` is not ``12``). A ground truth
+    that is itself a full solution with a ``\\boxed{}`` is reduced to its boxed answer first.
+    """
     boxed = last_boxed(solution_str)
     if boxed is None:
         return 0.0
-    answer, truth = normalize_math(boxed), normalize_math(str(ground_truth))
+    truth = str(ground_truth)
+    truth = last_boxed(truth) or truth
+    answer, truth = normalize_math(boxed), normalize_math(truth)
     if answer == truth:
         return 1.0
-    a, t = _math_value(answer), _math_value(truth)
-    return 1.0 if a is not None and t is not None and abs(a - t) < 1e-6 else 0.0
+    value = _math_value(answer)
+    return 1.0 if value is not None and value == _math_value(truth) else 0.0
 
 
+# -------------------------------------------------------------------------------------------------- format
 _FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 
 
 @REWARD_FUNCTIONS.register("format")
 def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """1.0 if the response is ``<think>…</think><answer>…</answer>`` and nothing else."""
-    return 1.0 if _FORMAT.match(solution_str) else 0.0
+    """1.0 if the whole response is ``<think>…</think>`` then ``<answer>…</answer>`` (whitespace around and
+    between allowed, nothing else), else 0.0. The ground truth is not looked at."""
+    return 1.0 if _FORMAT.fullmatch(solution_str) else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------- auto
+AUTO_SOURCES: dict[str, RewardFn] = {
+    "rlplat/arithmetic": arithmetic,
+    "rlplat/countdown": countdown,
+    "openai/gsm8k": gsm8k,
+    "gsm8k": gsm8k,
+}
 
 
 def scorer_for(data_source: str) -> RewardFn:
-    if data_source == "rlplat/arithmetic":
-        return arithmetic
-    if data_source == "rlplat/countdown":
-        return countdown
-    if data_source in ("openai/gsm8k", "gsm8k"):
-        return gsm8k
-    if "math" in data_source.lower():
+    """The built-in scorer ``auto`` uses for ``data_source``: an exact name of :data:`AUTO_SOURCES`, else
+    ``math`` for any name containing "math" (any case), else :class:`UnknownDataSourceError`."""
+    if data_source in AUTO_SOURCES:
+        return AUTO_SOURCES[data_source]
+    if isinstance(data_source, str) and "math" in data_source.lower():
         return math_boxed
+    known = ", ".join(repr(s) for s in AUTO_SOURCES)
     raise UnknownDataSourceError(
-        f"no reward function for data_source {data_source!r}; known: rlplat/arithmetic, rlplat/countdown, "
-        f"openai/gsm8k, *math*; set reward.functions or reward.custom_fn.path"
+        f"no reward function for data_source {data_source!r}; known: {known}, or any name containing 'math' "
+        f"(case-insensitive); set reward.functions or reward.custom_fn.path"
     )
 
 
 @REWARD_FUNCTIONS.register("auto")
 def auto(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """The built-in scorer for the row's data_source."""
+    """The built-in scorer for the row's data_source (see :func:`scorer_for`)."""
     return scorer_for(data_source)(data_source, solution_str, ground_truth, extra_info)
 
 
-def load_custom_function(path: str, name: str) -> RewardFn:
-    """Import ``name`` from the Python file ``path`` (``reward.custom_fn.path`` / ``.name``)."""
+# ------------------------------------------------------------------------------------------ custom functions
+_module_ids = itertools.count()
+_KEYS = "reward.custom_fn.path / reward.custom_fn.name"
+
+
+def _defined_callables(module_name: str, namespace: dict) -> list[str]:
+    return sorted(k for k, v in namespace.items()
+                  if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == module_name)
+
+
+def load_custom_function(path: str, name: str = "compute_score") -> RewardFn:
+    """Import the function ``name`` from the Python file ``path`` (``reward.custom_fn.path`` / ``.name``).
+
+    The file is imported as a fresh module (a unique name in ``sys.modules``, so dataclasses and pickling
+    inside it work). Every failure names the file and the config keys: a missing file
+    (``FileNotFoundError``), an error while importing it (``ImportError`` with the original message), no
+    such name (``AttributeError`` listing the functions the file defines), not callable or not callable as
+    ``fn(data_source, solution_str, ground_truth, extra_info)`` (``TypeError``).
+    """
     file = Path(path)
     if not file.is_file():
-        raise FileNotFoundError(f"reward.custom_fn.path={path!r}: no such file")
-    spec = importlib.util.spec_from_file_location(f"rlplat_custom_reward_{abs(hash(file.resolve()))}", file)
+        raise FileNotFoundError(f"reward.custom_fn.path={path!r}: no such file (resolved to {file.resolve()})")
+    module_name = f"rlplat_custom_reward_{re.sub(r'[^0-9a-zA-Z_]', '_', file.stem)}_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"reward.custom_fn.path={path!r} is not a Python file that can be imported")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:
+    except BaseException as err:  # SystemExit from a script-style file too; never swallow Ctrl-C
+        del sys.modules[module_name]
+        if isinstance(err, KeyboardInterrupt):
+            raise
         raise ImportError(f"reward.custom_fn.path={path!r} failed to import: {type(err).__name__}: {err}") from err
-    fn = getattr(module, name, None)
-    if fn is None:
-        defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise AttributeError(f"reward.custom_fn.name={name!r} is not defined in {path}; it defines: {defined}")
+    if not hasattr(module, name):
+        defined = _defined_callables(module_name, vars(module))
+        raise AttributeError(f"reward.custom_fn.name={name!r} is not defined in {path}; it defines: {defined} "
+                             f"(set {_KEYS})")
+    fn = getattr(module, name)
     if not callable(fn):
-        raise TypeError(f"reward.custom_fn.name={name!r} in {path} is not callable")
+        raise TypeError(f"reward.custom_fn.name={name!r} in {path} is not callable "
+                        f"(it is a {type(fn).__name__}; set {_KEYS})")
+    _check_signature(fn, path, name)
     return fn
+
+
+def _check_signature(fn: Callable, path: str, name: str) -> None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no introspectable signature: trust them
+        return
+    try:
+        signature.bind("data_source", "solution_str", "ground_truth", None)
+    except TypeError as err:
+        raise TypeError(f"reward.custom_fn.name={name!r} in {path} has signature {name}{signature}, but reward "
+                        f"functions are called as fn(data_source, solution_str, ground_truth, extra_info): {err}"
+                        ) from None
+
