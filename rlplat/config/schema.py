@@ -51,9 +51,9 @@ class OptimConfig:
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2)
     eps: float = 1e-8  # AdamW epsilon
-    lr_schedule: str = "constant"  # constant | linear | cosine (after warmup)
+    lr_schedule: str = "cosine"  # constant | linear | cosine (after warmup, down to min_lr_ratio at the last step)
     warmup_steps: int = 5  # optimizer steps of linear warmup from 0
-    min_lr_ratio: float = 0.0  # floor of linear/cosine decay, as a fraction of lr
+    min_lr_ratio: float = 0.1  # floor of linear/cosine decay, as a fraction of lr
     grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
 
 
@@ -165,7 +165,7 @@ class RewardConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 200  # training steps (one batch of data.train_batch_size_prompts prompts each)
+    total_steps: int = 450  # training steps (one batch of data.train_batch_size_prompts prompts each)
     output_dir: str = "outputs/${trainer.experiment_name}"  # metrics, checkpoints, summary, hf_export
     project_name: str = "rlplat"  # for loggers that group runs (wandb)
     experiment_name: str = "run"  # run name (and the default output directory)

@@ -20,7 +20,7 @@ from pathlib import Path
 from rlplat.models.tiny import TinyModelSpec, build_tiny_model
 
 SPEC = TinyModelSpec()
-WARM_START = {"data": "builtin:arithmetic", "steps": 300, "batch_size": 64, "lr": 3e-3, "seed": 0}
+WARM_START = {"data": "builtin:arithmetic", "steps": 250, "batch_size": 64, "lr": 3e-3, "seed": 0}
 
 
 def cache_root() -> Path:

@@ -52,7 +52,8 @@ def run_sft(
         "algorithm.adv_estimator=reinforce_pp", "rollout.n=1", f"data.train_batch_size_prompts={batch_size}",
         f"actor.mini_batch_size_prompts={batch_size}", f"actor.micro_batch_size_seqs_per_worker={micro_batch_size}",
         f"critic.micro_batch_size_seqs_per_worker={micro_batch_size}", f"actor.optim.lr={lr}",
-        f"trainer.total_steps={steps}", "actor.optim.lr_schedule=cosine", f"actor.optim.warmup_steps={min(20, steps)}",
+        f"trainer.total_steps={steps}", "actor.optim.lr_schedule=cosine", "actor.optim.min_lr_ratio=0.0",
+        f"actor.optim.warmup_steps={min(20, steps)}",
         f"data.max_response_length={max_response_length}",
     ])
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -1,32 +1,12 @@
 """The trainer end to end on the embedded model: resume, export, 2 workers, 2 nodes."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from rlplat.config import load_config
-from rlplat.data import TASKS, write_parquet
 from rlplat.trainer.run import run
-
-
-@pytest.fixture(scope="session")
-def embedded_cache(tmp_path_factory):
-    """Build the embedded (warm-started) model once per session in a private cache."""
-    from rlplat.models.embedded import ensure_embedded_model
-
-    cache = os.environ.get("RLPLAT_CACHE") or str(tmp_path_factory.mktemp("rlplat-cache"))
-    os.environ["RLPLAT_CACHE"] = cache
-    ensure_embedded_model()
-    return cache
-
-
-@pytest.fixture(scope="session")
-def small_val(tmp_path_factory):
-    return str(write_parquet(TASKS.get("arithmetic")(32, seed=1, split="test"),
-                             tmp_path_factory.mktemp("val") / "val.parquet"))
 
 
 def overrides(out_dir, steps, val_file, *extra):

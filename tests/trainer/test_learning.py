@@ -1,0 +1,64 @@
+"""Each main algorithm makes the embedded model better at the built-in task in a few CPU steps.
+
+Improvement is measured exactly rather than by sampling: on 256 held-out arithmetic prompts, the mean
+probability the policy gives the correct answer followed by EOS, computed by teacher forcing with plain
+transformers. With the exact-match arithmetic reward this is the expected reward of a temperature-1 sample
+(minus the small share of other spellings the scorer also accepts), so a short run's before/after
+comparison carries no sampling noise.
+"""
+
+import pytest
+import torch
+
+from rlplat.config import load_config
+from rlplat.data import RLDataset, resolve_files
+from rlplat.trainer.run import run
+
+STEPS = 40  # x 64 prompts x 8 responses, 4 optimizer steps each: ~20 s per algorithm (ppo ~40 s)
+MIN_GAIN = 0.04  # observed gains 0.077 (ppo) to 0.125 (dapo) over seeds 42 and 1
+ALGORITHMS = ["grpo", "dr_grpo", "dapo", "ppo", "rloo"]  # ppo: critic + GAE, KL in the reward
+
+
+def correct_answer_probability(model_dir: str, rows: list[dict]) -> float:
+    """Mean over dataset items of P(ground truth + EOS | prompt) under the model in ``model_dir``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    total = 0.0
+    with torch.no_grad():
+        for row in rows:
+            prompt = list(row["prompt_ids"])  # chat-formatted, as the trainer generates from it
+            answer = tok(str(row["ground_truth"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            ids = torch.tensor([prompt + answer])
+            log_probs = model(ids).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+            total += float(log_probs.gather(-1, torch.tensor(answer)[:, None]).sum().exp())
+    return total / len(rows)
+
+
+@pytest.fixture(scope="module")
+def held_out(embedded_cache):
+    from transformers import AutoTokenizer
+
+    from rlplat.models.embedded import ensure_embedded_model
+
+    model_dir = str(ensure_embedded_model())
+    data = RLDataset(resolve_files(["builtin:arithmetic"], "test"), AutoTokenizer.from_pretrained(model_dir), 128,
+                     "error", True)
+    rows = [data[i] for i in range(len(data))]
+    return model_dir, rows, correct_answer_probability(model_dir, rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_algorithm_raises_expected_reward(algorithm, held_out, small_val, tmp_path):
+    model_dir, rows, before = held_out
+    cfg, plan = load_config([
+        f"algorithm={algorithm}", "trainer.ray_address=inprocess", f"trainer.total_steps={STEPS}",
+        f"trainer.output_dir={tmp_path}", "trainer.test_freq=0", f"data.val_files={small_val}",
+        "rollout.val_n=1", "actor.optim.lr_schedule=constant",  # cosine would decay the LR within the 40 steps
+    ])
+    summary = run(cfg, plan)
+    after = correct_answer_probability(summary["hf_export"], rows)
+    print(f"{algorithm}: P(correct answer) {before:.4f} -> {after:.4f}")
+    assert after > before + MIN_GAIN, (algorithm, before, after)
