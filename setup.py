@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 setup(
     name="rlplat",
@@ -9,9 +9,9 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["rlplat", "rlplat.*"]),
-    include_package_data=True,
-    package_data={"rlplat": ["config/**/*.yaml"]},
+    # Namespace discovery also lists the YAML-only config groups (rlplat/config/algorithm, ...) as packages.
+    packages=find_namespace_packages(include=["rlplat", "rlplat.*"]),
+    package_data={"rlplat.config": ["*.yaml", "*/*.yaml"]},
     install_requires=[
         # FSDP2's public `torch.distributed.fsdp.fully_shard` arrived in 2.6. On CPU machines install
         # the CPU wheel first (scripts/setup.sh does): an unpinned torch pulls a multi-GB CUDA build.
