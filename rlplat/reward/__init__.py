@@ -18,6 +18,7 @@ row's ``data_source``.
 from rlplat.reward.manager import OverlongShaping, RewardManager, ScoreResult, build_reward_manager, token_level_scores
 from rlplat.reward.scorers import (
     REWARD_FUNCTIONS,
+    RewardConfigError,
     UnknownDataSourceError,
     last_boxed,
     load_custom_function,
@@ -27,7 +28,7 @@ from rlplat.reward.scorers import (
 )
 
 __all__ = [
-    "REWARD_FUNCTIONS", "OverlongShaping", "RewardManager", "ScoreResult", "UnknownDataSourceError",
-    "build_reward_manager", "last_boxed", "load_custom_function", "normalize_math", "safe_arithmetic",
-    "scorer_for", "token_level_scores",
+    "REWARD_FUNCTIONS", "OverlongShaping", "RewardConfigError", "RewardManager", "ScoreResult",
+    "UnknownDataSourceError", "build_reward_manager", "last_boxed", "load_custom_function", "normalize_math",
+    "safe_arithmetic", "scorer_for", "token_level_scores",
 ]

@@ -22,7 +22,12 @@ from typing import Any
 import torch
 
 from rlplat.registry import UnknownNameError
-from rlplat.reward.scorers import REWARD_FUNCTIONS, UnknownDataSourceError, load_custom_function
+from rlplat.reward.scorers import (
+    REWARD_FUNCTIONS,
+    RewardConfigError,
+    UnknownDataSourceError,
+    load_custom_function,
+)
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,7 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
     names = list(_get(reward_cfg, "functions", ["auto"]))
     weights = [float(w) for w in _get(reward_cfg, "weights", [1.0] * len(names))]
     if len(names) != len(weights):
-        raise ValueError(f"reward.weights has {len(weights)} entries but reward.functions has {len(names)}")
+        raise RewardConfigError(f"reward.weights has {len(weights)} entries but reward.functions has {len(names)}")
     functions = []
     for i, (name, weight) in enumerate(zip(names, weights)):
         if name not in REWARD_FUNCTIONS:
@@ -191,17 +196,20 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
     custom_cfg = _get(reward_cfg, "custom_fn")
     path = _get(custom_cfg, "path")
     if path:
-        custom = load_custom_function(str(path), str(_get(custom_cfg, "name", "compute_score")))
+        try:
+            custom = load_custom_function(str(path), str(_get(custom_cfg, "name", "compute_score")))
+        except (OSError, ImportError, AttributeError, TypeError) as err:  # each message names the file and key
+            raise RewardConfigError(str(err)) from err
         functions = [(custom, weights[0])] if names == ["auto"] else [*functions, (custom, 1.0)]
     if not functions:
-        raise ValueError("reward.functions is empty and reward.custom_fn.path is not set: nothing to score with")
+        raise RewardConfigError("reward.functions is empty and reward.custom_fn.path is not set: nothing to score with")
     overlong = None
     if _get(overlong_cfg, "enable", False):
         if max_response_length is None:
-            raise ValueError("algorithm.overlong_buffer.enable=true needs data.max_response_length")
+            raise RewardConfigError("algorithm.overlong_buffer.enable=true needs data.max_response_length")
         length = _get(overlong_cfg, "length")
         if length is None:
-            raise ValueError("algorithm.overlong_buffer.enable=true needs algorithm.overlong_buffer.length")
+            raise RewardConfigError("algorithm.overlong_buffer.enable=true needs algorithm.overlong_buffer.length")
         overlong = OverlongShaping(int(max_response_length), int(length),
                                    float(_get(overlong_cfg, "penalty_factor", 1.0)))
     return RewardManager(functions, overlong)

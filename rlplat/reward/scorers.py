@@ -36,7 +36,11 @@ REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-class UnknownDataSourceError(ValueError):
+class RewardConfigError(ValueError):
+    """The reward config cannot be used: a custom function that does not load, bad weights, ..."""
+
+
+class UnknownDataSourceError(RewardConfigError):
     """``auto`` has no scorer for a data_source: a configuration problem, not a sample's."""
 
 

@@ -2,7 +2,8 @@
 
 Composes the Hydra config (schema + presets + overrides), validates it, then runs the PPO-family
 trainer. ``--cfg job`` prints the resolved, validated config as YAML and exits without training.
-Configuration errors print one line naming the key and exit with status 2.
+Errors in what the user gave (config keys, data files, reward functions, registered names) print one
+line naming the key, file or row and exit with status 2.
 """
 
 from __future__ import annotations
@@ -65,9 +66,16 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
     if cfg_mode:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
+    from rlplat.data import DataError
+    from rlplat.registry import RegistryError
+    from rlplat.reward import RewardConfigError
     from rlplat.trainer.run import run
 
-    run(cfg, plan, trainer_cls)
+    try:
+        run(cfg, plan, trainer_cls)
+    except (DataError, RewardConfigError, RegistryError) as err:
+        print(f"rlplat: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -42,11 +42,13 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     trainer_cls = trainer_cls or PPOTrainer
     model_path = resolve_model_path(cfg)
     using_ray = init_ray(cfg)
-    components = build_components(cfg, plan, model_path)
     try:
-        summary = trainer_cls(cfg, plan, components).fit()
+        components = build_components(cfg, plan, model_path)  # data and rewards are checked before workers start
+        try:
+            summary = trainer_cls(cfg, plan, components).fit()
+        finally:
+            components.shutdown()
     finally:
-        components.shutdown()
         if using_ray:
             import ray
 

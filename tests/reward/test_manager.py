@@ -11,6 +11,7 @@ from rlplat.registry import UnknownNameError
 from rlplat.reward import (
     REWARD_FUNCTIONS,
     OverlongShaping,
+    RewardConfigError,
     RewardManager,
     UnknownDataSourceError,
     build_reward_manager,
@@ -183,7 +184,7 @@ def test_build_with_a_custom_function(tmp_path):
     added = build_reward_manager(reward_cfg(custom_fn=custom, functions=["format", "auto"], weights=[0.5, 1.0]))
     assert [w for _, w in added.functions] == [0.5, 1.0, 1.0]  # appended after the named ones, weight 1.0
     assert added.names == ["format_reward", "auto", "compute_score"]
-    with pytest.raises(AttributeError, match="reward.custom_fn.name='nope'"):
+    with pytest.raises(RewardConfigError, match="reward.custom_fn.name='nope'"):
         build_reward_manager(reward_cfg(custom_fn={"path": str(path), "name": "nope"}))
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from rlplat.config import load_config
+from rlplat.trainer.main import main
 from rlplat.trainer.run import run
 
 
@@ -83,3 +84,21 @@ def test_two_node_ray_cluster(embedded_cache, small_val, tmp_path):
         ray.shutdown()
         cluster.shutdown()
 
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("data.train_files={tmp}/missing.parquet",
+     "DataError: data.train_files: no such parquet file '{tmp}/missing.parquet'"),
+    ("data.val_files={tmp}/empty.parquet", "DataError: {tmp}/empty.parquet: cannot read as parquet"),
+    ("reward.custom_fn.path={tmp}/reward.py",
+     "RewardConfigError: reward.custom_fn.name='compute_score' is not defined"),
+])
+def test_bad_input_is_one_line_and_exit_2(embedded_cache, tmp_path, capsys, bad, message):
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    (tmp_path / "reward.py").write_text("def score(data_source, solution_str, ground_truth, extra_info):\n"
+                                        "    return 0\n")
+    code = main([bad.format(tmp=tmp_path), "trainer.ray_address=inprocess", f"trainer.output_dir={tmp_path}/out"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("rlplat: " + message.format(tmp=tmp_path)) and "\n" not in err
+    assert not (tmp_path / "out" / "checkpoints").exists()
