@@ -11,13 +11,20 @@ and engines) each own one :class:`Registry`. The rules are the same for all of t
   what is actually registered.
 * ``with REG.temporary("name", obj):`` (or ``with REG.isolated():``) lets a test register without
   leaking the entry into other tests.
+* ``REG.add_lazy("name", "package.module:Attr", requires=("pkg",), install="...")`` registers a plug-in
+  whose module is imported only when ``get("name")`` asks for it, so an optional dependency (vLLM,
+  SGLang) is imported only by the runs that choose it; :meth:`Registry.missing_requirements` tells
+  config validation, without importing anything, that the package is absent and how to install it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib
+import importlib.util
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -36,6 +43,15 @@ class UnknownNameError(RegistryError, KeyError):
 
 class DuplicateNameError(RegistryError):
     """A name was registered twice without ``replace=True``."""
+
+
+@dataclass(frozen=True)
+class LazyEntry:
+    """A plug-in not imported yet: ``target`` is ``"package.module:Attr"``."""
+
+    target: str
+    requires: tuple[str, ...] = ()  # top-level packages the module imports (checked before importing)
+    install: str = ""  # the command that installs them, shown when one is missing
 
 
 class Registry(Generic[T]):
@@ -64,6 +80,38 @@ class Registry(Generic[T]):
             )
         self._entries[name] = obj
 
+    def add_lazy(
+        self, name: str, target: str, *, requires: tuple[str, ...] = (), install: str = "", replace: bool = False
+    ) -> None:
+        """Register ``target`` (``"package.module:Attr"``) under ``name``, importing it on first :meth:`get`."""
+        if ":" not in target:
+            raise RegistryError(f"lazy {self.kind} {name!r}: target must be 'package.module:Attr', got {target!r}")
+        self.add(name, LazyEntry(target, tuple(requires), install), replace=replace)
+
+    def missing_requirements(self, name: str) -> str | None:
+        """For a lazy entry whose required packages are not installed: one line saying which and how to
+        install them; otherwise None. Imports nothing."""
+        entry = self._entries.get(name)
+        if not isinstance(entry, LazyEntry):
+            return None
+        missing = [pkg for pkg in entry.requires if importlib.util.find_spec(pkg) is None]
+        if not missing:
+            return None
+        how = f"; install it with: {entry.install}" if entry.install else ""
+        return f"{self.kind} {name!r} needs the package {', '.join(repr(m) for m in missing)}, which is not installed{how}"
+
+    def _resolve(self, name: str, entry: LazyEntry) -> T:
+        problem = self.missing_requirements(name)
+        if problem:
+            raise RegistryError(problem)
+        module_name, _, attr = entry.target.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise RegistryError(f"{self.kind} {name!r} could not be imported from {entry.target}: {err}") from err
+        self._entries[name] = obj
+        return obj
+
     def remove(self, name: str) -> T:
         if name not in self._entries:
             raise self.unknown(name)
@@ -71,9 +119,10 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         try:
-            return self._entries[name]
+            entry = self._entries[name]
         except (KeyError, TypeError):
             raise self.unknown(name) from None
+        return self._resolve(name, entry) if isinstance(entry, LazyEntry) else entry
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._entries))

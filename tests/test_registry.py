@@ -71,3 +71,28 @@ def test_temporary_and_isolated_do_not_leak():
             reg.add("epsilon", object())
             raise RuntimeError
     assert "epsilon" not in reg
+
+
+def test_lazy_entry_imports_its_module_only_when_asked(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "lazy_plugin_mod.py").write_text("class Widget:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry("widget")
+    reg.add_lazy("w", "lazy_plugin_mod:Widget", requires=("json",))
+    assert reg.names() == ("w",) and "lazy_plugin_mod" not in sys.modules
+    assert reg.missing_requirements("w") is None
+    assert reg.get("w").__name__ == "Widget" and "lazy_plugin_mod" in sys.modules
+    assert reg.get("w") is reg.get("w")
+
+
+def test_lazy_entry_with_a_missing_package_names_the_install_command():
+    reg = Registry("rollout engine")
+    reg.add_lazy("fancy", "fancy_engine_pkg.engine:Engine", requires=("fancy_engine_pkg",), install="pip install fancy")
+    message = ("rollout engine 'fancy' needs the package 'fancy_engine_pkg', which is not installed; "
+               "install it with: pip install fancy")
+    assert reg.missing_requirements("fancy") == message
+    with pytest.raises(RegistryError, match="install it with: pip install fancy"):
+        reg.get("fancy")
+    with pytest.raises(RegistryError, match="must be 'package.module:Attr'"):
+        reg.add_lazy("bad", "no_colon")

@@ -25,7 +25,6 @@ class ModelConfig:
     path: str = "embedded"  # HF hub id or local directory; "embedded" = rlplat's locally built tiny model
     tokenizer_path: Optional[str] = None  # defaults to model.path
     trust_remote_code: bool = False  # allow model code from the hub/model directory
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto = float32 on CPU, bfloat16 on GPU
     gradient_checkpointing: bool = False  # recompute activations in backward (saves memory)
     attn_implementation: str = "sdpa"  # passed to from_pretrained (eager | sdpa | flash_attention_2)
 
@@ -78,15 +77,47 @@ class ActorConfig:
 
 
 @dataclass
+class HFRolloutConfig:
+    batch_size_seqs_per_worker: int = 256  # sequences per generate() call on one worker
+    use_model_generation_config: bool = False  # let the model's generation_config.json add sampling settings
+
+
+@dataclass
+class VLLMRolloutConfig:
+    tensor_parallel_size: int = 1  # GPUs one engine spans (1 = one engine per worker)
+    gpu_memory_utilization: float = 0.5  # GPU: fraction of device memory vLLM takes (weights + KV cache)
+    kv_cache_gb: Optional[float] = None  # KV cache size; None = from gpu_memory_utilization on GPU, 1 GiB on CPU
+    max_model_len: Optional[int] = None  # None = data.max_prompt_length + data.max_response_length
+    max_num_seqs: int = 256  # sequences vLLM schedules at once
+    load_format: str = "dummy"  # dummy = random init, the actor's weights arrive before generating | auto = read model.path
+    enforce_eager: Optional[bool] = None  # no CUDA graphs / compilation; None = eager on CPU only
+    enable_prefix_caching: bool = True  # share the KV cache of a prompt's n samples
+    sleep_level: int = 1  # between rollouts: 0 = stay resident, 1 = offload weights + free KV cache, 2 = free both
+
+
+@dataclass
+class SGLangRolloutConfig:
+    tensor_parallel_size: int = 1  # GPUs one engine spans
+    mem_fraction_static: float = 0.5  # fraction of GPU memory for weights + KV cache
+    max_model_len: Optional[int] = None  # None = data.max_prompt_length + data.max_response_length
+    load_format: str = "dummy"  # dummy = random init, the actor's weights arrive before generating | auto
+    sleep: bool = True  # release weights and KV cache between rollouts (SGLang's memory saver)
+
+
+@dataclass
 class RolloutConfig:
-    name: str = "hf"  # rollout engine (registry): hf
+    name: str = "hf"  # rollout engine (registry): hf | vllm | sglang; settings in rollout.<name>.*
     n: int = 8  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)
     top_k: int = -1  # -1 = no top-k
-    generate_batch_size_seqs_per_worker: int = 256  # sequences per generate() call on one worker (hf)
     val_n: int = 4  # responses per validation prompt (mean@N, best@N, maj@N, pass@k)
     val_temperature: float = 1.0  # 0 = greedy; 1.0 with val_n=4 = sampled pass@1 averaged over 4 (mean@4)
+    dtype: str = "auto"  # generation dtype (weights are sent in it): auto = float32 on CPU, bfloat16 on GPU | float32 | bfloat16 | float16
+    weight_sync_bucket_mb: int = 512  # actor -> rollout weight transfer: one gather and one load per bucket of this size
+    hf: HFRolloutConfig = field(default_factory=HFRolloutConfig)
+    vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)
+    sglang: SGLangRolloutConfig = field(default_factory=SGLangRolloutConfig)
 
 
 @dataclass
@@ -123,6 +154,7 @@ class AlgorithmConfig:
     clip_ratio_low: float = 0.2  # epsilon_low
     clip_ratio_high: float = 0.2  # epsilon_high (DAPO clip-higher: 0.28)
     clip_ratio_c: float = 3.0  # dual-clip constant (> 1)
+    tis_cap: Optional[float] = None  # truncated importance sampling: weight tokens by min(pi_old / pi_rollout, cap); None = off
     use_kl_in_reward: bool = False  # r_t - beta * KL_t with algorithm.kl_ctrl
     kl_penalty: str = "k1"  # KL estimator used in the reward (registry)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)

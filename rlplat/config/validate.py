@@ -17,7 +17,9 @@ from rlplat.config.loader import ConfigError
 from rlplat.registry import Registry
 
 ENUMS: dict[str, tuple[str, ...]] = {
-    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "rollout.vllm.load_format": ("dummy", "auto"),
+    "rollout.sglang.load_format": ("dummy", "auto"),
     "data.truncation": ("error", "left", "right", "filter"),
     "actor.optim.lr_schedule": ("constant", "linear", "cosine"),
     "critic.optim.lr_schedule": ("constant", "linear", "cosine"),
@@ -31,7 +33,8 @@ POSITIVE_INTS = (
     "data.train_batch_size_prompts", "data.val_batch_size_prompts", "data.max_prompt_length",
     "data.max_response_length", "actor.mini_batch_size_prompts", "actor.micro_batch_size_seqs_per_worker",
     "actor.log_prob_micro_batch_size_seqs_per_worker", "actor.ppo_epochs", "rollout.n", "rollout.val_n",
-    "rollout.generate_batch_size_seqs_per_worker", "ref.log_prob_micro_batch_size_seqs_per_worker",
+    "rollout.hf.batch_size_seqs_per_worker", "rollout.weight_sync_bucket_mb", "rollout.vllm.tensor_parallel_size",
+    "rollout.vllm.max_num_seqs", "rollout.sglang.tensor_parallel_size", "ref.log_prob_micro_batch_size_seqs_per_worker",
     "critic.micro_batch_size_seqs_per_worker", "critic.ppo_epochs", "trainer.total_steps", "trainer.nnodes",
     "trainer.workers_per_node", "ref.workers_per_node",
 )
@@ -120,6 +123,12 @@ def _check_values(cfg: DictConfig) -> None:
     _check(rollout.val_temperature >= 0, "rollout.val_temperature must be >= 0 (0 = greedy)")
     _check(0 < rollout.top_p <= 1, f"rollout.top_p must be in (0, 1], got {rollout.top_p}")
     _check(rollout.top_k == -1 or rollout.top_k > 0, f"rollout.top_k must be -1 or > 0, got {rollout.top_k}")
+    _check(rollout.vllm.sleep_level in (0, 1, 2), f"rollout.vllm.sleep_level must be 0, 1 or 2, got {rollout.vllm.sleep_level}")
+    for key in ("rollout.vllm.gpu_memory_utilization", "rollout.sglang.mem_fraction_static"):
+        _check(0 < _get(cfg, key) <= 1, f"{key} must be in (0, 1], got {_get(cfg, key)}")
+    _check(rollout.vllm.kv_cache_gb is None or rollout.vllm.kv_cache_gb > 0,
+           f"rollout.vllm.kv_cache_gb must be > 0 (or null), got {rollout.vllm.kv_cache_gb}")
+    _check(algo.tis_cap is None or algo.tis_cap > 0, f"algorithm.tis_cap must be > 0 (or null = off), got {algo.tis_cap}")
     for section in ("actor", "critic"):
         optim = cfg[section].optim
         _check(optim.lr > 0, f"{section}.optim.lr must be > 0, got {optim.lr}")
@@ -210,10 +219,19 @@ def _check_placement(cfg: DictConfig, device: str, world: int) -> None:
         _check(cfg.ref.placement == "colocated", "ref.placement=separate needs Ray (trainer.ray_address=inprocess)")
 
 
+def _check_engine_packages(cfg: DictConfig) -> None:
+    """A chosen engine whose package is not installed: one line naming the extra to install."""
+    from rlplat.rollout import ROLLOUT_ENGINES
+
+    problem = ROLLOUT_ENGINES.missing_requirements(cfg.rollout.name)
+    _check(problem is None, f"rollout.name={cfg.rollout.name!r}: {problem}")
+
+
 def validate(cfg: DictConfig) -> RunPlan:
     """Check ``cfg`` and return the derived :class:`RunPlan`; raise ConfigError on the first problem."""
     for key, registry, names in _registries():
         _check_name(cfg, key, registry, names() if names else None)
+    _check_engine_packages(cfg)
     _check_values(cfg)
     train_files, val_files = _as_paths(cfg, "data.train_files"), _as_paths(cfg, "data.val_files")
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node

@@ -5,6 +5,11 @@ Input Batch fields: ``prompts`` ``[B, P]`` (left-padded ids) and ``prompt_mask``
 including the EOS token), ``rollout_log_probs`` ``[B, R]`` (log-softmax of logits / temperature),
 and the concatenated ``input_ids``, ``attention_mask`` and ``position_ids`` ``[B, P + R]`` that the
 training engines consume. ``R`` is always ``max_new_tokens``, so batches from several calls concatenate.
+
+Life cycle inside a colocated worker (see :meth:`rlplat.workers.roles.ActorRolloutRefWorker.rollout_mode`):
+``wake_up(("weights",))`` → :meth:`RolloutEngine.load_weights` when the actor changed →
+``wake_up(("kv_cache",))`` → :meth:`RolloutEngine.generate` → :meth:`RolloutEngine.sleep`, so the
+engine's memory is free while the actor trains. Engines without a sleep mode treat both as no-ops.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import torch
 
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
-from rlplat.workers.engines.base import position_ids_from_mask
+from rlplat.sequence import position_ids_from_mask
+
+WeightBucket = list[tuple[str, torch.Tensor]]  # (Hugging Face name, full tensor) pairs sent together
 
 
 @dataclass(frozen=True)
@@ -26,34 +33,63 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
+    # None: the engine's own random stream. An int makes the call reproducible and leaves that stream
+    # untouched (validation uses it, so its schedule never changes the training samples).
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class RolloutSetup:
+    """What every rollout engine needs to know about the run, whatever the engine."""
+
+    model_path: str
+    tokenizer_path: str
+    device: torch.device
+    dtype: torch.dtype  # the dtype the engine generates in (weights are sent in it)
+    eos_token_id: int
+    pad_token_id: int
+    max_model_len: int  # data.max_prompt_length + data.max_response_length
+    seed: int
+    rank: int
+    world_size: int
+    trust_remote_code: bool = False
 
 
 class RolloutEngine(ABC):
-    """Interface of the generation backends (registry: ``ROLLOUT_ENGINES``, key ``rollout.name``)."""
+    """Interface of the generation backends (registry: ``ROLLOUT_ENGINES``, key ``rollout.name``).
+
+    An engine is built from the run's :class:`RolloutSetup` and its own config section
+    (``rollout.<name>``), and reads nothing else.
+    """
+
+    #: whether :meth:`load_weights` must run before the first generation (weights not read from disk)
+    needs_initial_weights: bool = False
+
+    @property
+    def weights_discarded_by_sleep(self) -> bool:
+        """True when :meth:`sleep` dropped the weights, so they must be sent again after waking up."""
+        return False
+
+    @abstractmethod
+    def __init__(self, setup: RolloutSetup, engine_cfg): ...
 
     @abstractmethod
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Sample one response per row of ``batch`` (repeat rows first for n > 1)."""
 
     @abstractmethod
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights with the given (Hugging Face name, full tensor) pairs."""
+    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        """Replace the engine's weights with the streamed buckets of (Hugging Face name, full tensor)
+        pairs; every weight arrives exactly once. Caches computed with the old weights are dropped."""
 
     def sleep(self) -> None:
-        """Free generation-only memory (KV cache) while training runs; no-op where not supported."""
+        """Free the engine's device memory (KV cache, and weights where supported) while training runs."""
 
-    def wake_up(self) -> None:
-        """Undo :meth:`sleep` before the next generation."""
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Undo :meth:`sleep` for the given memory kinds, before loading weights / generating."""
 
 
 ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine")
-
-
-def response_mask_from_ids(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 on every token up to and including the first EOS (all tokens if there is none): ``[B, R]``."""
-    is_eos = responses == eos_token_id
-    eos_seen_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
-    return (~eos_seen_before).long()
 
 
 def assemble_rollout(
@@ -73,3 +109,30 @@ def assemble_rollout(
         }
     )
     return prompts.union(generated)
+
+
+def pad_responses(
+    token_ids: list[list[int]], log_probs: list[list[float]], max_new_tokens: int, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad per-sequence token ids and log-probs (as engines return them) to ``[B, max_new_tokens]``.
+
+    Returns ``(responses, response_mask, log_probs)``. The mask comes from each sequence's length, not
+    from searching the EOS id, because many tokenizers use the EOS id as the pad id.
+    """
+    ids = torch.full((len(token_ids), max_new_tokens), pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(token_ids), max_new_tokens, dtype=torch.long)
+    lps = torch.zeros(len(token_ids), max_new_tokens, dtype=torch.float32)
+    for row, (toks, lp) in enumerate(zip(token_ids, log_probs)):
+        if len(toks) > max_new_tokens or len(lp) != len(toks):
+            raise ValueError(f"engine returned {len(toks)} tokens and {len(lp)} log-probs for a row "
+                             f"(max_new_tokens={max_new_tokens})")
+        ids[row, : len(toks)] = torch.as_tensor(toks, dtype=torch.long)
+        mask[row, : len(toks)] = 1
+        lps[row, : len(lp)] = torch.as_tensor(lp, dtype=torch.float32)
+    return ids, mask, lps
+
+
+def prompt_token_lists(prompts: Batch) -> list[list[int]]:
+    """The prompts without their left padding, as lists of ids (the input of token-level engine APIs)."""
+    ids, mask = prompts.tensors["prompts"], prompts.tensors["prompt_mask"].bool()
+    return [row[m].tolist() for row, m in zip(ids, mask)]

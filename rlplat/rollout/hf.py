@@ -5,55 +5,68 @@ after each update the training engine's full weights are copied in (:meth:`load_
 costs one model's memory per device, fine for the small models this engine is meant for; vLLM and SGLang
 are the engines for large models. Rollout log-probs are ``log_softmax(raw logits / temperature)`` of the
 sampled token, the same quantity the training engine recomputes (top-p/top-k only restrict sampling).
+
+Sampling is fully specified by rlplat's config: every field of the generation config that changes the
+distribution is passed explicitly, and the model directory's ``generation_config.json`` (which may set
+top-k, repetition penalties, ...) is ignored unless ``rollout.hf.use_model_generation_config=true``.
+Otherwise transformers would fill unset fields from it (and default top-k to 50), and rollouts would be
+sampled from a different distribution than the one the trainer's log-probs describe.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from collections.abc import Iterable
 
 import torch
 
 from rlplat.protocol import Batch
-from rlplat.rollout.base import (
-    ROLLOUT_ENGINES,
-    RolloutEngine,
-    SamplingParams,
-    assemble_rollout,
-    response_mask_from_ids,
-)
-from rlplat.workers.engines.base import response_log_probs
+from rlplat.rollout.base import RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout
+from rlplat.sequence import response_log_probs, response_mask_from_ids
 
 
-@ROLLOUT_ENGINES.register("hf")
 class HFRolloutEngine(RolloutEngine):
-    def __init__(
-        self,
-        model_path: str,
-        device: torch.device,
-        eos_token_id: int,
-        pad_token_id: int,
-        dtype: torch.dtype = torch.float32,
-        batch_size_seqs: int = 256,
-        trust_remote_code: bool = False,
-    ):
-        from transformers import AutoModelForCausalLM
+    def __init__(self, setup: RolloutSetup, engine_cfg):
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
-        self.device, self.eos_token_id, self.pad_token_id = device, eos_token_id, pad_token_id
-        self.batch_size_seqs = batch_size_seqs
+        self.setup = setup
+        self.device, self.eos_token_id, self.pad_token_id = setup.device, setup.eos_token_id, setup.pad_token_id
+        self.batch_size_seqs = engine_cfg.batch_size_seqs_per_worker
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, torch_dtype=dtype, trust_remote_code=trust_remote_code
-        ).to(device)
+            setup.model_path, dtype=setup.dtype, trust_remote_code=setup.trust_remote_code
+        ).to(setup.device)
         self.model.eval().requires_grad_(False)
+        self.use_model_generation_config = engine_cfg.use_model_generation_config
+        if not self.use_model_generation_config:
+            # generate() fills every unset field from this object: make it carry no sampling opinions.
+            self.model.generation_config = GenerationConfig(eos_token_id=self.eos_token_id,
+                                                            pad_token_id=self.pad_token_id)
 
     def _generation_config(self, params: SamplingParams):
         from transformers import GenerationConfig
 
         greedy = params.temperature == 0
+        if self.use_model_generation_config:
+            # The model's file is the base; rlplat's temperature, and top-p/top-k where set, override it.
+            config = copy.deepcopy(self.model.generation_config)
+            config.update(do_sample=not greedy, temperature=params.temperature or 1.0,
+                          max_new_tokens=params.max_new_tokens, eos_token_id=self.eos_token_id,
+                          pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
+            if params.top_p < 1:
+                config.top_p = params.top_p
+            if params.top_k > 0:
+                config.top_k = params.top_k
+            return config
         return GenerationConfig(
             do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p,
-            top_k=None if greedy or params.top_k <= 0 else params.top_k,
+            temperature=1.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy or params.top_k <= 0 else params.top_k,  # 0 disables top-k (None means 50)
+            typical_p=1.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_new_tokens=0,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.eos_token_id,
             pad_token_id=self.pad_token_id,
@@ -79,18 +92,28 @@ class HFRolloutEngine(RolloutEngine):
         return assemble_rollout(prompts, generated.cpu(), response_mask.cpu(), log_probs.float().cpu())
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
-        chunks = [self._generate_chunk(chunk, params) for chunk in batch.split(self.batch_size_seqs)]
-        return Batch.concat(chunks)
+        with self._random_stream(params.seed):
+            return Batch.concat([self._generate_chunk(chunk, params) for chunk in batch.split(self.batch_size_seqs)])
+
+    @contextlib.contextmanager
+    def _random_stream(self, seed: int | None):
+        if seed is None:
+            yield
+            return
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            yield
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
         state = self.model.state_dict()
         seen = set()
-        for name, tensor in weights:
-            if name not in state:
-                raise KeyError(f"rollout model has no weight {name!r} (training and rollout models differ?)")
-            state[name].copy_(tensor.to(state[name].device, state[name].dtype))
-            seen.add(name)
+        for bucket in buckets:
+            for name, tensor in bucket:
+                if name not in state:
+                    raise KeyError(f"rollout model has no weight {name!r} (training and rollout models differ?)")
+                state[name].copy_(tensor.to(state[name].device, state[name].dtype))
+                seen.add(name)
         missing = set(state) - seen
         if missing:
             raise KeyError(f"weight sync left {len(missing)} rollout weights untouched, e.g. {sorted(missing)[:3]}")

@@ -10,8 +10,8 @@
     values        critic's values (when the estimator needs them, e.g. gae)
     advantages    controller: KL in reward (optional), advantage estimator (registry)
     update_critic critic group: clipped value loss
-    update_actor  actor group: policy loss + aggregation + KL loss
-    sync_weights  actor -> rollout engine
+    update_actor  actor group: policy loss + aggregation + KL loss; marks the rollout's weights stale
+                  (they are sent actor -> rollout engine, in buckets, when the next generate starts)
     then: validate every trainer.test_freq steps, checkpoint every trainer.save_freq, log metrics.
 
 Each stage is a method ``stage(batch, metrics) -> batch``; a recipe subclasses the trainer and overrides
@@ -84,7 +84,7 @@ class PPOTrainer:
             "update_critic": plan.needs_critic,
         }
         order = ("generate", "reward", "filter_groups", "old_log_probs", "reference", "values", "advantages",
-                 "update_critic", "update_actor", "sync_weights")
+                 "update_critic", "update_actor")
         return [name for name in order if wanted.get(name, True)]
 
     def train_step(self) -> dict[str, float]:
@@ -143,7 +143,9 @@ class PPOTrainer:
 
     def generate(self, batch: Batch | None, metrics: dict) -> Batch:
         prompts = self.next_prompts(self.cfg.data.train_batch_size_prompts)
-        return self._rollout(prompts)
+        out = self._rollout(prompts)
+        metrics["timing/weight_sync_s"] = out.meta.pop("weight_sync_s", 0.0)
+        return out
 
     def _rollout(self, prompts: Batch) -> Batch:
         out = self.c.actor.generate_sequences(prompts.repeat(self.cfg.rollout.n, interleave=True))
@@ -228,10 +230,6 @@ class PPOTrainer:
     def update_actor(self, batch: Batch, metrics: dict) -> Batch:
         actor_metrics = self.c.actor.update_actor(batch)[0]
         metrics.update({k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()})
-        return batch
-
-    def sync_weights(self, batch: Batch, metrics: dict) -> Batch:
-        self.c.actor.sync_weights()
         return batch
 
     # ---------------------------------------------------------------- validation

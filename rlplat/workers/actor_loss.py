@@ -1,6 +1,9 @@
 """The actor's and critic's losses for one micro-batch, assembled from the algorithms registries.
 
-actor loss = agg(policy loss) − entropy_coeff · agg(entropy) + kl_loss_coef · agg(KL)   (if use_kl_loss)
+actor loss = agg(w · policy loss) − entropy_coeff · agg(entropy) + kl_loss_coef · agg(KL)   (if use_kl_loss)
+    w = min(π_old / π_rollout, tis_cap) per token with ``algorithm.tis_cap`` (truncated importance
+    sampling, Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"),
+    else 1: it corrects for the rollout engine's probabilities differing from the trainer's
 critic loss = agg(½ max((V − R)², (clip(V, V_old ± ε_v) − R)²))
 SFT loss    = token-mean(−log π(token))   (the warm start of the embedded model)
 
@@ -57,18 +60,21 @@ def actor_loss(
     def agg(values: torch.Tensor) -> torch.Tensor:
         return aggregate_loss(values, mask, algo.loss_agg_mode, denominators, loss_scale_factor)
 
+    weights, mismatch = rollout_correction(old, t, mask, algo.tis_cap)
     policy = get_policy_loss(algo.policy_loss)(
         PolicyLossInput(
             log_prob=fwd.log_probs,
             old_log_prob=old,
             advantages=t["advantages"].to(mask.device),
             response_mask=mask,
+            importance_weights=weights,
             config=policy_loss_config(algo),
         )
     )
     pg_loss = agg(policy.loss)
     loss = pg_loss
     metrics = {f"actor/{k}": v for k, v in _weighted(policy.metrics, mask, denominators).items()}
+    metrics.update(_weighted(mismatch, mask, denominators))
     metrics["actor/pg_loss"] = float(pg_loss.detach())
     if fwd.entropy is not None:
         entropy = agg(fwd.entropy if entropy_coeff else fwd.entropy.detach())
@@ -81,6 +87,22 @@ def actor_loss(
         loss = loss + algo.kl_loss_coef * kl_loss
         metrics["actor/kl_loss"] = float(kl_loss.detach())
     return loss, metrics
+
+
+def rollout_correction(old: torch.Tensor, t, mask: torch.Tensor, tis_cap: float | None):
+    """Truncated importance weights ``min(exp(old − rollout), cap)`` ``[batch, response_len]`` (None when
+    off or when the batch has no rollout log-probs) and token-mean metrics of the rollout/trainer mismatch."""
+    if "rollout_log_probs" not in t.keys():
+        return None, {}
+    valid = mask.bool()
+    count = valid.sum().clamp(min=1)
+    log_ratio = (old.detach() - t["rollout_log_probs"].to(mask.device)).masked_fill(~valid, 0.0)
+    metrics = {"rollout/log_prob_abs_diff": log_ratio.abs().sum() / count}
+    if tis_cap is None:
+        return None, metrics
+    ratio = torch.exp(log_ratio.clamp(max=20.0))  # exp(20) is far above any cap; avoids inf
+    metrics["rollout/tis_capped_frac"] = ((ratio > tis_cap) & valid).sum() / count
+    return ratio.clamp(max=tis_cap), metrics
 
 
 def critic_loss(

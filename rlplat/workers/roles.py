@@ -11,6 +11,9 @@ Methods the controller calls carry their dispatch mode (``@register``); see
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import torch
 from omegaconf import DictConfig
 
@@ -19,16 +22,34 @@ from rlplat.config.validate import RunPlan
 from rlplat.controller.dispatch import Dispatch, register
 from rlplat.controller.worker_group import Worker
 from rlplat.protocol import Batch
-from rlplat.rollout import ROLLOUT_ENGINES, SamplingParams
+from rlplat.rollout import ROLLOUT_ENGINES, RolloutEngine, RolloutSetup, SamplingParams
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
 from rlplat.workers.engines import TRAINING_ENGINES, TrainingEngine
 
 
 def resolve_rollout_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:
-    name = cfg.model.dtype
+    name = cfg.rollout.dtype
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
+
+
+def build_rollout_engine(cfg: DictConfig, model_path: str, tokenizer, ctx) -> RolloutEngine:
+    """The ``rollout.name`` engine, given the run's facts and its own section ``rollout.<name>``."""
+    setup = RolloutSetup(
+        model_path=model_path,
+        tokenizer_path=cfg.model.tokenizer_path or model_path,
+        device=ctx.device,
+        dtype=resolve_rollout_dtype(cfg, ctx.device),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        seed=cfg.trainer.seed,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
+    return ROLLOUT_ENGINES.get(cfg.rollout.name)(setup, cfg.rollout.get(cfg.rollout.name))
 
 
 def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str, model_cfg: DictConfig) -> None:
@@ -111,6 +132,7 @@ class ActorRolloutRefWorker(_TrainingRole):
         super().__init__(rank, world_size, device)
         self.cfg, self.plan = cfg, plan
         self.actor = self.rollout = self.ref = None
+        self.weights_stale = False  # the actor changed since the rollout engine last received its weights
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str, with_ref: bool) -> None:
@@ -124,36 +146,48 @@ class ActorRolloutRefWorker(_TrainingRole):
         self.actor = engine_cls(model_path, cfg.model, cfg.actor.fsdp, ctx, cfg.actor.optim, total)
         if with_ref:
             self.ref = engine_cls(model_path, cfg.model, cfg.actor.fsdp, ctx)
-        self.rollout = ROLLOUT_ENGINES.get(cfg.rollout.name)(
-            model_path,
-            device=ctx.device,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            dtype=resolve_rollout_dtype(cfg, ctx.device),
-            batch_size_seqs=cfg.rollout.generate_batch_size_seqs_per_worker,
-            trust_remote_code=cfg.model.trust_remote_code,
-        )
+        self.rollout = build_rollout_engine(cfg, model_path, tokenizer, ctx)
+        # The rollout engine holds the actor's weights unless it starts from a dummy initialisation.
+        self.weights_stale = self.rollout.needs_initial_weights
+
+    @contextlib.contextmanager
+    def rollout_mode(self):
+        """Wake the engine's weights, send the actor's if they changed since the last rollout, wake the
+        KV cache, generate inside the block, then free the engine's memory for training. Yields a dict
+        that receives ``weight_sync_s``."""
+        engine, timings = self.rollout, {"weight_sync_s": 0.0}
+        engine.wake_up(("weights",))
+        if self.weights_stale or engine.weights_discarded_by_sleep:
+            start = time.perf_counter()
+            bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
+            engine.load_weights(self.actor.export_weights(resolve_rollout_dtype(self.cfg, self.dist.device), bucket_bytes))
+            self.weights_stale = False
+            timings["weight_sync_s"] = time.perf_counter() - start
+        engine.wake_up(("kv_cache",))
+        try:
+            yield timings
+        finally:
+            engine.sleep()
 
     @register(Dispatch.DP_SPLIT)
     def generate_sequences(self, prompts: Batch) -> Batch:
-        """Sample responses; ``prompts.meta`` may carry ``temperature``/``top_p``/``top_k`` (validation)."""
+        """Sample responses; ``prompts.meta`` may carry ``temperature``/``top_p``/``top_k`` (validation).
+
+        Validation samples with a fixed seed per rank, so it never changes the training run's randomness
+        (a resumed run and an uninterrupted one stay identical whatever the validation schedule)."""
         r = self.cfg.rollout
+        validation = bool(prompts.meta.get("validation"))
         params = SamplingParams(
             max_new_tokens=self.cfg.data.max_response_length,
             temperature=prompts.meta.get("temperature", r.temperature),
             top_p=prompts.meta.get("top_p", r.top_p),
             top_k=prompts.meta.get("top_k", r.top_k),
+            seed=self.cfg.trainer.seed + 7919 * (1 + self.rank) if validation else None,
         )
-        if prompts.meta.get("validation"):
-            # Validation samples from a forked RNG, so it never changes the training run's randomness
-            # (a resumed run and an uninterrupted one stay identical whatever the validation schedule).
-            devices = [self.dist.device] if self.dist.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(self.cfg.trainer.seed + 7919 * (1 + self.rank))
-                out = self.rollout.generate(prompts, params)
-        else:
+        with self.rollout_mode() as timings:
             out = self.rollout.generate(prompts, params)
         out.meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
+        out.meta["weight_sync_s"] = timings["weight_sync_s"]
         return out
 
     @register(Dispatch.DP_SPLIT)
@@ -179,8 +213,10 @@ class ActorRolloutRefWorker(_TrainingRole):
             fwd = self.actor.forward(micro, temperature=batch.meta["temperature"], need_entropy=need_entropy, grad=True)
             return actor_loss(fwd, micro, cfg.algorithm, denominators, self.plan.loss_scale_factor, cfg.actor.entropy_coeff)
 
-        return self._train(self.actor, batch, cfg.actor.ppo_epochs, self.plan.seqs_per_mini_batch_per_worker,
-                           cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
+        metrics = self._train(self.actor, batch, cfg.actor.ppo_epochs, self.plan.seqs_per_mini_batch_per_worker,
+                              cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
+        self.weights_stale = True  # sent to the rollout engine at the next rollout
+        return metrics
 
     @register(Dispatch.DP_SPLIT_EXACT)
     def update_sft(self, batch: Batch) -> dict[str, float]:
@@ -189,12 +225,9 @@ class ActorRolloutRefWorker(_TrainingRole):
             fwd = self.actor.forward(micro, grad=True)
             return sft_loss(fwd, micro, denominators)
 
-        return self._train(self.actor, batch, 1, len(batch), self.cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def sync_weights(self) -> None:
-        """Copy the actor's updated weights into the rollout engine (every rank gathers the full set)."""
-        self.rollout.load_weights(self.actor.full_weights())
+        metrics = self._train(self.actor, batch, 1, len(batch), self.cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
+        self.weights_stale = True
+        return metrics
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -202,9 +235,9 @@ class ActorRolloutRefWorker(_TrainingRole):
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        """Restore the actor and bring the rollout engine to the restored weights."""
+        """Restore the actor; the rollout engine receives the restored weights at the next rollout."""
         self.actor.load_checkpoint(f"{path}/actor")
-        self.sync_weights()
+        self.weights_stale = True
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str, model_path: str) -> None:
@@ -214,9 +247,11 @@ class ActorRolloutRefWorker(_TrainingRole):
             export_hf_model(weights, path, model_path, self.cfg.model)
 
     @register(Dispatch.ONE_TO_ALL)
-    def actor_weights(self) -> dict[str, torch.Tensor]:
-        """Every rank's view of the full actor weights (CPU copies), for checks and debugging."""
-        return {name: tensor.detach().cpu().clone() for name, tensor in self.actor.full_weights()}
+    def actor_weights(self, dtype: str | None = None, bucket_bytes: int = 512 * 2**20) -> dict[str, torch.Tensor]:
+        """Every rank's view of the full actor weights (CPU copies) as the rollout engine receives them,
+        for checks and debugging."""
+        buckets = self.actor.export_weights(getattr(torch, dtype) if dtype else None, bucket_bytes)
+        return {name: tensor.detach().cpu().clone() for bucket in buckets for name, tensor in bucket}
 
 
 class RefWorker(Worker):

@@ -8,8 +8,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlplat.algorithms import LossDenominators
 from rlplat.config import load_config
 from rlplat.protocol import Batch
+from rlplat.sequence import position_ids_from_mask, response_log_probs
 from rlplat.workers.actor_loss import actor_loss
-from rlplat.workers.engines.base import ForwardOutput, position_ids_from_mask, response_log_probs
+from rlplat.workers.engines.base import ForwardOutput
 
 PROMPTS = ["1+2=", "34+5=", "7+80=", "9+9=", "12+13=", "5+6=", "40+2=", "3+3="]
 

@@ -57,14 +57,17 @@ def test_inprocess_rollout_shapes_and_log_probs_match_training(inprocess_group, 
     torch.testing.assert_close(ref[mask], expected[mask], atol=1e-5, rtol=0)
 
 
-def test_inprocess_update_then_sync_moves_rollout_to_new_weights(inprocess_group, tiny_model_path):
+def test_inprocess_update_then_rollout_moves_rollout_to_new_weights(inprocess_group, tiny_model_path):
     group, _, _ = inprocess_group
     worker = group.worker
     out = group.generate_sequences(prompt_batch(tiny_model_path))
+    assert out.meta["weight_sync_s"] == 0.0  # nothing changed since the engine loaded the model
     before = {k: v.clone() for k, v in worker.rollout.model.state_dict().items()}
     metrics = group.update_actor(with_training_fields(out))[0]
     assert metrics["grad_norm"] > 0 and "actor/pg_loss" in metrics and "actor/kl_loss" in metrics
-    group.sync_weights()
+    assert worker.weights_stale and all(torch.equal(v, worker.rollout.model.state_dict()[k]) for k, v in before.items())
+    synced = group.generate_sequences(prompt_batch(tiny_model_path))  # the next rollout sends the weights
+    assert synced.meta["weight_sync_s"] > 0 and not worker.weights_stale
     after = worker.rollout.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the rollout model changed
     trained = dict(worker.actor.full_weights())
@@ -129,6 +132,14 @@ def test_two_ray_workers_fsdp_matches_unsharded(ray_cluster, tiny_model_path):
         for name, tensor in reference.items():
             torch.testing.assert_close(per_rank[0][name], per_rank[1][name], atol=0, rtol=0)
             torch.testing.assert_close(per_rank[0][name], tensor, atol=1e-5, rtol=1e-5)
+        # The rollout's weight stream: 64 KiB buckets (one all-gather each, ~20 of them), cast to bf16
+        # before gathering, unpack to exactly the cast full weights on both ranks.
+        bf16 = group.actor_weights(dtype="bfloat16", bucket_bytes=64 * 2**10)
+        for rank in range(2):
+            assert bf16[rank].keys() == per_rank[0].keys()
+            for name, tensor in per_rank[0].items():
+                assert bf16[rank][name].dtype == torch.bfloat16
+                torch.testing.assert_close(bf16[rank][name], tensor.to(torch.bfloat16), atol=0, rtol=0)
     finally:
         group.shutdown()
         pool.release()

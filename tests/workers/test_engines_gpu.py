@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_cuda_rollout_log_probs_update_and_sync(tiny_model_path, precision):
-    extra = ["model.dtype=float32", "actor.fsdp.mixed_precision=none"] if precision == "float32" else []
+    extra = ["rollout.dtype=float32", "actor.fsdp.mixed_precision=none"] if precision == "float32" else []
     cfg, plan = engine_config(tiny_model_path, extra=extra, device="cuda")
     assert plan.device == "cuda"
     group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cuda", cfg=cfg, plan=plan)
@@ -45,7 +45,7 @@ def test_cuda_rollout_log_probs_update_and_sync(tiny_model_path, precision):
         before = {k: v.clone() for k, v in worker.rollout.model.state_dict().items()}
         metrics = group.update_actor(with_training_fields(out))[0]
         assert metrics["grad_norm"] > 0
-        group.sync_weights()
+        group.generate_sequences(prompt_batch(tiny_model_path))  # sends the weights, bucketed, in bf16/fp32
         after = worker.rollout.model.state_dict()
         assert any(not torch.equal(before[k], after[k]) for k in before)
         trained = dict(worker.actor.full_weights())

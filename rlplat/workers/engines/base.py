@@ -53,9 +53,17 @@ class TrainingEngine(ABC):
         """Clip, step, zero grads, advance the LR schedule; return ``grad_norm`` and ``lr``."""
 
     @abstractmethod
+    def export_weights(
+        self, dtype: torch.dtype | None = None, bucket_bytes: int = 512 * 2**20
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Yield the full (unsharded) weights in Hugging Face naming, cast to ``dtype`` (None = as
+        trained), in buckets of about ``bucket_bytes``: one collective per bucket, and no rank ever holds
+        more than one bucket of full weights. Collective: every rank must iterate to the end."""
+
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (name, full unsharded tensor) for every weight, in Hugging Face naming. Collective:
-        every rank must iterate to the end."""
+        """Every (name, full tensor), as trained (for export and checks). Collective."""
+        for bucket in self.export_weights():
+            yield from bucket
 
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:
@@ -72,25 +80,3 @@ class TrainingEngine(ABC):
 
 
 TRAINING_ENGINES: Registry[type[TrainingEngine]] = Registry("training engine")
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counting only attended tokens (left padding gets position 0), ``[B, L] -> [B, L]``.
-
-    Matches how transformers' ``generate`` numbers left-padded prompts, so recomputed log-probs equal
-    the rollout's.
-    """
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def response_log_probs(
-    logits: torch.Tensor, responses: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of ``responses`` under ``softmax(logits / temperature)``, and the scaled logits.
-
-    ``logits``: ``[B, R, V]`` (the positions that predict each response token); ``responses``: ``[B, R]``.
-    Computed in float32 at least, whatever the model's dtype.
-    """
-    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
-    token_logits = scaled.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    return token_logits - torch.logsumexp(scaled, dim=-1), scaled

@@ -18,8 +18,9 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.protocol import Batch
+from rlplat.sequence import response_log_probs
 from rlplat.workers.dist import DistContext
-from rlplat.workers.engines.base import TRAINING_ENGINES, ForwardOutput, TrainingEngine, response_log_probs
+from rlplat.workers.engines.base import TRAINING_ENGINES, ForwardOutput, TrainingEngine
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float):
@@ -178,9 +179,62 @@ class FSDPEngine(TrainingEngine):
             self.scheduler.load_state_dict(extra["scheduler"])
         _set_rng_state(extra["rng"])
 
-    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):
+        bucket, size = [], 0
         for name, tensor in self._model.state_dict().items():
-            yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
+            nbytes = tensor.numel() * (dtype or tensor.dtype).itemsize
+            if bucket and size + nbytes > bucket_bytes:
+                yield gather_bucket(bucket, dtype, self.ctx)
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            yield gather_bucket(bucket, dtype, self.ctx)
+
+
+def _dim0_shard_sizes(dim0: int, world: int) -> list[int]:
+    """Rows of each rank's ``Shard(0)`` piece: ``torch.chunk`` sizes, then empty pieces."""
+    step = -(-dim0 // world)  # ceil
+    return [max(0, min(step, dim0 - r * step)) for r in range(world)]
+
+
+def gather_bucket(items: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None, ctx: DistContext):
+    """Full tensors of a bucket of FSDP2 ``Shard(0)`` DTensors with ONE all-gather: each rank packs its
+    local pieces (cast to ``dtype`` first, so half the bytes travel in bf16) into one flat buffer; the
+    piece sizes on every rank follow from the global shapes, so they need no communication."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=ctx.device, dtype=dtype or t.dtype)
+
+    sharded = [isinstance(t, DTensor) and t.placements == (Shard(0),) for _, t in items]
+    out = {name: cast(t.full_tensor() if isinstance(t, DTensor) else t)
+           for (name, t), s in zip(items, sharded) if not s or ctx.world_size == 1}
+    todo = [(name, t) for (name, t), s in zip(items, sharded) if s and ctx.world_size > 1]
+    if todo:
+        world = ctx.world_size
+        out_dtype = dtype or todo[0][1].dtype
+        if any((dtype or t.dtype) != out_dtype for _, t in todo):
+            raise ValueError("gather_bucket: a bucket of mixed dtypes needs an explicit dtype")
+        sizes = [[rows * math.prod(t.shape[1:]) for rows in _dim0_shard_sizes(t.shape[0], world)]
+                 for _, t in todo]  # sizes[param][rank], in elements
+        width = max(sum(s[r] for s in sizes) for r in range(world))
+        local = torch.cat([cast(t.to_local()).reshape(-1) for _, t in todo])
+        if local.numel() != sum(s[ctx.rank] for s in sizes):
+            raise RuntimeError("FSDP shard layout is not torch.chunk along dim 0; cannot unpack the gathered weights")
+        buffer = torch.zeros(width, dtype=out_dtype, device=ctx.device)
+        buffer[: local.numel()] = local
+        gathered = [torch.empty_like(buffer) for _ in range(world)]
+        dist.all_gather(gathered, buffer)
+        offsets = [0] * world
+        for (name, t), per_rank in zip(todo, sizes):
+            pieces = []
+            for r in range(world):
+                pieces.append(gathered[r][offsets[r] : offsets[r] + per_rank[r]])
+                offsets[r] += per_rank[r]
+            out[name] = torch.cat(pieces).view(t.shape)
+    return [(name, out[name]) for name, _ in items]
 
 
 def _rng_state() -> dict:

