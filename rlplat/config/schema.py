@@ -105,8 +105,15 @@ class SGLangRolloutConfig:
 
 
 @dataclass
+class RolloutServerConfig:
+    url: Optional[str] = None  # rollout.mode=server: base URL of the running server, e.g. http://10.0.0.5:8000
+    timeout_s: float = 600.0  # per request (a generation request covers a worker's whole batch)
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"  # rollout engine (registry): hf | vllm | sglang; settings in rollout.<name>.*
+    mode: str = "colocated"  # colocated = an engine inside each training worker | server = rollout.server.url (vllm)
     n: int = 8  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)
@@ -118,6 +125,7 @@ class RolloutConfig:
     hf: HFRolloutConfig = field(default_factory=HFRolloutConfig)
     vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)
     sglang: SGLangRolloutConfig = field(default_factory=SGLangRolloutConfig)
+    server: RolloutServerConfig = field(default_factory=RolloutServerConfig)
 
 
 @dataclass

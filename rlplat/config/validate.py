@@ -18,6 +18,7 @@ from rlplat.registry import Registry
 
 ENUMS: dict[str, tuple[str, ...]] = {
     "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "rollout.mode": ("colocated", "server"),
     "rollout.vllm.load_format": ("dummy", "auto"),
     "rollout.sglang.load_format": ("dummy", "auto"),
     "data.truncation": ("error", "left", "right", "filter"),
@@ -219,20 +220,27 @@ def _check_placement(cfg: DictConfig, device: str, world: int) -> None:
         _check(cfg.ref.placement == "colocated", "ref.placement=separate needs Ray (trainer.ray_address=inprocess)")
 
 
-def _check_engine_packages(cfg: DictConfig) -> None:
-    """A chosen engine whose package is not installed: one line naming the extra to install."""
-    from rlplat.rollout import ROLLOUT_ENGINES
+def _check_rollout_engine(cfg: DictConfig) -> None:
+    """Colocated: the engine's package is installed (else one line naming the extra). Server: there is a
+    client for that engine's server and a URL to reach it."""
+    from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS
 
-    problem = ROLLOUT_ENGINES.missing_requirements(cfg.rollout.name)
-    _check(problem is None, f"rollout.name={cfg.rollout.name!r}: {problem}")
+    name = cfg.rollout.name
+    if cfg.rollout.mode == "server":
+        _check(name in ROLLOUT_SERVER_CLIENTS, f"rollout.mode=server works with rollout.name in "
+               f"{', '.join(ROLLOUT_SERVER_CLIENTS.names())}; got rollout.name={name!r}")
+        _check(bool(cfg.rollout.server.url), "rollout.mode=server needs rollout.server.url (e.g. http://HOST:8000)")
+        return
+    problem = ROLLOUT_ENGINES.missing_requirements(name)
+    _check(problem is None, f"rollout.name={name!r}: {problem}")
 
 
 def validate(cfg: DictConfig) -> RunPlan:
     """Check ``cfg`` and return the derived :class:`RunPlan`; raise ConfigError on the first problem."""
     for key, registry, names in _registries():
         _check_name(cfg, key, registry, names() if names else None)
-    _check_engine_packages(cfg)
     _check_values(cfg)
+    _check_rollout_engine(cfg)
     train_files, val_files = _as_paths(cfg, "data.train_files"), _as_paths(cfg, "data.val_files")
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     _check_algorithm(cfg)

@@ -36,6 +36,9 @@ class Worker:
         self.dist = init_distributed(self.rank, self.world_size, master_addr, master_port, self.device_type)
         return self.rank
 
+    def close(self) -> None:
+        """Release what the worker holds before its process group is destroyed (no-op by default)."""
+
 
 class WorkerGroup(ABC):
     def __init__(self, worker_cls: type[Worker]):
@@ -88,6 +91,8 @@ class InProcessWorkerGroup(WorkerGroup):
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        if self.worker is not None:
+            self.worker.close()
         self.worker = None
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()

@@ -88,8 +88,13 @@ class RolloutEngine(ABC):
     def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
         """Undo :meth:`sleep` for the given memory kinds, before loading weights / generating."""
 
+    def close(self) -> None:
+        """Release the engine (processes, process groups) before its worker goes away."""
+
 
 ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine")
+# Clients of an already running inference server (rollout.mode=server), by the server's engine name.
+ROLLOUT_SERVER_CLIENTS: Registry[type[RolloutEngine]] = Registry("rollout server client")
 
 
 def assemble_rollout(

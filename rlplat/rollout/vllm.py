@@ -3,7 +3,9 @@
 * The engine core runs in the worker's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight
   buckets reach vLLM's model by reference: :meth:`VLLMRolloutEngine.load_weights` calls
   ``collective_rpc("rlplat_load_weights", bucket)`` (:mod:`rlplat.rollout.vllm_worker`), i.e. the
-  model's own ``load_weights``, never a checkpoint on disk. The prefix cache is reset after every update.
+  model's own ``load_weights`` inside vLLM's layer-wise reload, never a checkpoint on disk. The prefix
+  cache is reset after every update. With ``tensor_parallel_size > 1`` vLLM runs its TP workers as
+  processes and the buckets travel through its RPC serialisation (not verified on our machines).
 * Log-probs are vLLM's ``processed_logprobs`` of the sampled token: log-softmax of logits / temperature
   (after top-k/top-p when those are set), the quantity the training engine recomputes.
 * ``rollout.vllm.load_format=dummy`` (the default) starts from random weights and receives the actor's
@@ -120,10 +122,16 @@ class VLLMRolloutEngine(RolloutEngine):
         return assemble_rollout(batch, responses, mask, lps)
 
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        self.llm.collective_rpc("rlplat_start_weight_update")
         for bucket in buckets:
             self.llm.collective_rpc("rlplat_load_weights", args=(bucket,))
+        self.llm.collective_rpc("rlplat_finish_weight_update")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self._weights_dropped = False
+
+    def close(self) -> None:
+        """Stop the engine core while this process's torch.distributed groups still exist."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self) -> None:
         if self.can_sleep and not self._asleep:

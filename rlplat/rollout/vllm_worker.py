@@ -1,20 +1,62 @@
 """Methods rlplat adds to vLLM's workers (``LLM(worker_extension_cls=...)``), called by ``collective_rpc``.
 
-This module is imported inside vLLM's worker, so it imports nothing from vLLM or rlplat at module level.
+A weight update is ``rlplat_start_weight_update`` → ``rlplat_load_weights`` per bucket →
+``rlplat_finish_weight_update``. Where vLLM has its layer-wise reload (``model_loader.reload``, 0.2x
+and later), start and finish wrap the loads in it: vLLM repacks weights after loading (e.g. into the
+CPU backend's kernel layout, or quantised formats), and a plain second ``load_weights`` into repacked
+parameters fails; the reload path buffers each layer's checkpoint-format tensors and re-runs that
+processing. Older vLLM versions load directly.
+
+This module is imported inside vLLM's worker, so it imports vLLM lazily and nothing from rlplat.
 """
 
 from __future__ import annotations
 
 
+def _reload_functions():
+    try:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+    except ImportError:
+        return None
+    return initialize_layerwise_reload, finalize_layerwise_reload
+
+
 class RLPlatWeightReceiver:
-    """Mixed into vLLM's GPU/CPU worker class; ``self.model_runner`` is the worker's."""
+    """Mixed into vLLM's GPU/CPU worker class; ``self.model_runner`` and ``self.vllm_config`` are the worker's."""
+
+    def rlplat_start_weight_update(self) -> None:
+        functions = _reload_functions()
+        if functions is not None:
+            from vllm.config import set_current_vllm_config
+
+            with set_current_vllm_config(self.vllm_config):
+                functions[0](self.model_runner.get_model())
 
     def rlplat_load_weights(self, bucket: list) -> int:
         """Load one bucket of (Hugging Face name, full tensor) pairs through the model's own
         ``load_weights``, which fuses q/k/v and gate/up and shards for tensor parallelism."""
-        self.model_runner.model.load_weights(weights=iter(bucket))
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(weights=iter(bucket))
         return len(bucket)
+
+    def rlplat_load_serialized_weights(self, payload: str) -> int:
+        """A bucket sent over HTTP (server mode): base64 text of a safetensors file."""
+        import base64
+
+        from safetensors.torch import load
+
+        return self.rlplat_load_weights(list(load(base64.b64decode(payload)).items()))
+
+    def rlplat_finish_weight_update(self) -> None:
+        functions = _reload_functions()
+        if functions is not None:
+            from vllm.config import set_current_vllm_config
+
+            with set_current_vllm_config(self.vllm_config):
+                functions[1](self.model_runner.get_model(), self.vllm_config.model_config)
 
     def rlplat_named_weights(self) -> dict:
         """The worker's weights under vLLM's names (CPU copies), for tests and debugging."""
-        return {name: p.detach().cpu().clone() for name, p in self.model_runner.model.named_parameters()}
+        return {name: p.detach().cpu().clone() for name, p in self.model_runner.get_model().named_parameters()}

