@@ -70,3 +70,26 @@ def test_validation_sampling_is_reproducible_and_leaves_training_randomness_alon
     prompts.meta["validation"] = True
     first, second = group.generate_sequences(prompts), group.generate_sequences(prompts)
     assert torch.equal(first.tensors["responses"], second.tensors["responses"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sleep_level", [1, 2])
+def test_after_sleep_and_wake_vllm_samples_from_the_new_weights(sleep_level, tiny_model_path):
+    """The peers' known failure: after a sleep/wake cycle the engine must not sample from stale weights."""
+    cfg, plan = engine_config(tiny_model_path, device="cuda", extra=[
+        "rollout=vllm", "rollout.dtype=float32", "actor.fsdp.mixed_precision=none", "actor.optim.lr=1e-2",
+        f"rollout.vllm.sleep_level={sleep_level}", "rollout.vllm.gpu_memory_utilization=0.3"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cuda", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=False)
+        assert group.worker.rollout.can_sleep
+        prompts = prompt_batch(tiny_model_path, temperature=1.0)
+        out = group.generate_sequences(prompts)  # ends asleep
+        for _ in range(3):
+            group.update_actor(with_training_fields(out))
+        fresh = group.generate_sequences(prompts)  # wake -> new weights -> generate -> sleep again
+        mask = fresh.tensors["response_mask"].bool()
+        trainer = group.compute_log_probs(fresh).tensors["old_log_probs"]
+        torch.testing.assert_close(fresh.tensors["rollout_log_probs"][mask], trainer[mask], atol=1e-3, rtol=0)
+    finally:
+        group.shutdown()
