@@ -76,7 +76,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
-        torch_dtype="float32",
+        dtype="float32",
         **asdict(spec),
     )
     torch.manual_seed(seed)

@@ -63,7 +63,7 @@ def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                  trust_remote_code=model_cfg.trust_remote_code)
     model.load_state_dict(weights)
     parent = os.path.dirname(os.path.abspath(path))

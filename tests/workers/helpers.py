@@ -55,7 +55,7 @@ def reference_log_probs(model, batch: Batch, temperature: float) -> torch.Tensor
 
 def single_process_step(model_path: str, cfg, batch: Batch, loss_scale_factor: float) -> dict[str, torch.Tensor]:
     """One AdamW step of an unsharded model on the whole batch, with the same loss and settings."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     optim = cfg.actor.optim
     opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
                             weight_decay=optim.weight_decay)

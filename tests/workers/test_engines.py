@@ -49,7 +49,7 @@ def test_inprocess_rollout_shapes_and_log_probs_match_training(inprocess_group, 
     mask = out.tensors["response_mask"].bool()
     torch.testing.assert_close(recomputed[mask], out.tensors["rollout_log_probs"][mask], atol=1e-4, rtol=0)
     # and both equal an independent, unsharded transformers model
-    plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
         expected = reference_log_probs(plain, out, 0.7)
     torch.testing.assert_close(recomputed[mask], expected[mask], atol=1e-5, rtol=0)
@@ -74,7 +74,7 @@ def test_inprocess_update_then_rollout_moves_rollout_to_new_weights(inprocess_gr
     for name, tensor in after.items():
         torch.testing.assert_close(tensor, trained[name])
     # the rollout engine's logits are the updated model's
-    updated = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
+    updated = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     updated.load_state_dict(trained)
     ids = out.tensors["input_ids"][:2]
     with torch.no_grad():
@@ -118,7 +118,7 @@ def test_two_ray_workers_fsdp_matches_unsharded(ray_cluster, tiny_model_path):
         out = group.generate_sequences(prompt_batch(tiny_model_path, temperature=1.0))
         assert len(out) == 8
         sharded = group.compute_log_probs(out).tensors["old_log_probs"]
-        plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
+        plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
         with torch.no_grad():
             expected = reference_log_probs(plain, out, 1.0)
         mask = out.tensors["response_mask"].bool()

@@ -33,7 +33,7 @@ def test_cuda_rollout_log_probs_update_and_sync(tiny_model_path, precision):
         mask = out.tensors["response_mask"].bool()
         recomputed = group.compute_log_probs(out).tensors["old_log_probs"]
         diff = (recomputed - out.tensors["rollout_log_probs"])[mask].abs()
-        plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
+        plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
         with torch.no_grad():
             exact = reference_log_probs(plain, out, 0.8)
         vs_fp32 = (recomputed - exact)[mask].abs()

@@ -44,7 +44,7 @@ def load_hf_model(path: str, model_cfg: DictConfig, value_head: bool = False) ->
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     kwargs = dict(
-        torch_dtype=torch.float32,
+        dtype=torch.float32,
         trust_remote_code=model_cfg.trust_remote_code,
         attn_implementation=model_cfg.attn_implementation,
     )
