@@ -32,8 +32,9 @@ def response_log_probs(
     return token_logits - torch.logsumexp(scaled, dim=-1), scaled
 
 
-def response_mask_from_ids(responses: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 on every token up to and including the first EOS (all tokens if there is none): ``[B, R]``."""
-    is_eos = responses == eos_token_id
+def response_mask_from_ids(responses: torch.Tensor, stop_ids: int | tuple[int, ...]) -> torch.Tensor:
+    """1 on every token up to and including the first stop token (EOS, or any of ``stop_ids``; all tokens
+    if there is none): ``[B, R]``."""
+    is_eos = torch.isin(responses, torch.as_tensor(stop_ids, device=responses.device))
     eos_seen_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
     return (~eos_seen_before).long()

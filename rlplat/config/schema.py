@@ -118,6 +118,7 @@ class RolloutConfig:
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)
     top_k: int = -1  # -1 = no top-k
+    stop_token_ids: list[int] = field(default_factory=list)  # ids that end a response besides the tokenizer's EOS (e.g. <|im_end|>)
     val_n: int = 4  # responses per validation prompt (mean@N, best@N, maj@N, pass@k)
     val_temperature: float = 1.0  # 0 = greedy; 1.0 with val_n=4 = sampled pass@1 averaged over 4 (mean@4)
     dtype: str = "auto"  # generation dtype (weights are sent in it): auto = float32 on CPU, bfloat16 on GPU | float32 | bfloat16 | float16

@@ -60,7 +60,7 @@ class SGLangRolloutEngine(RolloutEngine):
             "top_p": 1.0 if greedy else params.top_p,
             "top_k": -1 if greedy or params.top_k <= 0 else params.top_k,
             "max_new_tokens": params.max_new_tokens,
-            "stop_token_ids": [self.setup.eos_token_id],
+            "stop_token_ids": [self.setup.eos_token_id, *params.stop_token_ids],
         }
         prompts = prompt_token_lists(batch)
         per_row = [dict(sampling) for _ in prompts]

@@ -188,6 +188,7 @@ class ActorRolloutRefWorker(_TrainingRole):
             temperature=prompts.meta.get("temperature", r.temperature),
             top_p=prompts.meta.get("top_p", r.top_p),
             top_k=prompts.meta.get("top_k", r.top_k),
+            stop_token_ids=tuple(r.stop_token_ids),
             seed=self.cfg.trainer.seed + 7919 * (1 + self.rank) if validation else None,
         )
         with self.rollout_mode() as timings:

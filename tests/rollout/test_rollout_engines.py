@@ -78,3 +78,27 @@ def test_missing_engine_package_is_one_line_naming_the_extra(capsys):
     assert err == ("rlplat: config error: rollout.name='vllm': rollout engine 'vllm' needs the package 'vllm', "
                    "which is not installed; install it with: pip install -e '.[vllm]' (CPU machines: see "
                    "docs/rollout.md)")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_stop_token_ids_end_responses_and_stay_in_them(engine, tiny_model_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    stops = tok.convert_tokens_to_ids(list("0123456789"))  # ~10% of this model's samples per position
+    cfg, plan = engine_config(tiny_model_path, extra=[f"rollout.name={engine}", f"rollout.stop_token_ids={stops}"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=False)
+        out = group.generate_sequences(prompt_batch(tiny_model_path).repeat(16))
+        ends = set(stops) | {tok.eos_token_id}
+        stopped_by_digit = 0
+        for row, mask in zip(out.tensors["responses"].tolist(), out.tensors["response_mask"].tolist()):
+            length = sum(mask)
+            assert not ends & set(row[: length - 1])  # nothing stopped earlier than the mask says
+            if length < cfg.data.max_response_length:
+                assert row[length - 1] in ends
+            stopped_by_digit += row[length - 1] in stops
+        assert stopped_by_digit > 10
+    finally:
+        group.shutdown()
