@@ -241,6 +241,9 @@ def gdpo(inp: AdvantageInput) -> AdvantageOutput:
     return AdvantageOutput(advantages=advantages, returns=advantages, zero_variance=zero_variance)
 
 
+gdpo.uses_reward_terms = True  # reads reward_components, not the (KL-shaped) token rewards
+
+
 @estimator("rloo", min_group_size=2)
 def rloo(inp: AdvantageInput) -> AdvantageOutput:
     """RLOO (2402.14740, Sec. 3): A_i = s_i − mean_{j≠i} s_j = G/(G−1) · (s_i − mean_g s), as verl

@@ -45,7 +45,7 @@ from rlplat.config.validate import RunPlan
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.trainer.components import Components
-from rlplat.trainer.metrics import data_metrics, timed, validation_metrics
+from rlplat.trainer.metrics import data_metrics, explained_variance, timed, validation_metrics
 
 
 class PPOTrainer:
@@ -229,7 +229,7 @@ class PPOTrainer:
         def optional(key: str) -> torch.Tensor | None:
             return t[key] if key in present else None
 
-        weights = self.reward_term_weights
+        terms, weights = self._reward_terms(batch)
         out = self.estimator(
             AdvantageInput(
                 token_level_rewards=rewards,
@@ -237,18 +237,36 @@ class PPOTrainer:
                 group_ids=torch.as_tensor(group_ids, dtype=torch.long),
                 values=optional("values"),
                 baseline_scores=optional("baseline_scores"),
-                reward_components=optional("reward_terms"),
-                reward_weights=weights if "reward_terms" in present else None,
+                reward_components=terms,
+                reward_weights=weights,
                 old_log_probs=optional("old_log_probs"),
                 sum_pi_squared=optional("sum_pi_squared"),
                 options=AdvantageOptions(gamma=cfg.gamma, lam=cfg.lam, epsilon=cfg.norm_adv_epsilon,
                                          scale=cfg.norm_adv_scale),
             )
         )
+        if "values" in present:  # before this step's critic update: how well the critic predicted
+            metrics["critic/vf_explained_var"] = explained_variance(out.returns, t["values"], t["response_mask"])
         if out.zero_variance is not None and "batch/real_batch_size_ratio" not in metrics:
             metrics["batch/real_batch_size_ratio"] = 1.0 - float(out.zero_variance.float().mean())
         fields = {"token_level_rewards": rewards, "advantages": out.advantages, "returns": out.returns}
         return batch.union(Batch.from_dict(fields))
+
+    def _reward_terms(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The reward terms ``[batch, num_terms]`` and weights ``[num_terms]`` for gdpo.
+
+        Whatever a recipe's reward stage added to the scores beyond the reward functions (e.g. a length
+        penalty) becomes one more term of weight 1, so the terms always add up to the scores.
+        """
+        t = batch.tensors
+        if "reward_terms" not in t.keys() or self.reward_term_weights is None:
+            return None, None
+        terms, weights = t["reward_terms"], self.reward_term_weights.to(t["reward_terms"].dtype)
+        residual = t["token_level_scores"].sum(-1).to(terms.dtype) - terms @ weights  # [batch]
+        if bool((residual.abs() > 1e-5).any()):
+            terms = torch.cat([terms, residual.unsqueeze(-1)], dim=-1)
+            weights = torch.cat([weights, weights.new_ones(1)])
+        return terms, weights
 
     def pf_ppo(self, batch: Batch, metrics: dict) -> Batch:
         """PF-PPO (2409.06957, Sec. 4; as verl does it): resample the batch, with replacement and to its own

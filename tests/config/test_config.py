@@ -87,6 +87,8 @@ BAD = [
     (["reward.weights=[1.0,2.0]"], "reward.weights has 2 entries but reward.functions has 1"),
     (["algorithm.policy_loss_options.dro_beta=0"],
      "algorithm.clip_ratio_* / algorithm.policy_loss_options: dro_beta must be > 0, got 0.0"),
+    (["algorithm=gdpo", "algorithm.use_kl_in_reward=true"],
+     "algorithm.adv_estimator='gdpo' normalises each reward function's term on its own"),
     (["algorithm.pf_ppo.reweight_method=best"],
      "algorithm.pf_ppo.reweight_method='best' is not one of: pow, max_min, max_random"),
     (["algorithm.adv_estimator=optimal_token_baseline"],

@@ -34,3 +34,13 @@ def test_help_lists_every_registered_name(capsys):
 def test_readme_lists_every_registered_name():
     for kind, registry in KINDS.items():
         assert readme_names(kind) == set(registry.names()), kind
+
+
+def test_every_override_in_the_algorithms_doc_validates():
+    from rlplat.config import load_config
+
+    text = (README.parent / "docs" / "algorithms.md").read_text(encoding="utf-8")
+    spans = re.findall(r"`((?:algorithm|reward|rollout|actor|critic|data)[\w.]*=[^`]*)`", text)
+    assert len(spans) >= 5, spans
+    for span in spans:
+        load_config(span.split())  # raises ConfigError on a key or value that does not exist

@@ -110,3 +110,17 @@ def test_an_estimator_that_needs_values_gets_a_critic_whatever_its_name():
         assert {"values", "update_critic"} <= set(PPOTrainer(cfg, plan, components=None).stages)
     _, plan = load_config(["algorithm=grpo"])
     assert not plan.needs_critic
+
+
+def test_gdpo_terms_include_what_a_recipe_added_to_the_scores():
+    # reward functions give terms [[1], [0]] with weight [2]; a recipe subtracted 0.5 from row 1's score
+    cfg, plan = load_config(["algorithm=gdpo"])
+    trainer = PPOTrainer(cfg, plan, components=None)
+    trainer.reward_term_weights = torch.tensor([2.0])
+    batch = Batch.from_dict({"reward_terms": torch.tensor([[1.0], [0.0]]),
+                             "token_level_scores": torch.tensor([[0.0, 2.0], [0.0, -0.5]])})
+    terms, weights = trainer._reward_terms(batch)
+    assert terms.tolist() == [[1.0, 0.0], [0.0, -0.5]] and weights.tolist() == [2.0, 1.0]
+    plain = Batch.from_dict({"reward_terms": torch.tensor([[1.0], [0.0]]),
+                             "token_level_scores": torch.tensor([[0.0, 2.0], [0.0, 0.0]])})
+    assert trainer._reward_terms(plain)[0].tolist() == [[1.0], [0.0]]  # no residual: no extra term
