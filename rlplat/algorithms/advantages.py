@@ -361,8 +361,9 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) 
 @estimator("reinforce_pp")
 def reinforce_pp(inp: AdvantageInput) -> AdvantageOutput:
     """REINFORCE++ (2501.03262, Sec. 3): G_t = Σ_{k≥t} γ^{k−t} r_k over the response's valid tokens
-    (k counts valid tokens; masked ones inside are skipped, not restarts), advantages = whiten(G) over all valid tokens of the batch, returns = G. ``[batch,
-    response_len]`` in and out; γ = ``options.gamma``."""
+    (k counts valid tokens; masked ones inside are skipped, not restarts), advantages = whiten(G) over
+    all valid tokens of the batch, returns = G. ``[batch, response_len]`` in and out; γ =
+    ``options.gamma``."""
     mask = _token_mask(inp)
     returns = discounted_returns(inp.token_level_rewards, mask, inp.options.gamma)
     return AdvantageOutput(advantages=masked_whiten(returns, mask), returns=returns)

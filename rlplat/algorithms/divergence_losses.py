@@ -64,7 +64,9 @@ def dppo_kl(inp: PolicyLossInput) -> PolicyLossOutput:
     binary_kl = p_old * (inp.old_log_prob - inp.log_prob) + (1 - p_old) * torch.log(
         (1 - p_old + BINARY_KL_EPS) / (1 - p + BINARY_KL_EPS)
     )
-    return _dppo(inp, (binary_kl <= cfg.clip_ratio_high) | (p <= p_old), (binary_kl <= cfg.clip_ratio_low) | (p >= p_old))
+    inside_positive = (binary_kl <= cfg.clip_ratio_high) | (p <= p_old)  # A > 0 pushes p up: falling is fine
+    inside_negative = (binary_kl <= cfg.clip_ratio_low) | (p >= p_old)
+    return _dppo(inp, inside_positive, inside_negative)
 
 
 @POLICY_LOSSES.register("dro")

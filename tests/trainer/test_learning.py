@@ -7,6 +7,9 @@ transformers. With the exact-match arithmetic reward this is the expected reward
 comparison carries no sampling noise.
 """
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,7 +19,11 @@ from rlplat.trainer.run import run
 
 STEPS = 40  # x 64 prompts x 8 responses, 4 optimizer steps each: ~20 s per algorithm (ppo ~40 s)
 MIN_GAIN = 0.04  # observed gains 0.077 (ppo) to 0.125 (dapo) over seeds 42 and 1
-ALGORITHMS = ["grpo", "dr_grpo", "dapo", "ppo", "rloo"]  # ppo: critic + GAE, KL in the reward
+# ppo's critic at its default learning rate: the explained variance of its values (before each update)
+# must end no worse than this, i.e. about as good as the mean-return predictor or better (1e-4: +0.02
+# after 30 steps; the old default 1e-5: -0.30), and the value loss must fall.
+MIN_FINAL_EXPLAINED_VAR = -0.1
+ALGORITHMS = ["grpo", "dr_grpo", "dapo", "ppo", "rloo", "gdpo"]  # ppo: critic + GAE, KL in the reward
 
 
 def correct_answer_probability(model_dir: str, rows: list[dict]) -> float:
@@ -62,3 +69,17 @@ def test_algorithm_raises_expected_reward(algorithm, held_out, small_val, tmp_pa
     after = correct_answer_probability(summary["hf_export"], rows)
     print(f"{algorithm}: P(correct answer) {before:.4f} -> {after:.4f}")
     assert after > before + MIN_GAIN, (algorithm, before, after)
+    if algorithm == "ppo":  # the critic learns on its default learning rate too
+        metrics_file = Path(summary["output_dir"]) / "metrics.jsonl"
+        loss_first, loss_last = metric_ends(metrics_file, "critic/vf_loss")
+        ev_first, ev_last = metric_ends(metrics_file, "critic/vf_explained_var")
+        print(f"ppo critic, mean of the first / last 5 steps: vf_loss {loss_first:.4f} -> {loss_last:.4f}, "
+              f"explained variance {ev_first:.3f} -> {ev_last:.3f}")
+        assert loss_last < loss_first, (loss_first, loss_last)
+        assert ev_last > max(ev_first, MIN_FINAL_EXPLAINED_VAR), (ev_first, ev_last)
+
+
+def metric_ends(metrics_file: Path, key: str, k: int = 5) -> tuple[float, float]:
+    """Mean of ``key`` over the first and over the last ``k`` training steps of a run's metrics.jsonl."""
+    values = [m[key] for m in map(json.loads, metrics_file.read_text().splitlines()) if key in m]
+    return sum(values[:k]) / k, sum(values[-k:]) / k
