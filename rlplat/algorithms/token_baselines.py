@@ -55,9 +55,15 @@ def _baseline(returns, cum_var, mask, group_ids, zero_tail: bool) -> torch.Tenso
     groups = group_stats(mask.new_zeros(mask.shape[0]), group_ids)  # only index and size are used
     num_groups = int(groups.index.max()) + 1 if len(groups.index) else 0
     weights = cum_var * mask
-    numerator = weights.new_zeros(num_groups, mask.shape[1]).index_add_(0, groups.index, returns * weights)
-    denominator = weights.new_zeros(num_groups, mask.shape[1]).index_add_(0, groups.index, weights)
-    baseline = (numerator / (denominator + OTB_EPS))[groups.index]
+    width = mask.shape[1]
+    # Sums over each group's rows, per position, as one 1-D index_add over flattened (group, position)
+    # cells: the 2-D index_add along dim 0 is ~1000x slower on CPU.
+    cell = (groups.index.unsqueeze(-1) * width + torch.arange(width, device=mask.device)).flatten()
+
+    def group_sum(x: torch.Tensor) -> torch.Tensor:  # [batch, T] -> [num_groups, T]
+        return x.new_zeros(num_groups * width).index_add_(0, cell, x.flatten()).view(num_groups, width)
+
+    baseline = (group_sum(returns * weights) / (group_sum(weights) + OTB_EPS))[groups.index]
     baseline = baseline.masked_fill((groups.size == 1).unsqueeze(-1), 0.0)
     if zero_tail:
         lengths = mask.sum(-1)

@@ -107,3 +107,28 @@ def test_optimal_token_baselines_group_of_one_and_requirements():
         with pytest.raises(ValueError, match="needs AdvantageInput.sum_pi_squared"):
             compute_advantages(name, AdvantageInput(inp.token_level_rewards, inp.response_mask, inp.group_ids,
                                                     old_log_probs=inp.old_log_probs))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_optimal_token_baseline_matches_a_per_group_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    batch, length = 12, 7
+    lengths = torch.randint(1, length + 1, (batch,), generator=g)
+    mask = (torch.arange(length)[None] < lengths[:, None]).double()
+    rewards = torch.randn(batch, length, generator=g, dtype=F64) * mask
+    p, sum_sq = torch.rand(batch, length, generator=g, dtype=F64), torch.rand(batch, length, generator=g, dtype=F64)
+    ids = torch.randint(0, 4, (batch,), generator=g)
+    out = compute_advantages("optimal_token_baseline",
+                             AdvantageInput(rewards, mask, ids, old_log_probs=p.log(), sum_pi_squared=sum_sq))
+    returns = rewards.flip(-1).cumsum(-1).flip(-1) * mask
+    cum = ((1 - 2 * p + sum_sq) * mask).cumsum(-1)
+    expected = torch.zeros(batch, length, dtype=F64)
+    for gid in ids.unique().tolist():
+        rows = (ids == gid).nonzero().flatten().tolist()
+        for t in range(length):
+            num = sum(returns[i, t] * cum[i, t] * mask[i, t] for i in rows)
+            den = sum(cum[i, t] * mask[i, t] for i in rows)
+            base = num / (den + 1e-8) if len(rows) > 1 else 0.0
+            for i in rows:
+                expected[i, t] = (returns[i, t] - base) * mask[i, t]
+    torch.testing.assert_close(out.advantages, expected)
