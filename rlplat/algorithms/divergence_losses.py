@@ -12,7 +12,7 @@ Where these depart from their sources:
   implements them; the top-K approximation needs the full distributions. The divergence thresholds
   reuse ``clip_ratio_low`` / ``clip_ratio_high`` (the dppo presets set 0.15 for TV and 0.05 for KL) and
   the truncation cap of the importance weight reuses ``clip_ratio_c`` (the presets set 20).
-* ``dro``: the per-token form verl ships: the DRO objective of Richemond et al. (2405.19107, eq. 4-6)
+* ``dro``: the per-token form verl ships: the DRO objective of Richemond et al. (2405.19107)
   with the *behaviour* policy in place of the reference policy, so the regulariser is a trust region.
 """
 
