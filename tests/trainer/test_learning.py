@@ -19,9 +19,11 @@ from rlplat.trainer.run import run
 
 STEPS = 40  # x 64 prompts x 8 responses, 4 optimizer steps each: ~20 s per algorithm (ppo ~40 s)
 MIN_GAIN = 0.04  # observed gains 0.077 (ppo) to 0.125 (dapo) over seeds 42 and 1
-# ppo's critic at its default learning rate: the explained variance of its values (before each update)
-# must end no worse than this, i.e. about as good as the mean-return predictor or better (1e-4: +0.02
-# after 30 steps; the old default 1e-5: -0.30), and the value loss must fall.
+# ppo's critic at its default learning rate. The raw value loss is not a fair yardstick: its floor,
+# about ½·Var(return) = ½·p(1 − p) for a 0/1 reward, *grows* as the policy's accuracy p rises from 0.12.
+# So the test checks the value loss relative to that variance, 1 − explained variance = Var(R − V) /
+# Var(R) (before each update): it must fall, and end about as good as predicting the mean return or
+# better (1e-4: explained variance -1.05 -> +0.01 within 9 steps; the old default 1e-5: -0.30 after 30).
 MIN_FINAL_EXPLAINED_VAR = -0.1
 ALGORITHMS = ["grpo", "dr_grpo", "dapo", "ppo", "rloo", "gdpo"]  # ppo: critic + GAE, KL in the reward
 
@@ -75,7 +77,6 @@ def test_algorithm_raises_expected_reward(algorithm, held_out, small_val, tmp_pa
         ev_first, ev_last = metric_ends(metrics_file, "critic/vf_explained_var")
         print(f"ppo critic, mean of the first / last 5 steps: vf_loss {loss_first:.4f} -> {loss_last:.4f}, "
               f"explained variance {ev_first:.3f} -> {ev_last:.3f}")
-        assert loss_last < loss_first, (loss_first, loss_last)
         assert ev_last > max(ev_first, MIN_FINAL_EXPLAINED_VAR), (ev_first, ev_last)
 
 
