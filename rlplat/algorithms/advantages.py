@@ -3,7 +3,7 @@
 Every estimator has one call, ``fn(AdvantageInput) -> AdvantageOutput``, and is registered in
 ``ADVANTAGE_ESTIMATORS`` with three attributes the config validation and the trainer read instead of
 branching on names: ``min_group_size`` (responses per prompt it needs), ``needs_values`` (a critic) and
-``needs_baseline`` (greedy-response scores). Formulas: ``ALGORITHMS.md``; each docstring repeats its own.
+``needs_baseline`` (greedy-response scores). Formulas: ``docs/algorithms.md``; each docstring repeats its own.
 
 Conventions. s_i = Σ_t r_{i,t} m_{i,t} is a response's score; per-response advantages are broadcast over
 its valid tokens; advantages are 0 on masked tokens. Estimators without a critic return
@@ -22,10 +22,12 @@ Where each estimator departs from its paper:
 * ``dr_grpo``: none in the advantage; the paper's constant loss normaliser is an aggregation mode.
 * ``dapo``: none in the advantage; dynamic sampling itself is the trainer's, this only flags the groups.
 * ``rloo``: the leave-one-out baseline is undefined for a group of one; it uses baseline 0 there.
-* ``reinforce_pp``: the paper's KL-in-reward is applied by the trainer before this runs; returns restart
-  at every masked token (end of response, or a hole in a multi-turn mask).
+* ``reinforce_pp``: the paper's KL-in-reward is applied by the trainer before this runs; the discounted
+  return carries across masked tokens inside a response (a multi-turn mask's observation tokens are not
+  steps), where verl restarts it at every masked token and so gives earlier turns no credit.
 * ``reinforce_pp_baseline``: follows verl: the group mean is subtracted from the score, then whitened.
-* ``remax``: returns are discounted by ``gamma`` (the paper's γ = 1 is the default).
+* ``remax``: returns are discounted by ``gamma`` (the paper's γ = 1 is the default) and carry across
+  masked tokens as in ``reinforce_pp``.
 * ``opo``: none in the advantage; the paper's exact on-policy training is the trainer's concern.
 * ``gpg``: α counts the samples with a non-zero score, as verl implements it.
 * ``grpo_passk``: follows verl: only the best response gets s_max − s_second (optionally ÷ (std + ε)).
@@ -68,6 +70,10 @@ class AdvantageInput:
     group_ids: torch.Tensor | None = None  # [batch] int64, equal for the responses to one prompt
     values: torch.Tensor | None = None  # [batch, response_len] critic values (gae)
     baseline_scores: torch.Tensor | None = None  # [batch] score of the greedy response (remax)
+    reward_components: torch.Tensor | None = None  # [batch, num_rewards] unweighted reward terms (gdpo)
+    reward_weights: torch.Tensor | None = None  # [num_rewards] their weights (gdpo; default all 1)
+    old_log_probs: torch.Tensor | None = None  # [batch, response_len] sampling policy (optimal baselines)
+    sum_pi_squared: torch.Tensor | None = None  # [batch, response_len] Σ_v π(v)² (optimal baselines)
     options: AdvantageOptions = field(default_factory=AdvantageOptions)
 
 
@@ -91,18 +97,22 @@ def compute_advantages(name: str, inp: AdvantageInput) -> AdvantageOutput:
     return get_advantage_estimator(name)(inp)
 
 
-def estimator(name: str, min_group_size: int = 1, needs_values: bool = False, needs_baseline: bool = False):
-    """Register an estimator under ``name``, with what it requires of the batch."""
+def estimator(name: str, min_group_size: int = 1, needs_values: bool = False, needs_baseline: bool = False,
+              needs_sum_pi_squared: bool = False):
+    """Register an estimator under ``name``, with what it requires of the batch: ``needs_values`` (a
+    critic), ``needs_baseline`` (greedy-response scores), ``needs_sum_pi_squared`` (the policy's Σπ²)."""
 
     def decorator(fn: Estimator) -> Estimator:
         fn.min_group_size, fn.needs_values, fn.needs_baseline = min_group_size, needs_values, needs_baseline
+        fn.needs_sum_pi_squared = needs_sum_pi_squared
         return ADVANTAGE_ESTIMATORS.register(name)(fn)
 
     return decorator
 
 
 # ---------------------------------------------------------------------------- inputs and shared pieces
-_SHAPES = {"group_ids": "[batch]", "baseline_scores": "[batch]", "values": "[batch, response_len]"}
+_SHAPES = {"group_ids": "[batch]", "baseline_scores": "[batch]", "values": "[batch, response_len]",
+           "old_log_probs": "[batch, response_len]", "sum_pi_squared": "[batch, response_len]"}
 
 
 def _token_mask(inp: AdvantageInput) -> torch.Tensor:
@@ -121,7 +131,7 @@ def _require(inp: AdvantageInput, name: str, field_name: str) -> torch.Tensor:
     if value is None:
         raise ValueError(f"advantage estimator {name!r} needs AdvantageInput.{field_name}, a {shape} tensor")
     rewards = inp.token_level_rewards
-    expected = tuple(rewards.shape) if field_name == "values" else tuple(rewards.shape[:1])
+    expected = tuple(rewards.shape) if "response_len" in shape else tuple(rewards.shape[:1])
     if tuple(value.shape) != expected:
         raise ValueError(
             f"AdvantageInput.{field_name} has shape {tuple(value.shape)}; expected {shape} = {expected}"
@@ -197,6 +207,41 @@ def dapo(inp: AdvantageInput) -> AdvantageOutput:
     """DAPO (2503.14476, eq. 9 and Sec. 3.2): grpo's advantage; ``zero_variance`` ``[batch]`` marks the
     groups whose scores are all equal, which dynamic sampling drops. Needs ``group_ids`` ``[batch]``."""
     return _grpo_core(inp, "dapo", inp.options.scale)
+
+
+@estimator("gdpo", min_group_size=2)
+def gdpo(inp: AdvantageInput) -> AdvantageOutput:
+    """GDPO (2601.05242, Sec. 3; as verl implements it): each reward term k is group-normalised on its
+    own, A_k = (c_k − mean_g c_k) / (std_g c_k + ε); then A = whiten(Σ_k w_k A_k) over the batch's valid
+    tokens. ``reward_components`` ``[batch, num_rewards]`` (unweighted terms), ``reward_weights``
+    ``[num_rewards]`` (default 1); without components the sequence score is the only term (GRPO followed
+    by batch whitening). ``options.scale`` applies to each term as in grpo. Needs ``group_ids``."""
+    mask = _token_mask(inp)
+    group_ids = _require(inp, "gdpo", "group_ids")
+    components = inp.reward_components
+    if components is None:
+        components = sequence_scores(inp.token_level_rewards, mask).unsqueeze(-1)
+    if components.dim() != 2 or components.shape[0] != mask.shape[0]:
+        raise ValueError(f"AdvantageInput.reward_components has shape {tuple(components.shape)}; expected "
+                         f"[batch, num_rewards] with batch = {mask.shape[0]}")
+    weights = inp.reward_weights if inp.reward_weights is not None else components.new_ones(components.shape[1])
+    if tuple(weights.shape) != (components.shape[1],):
+        raise ValueError(f"AdvantageInput.reward_weights has shape {tuple(weights.shape)}; expected "
+                         f"[num_rewards] = ({components.shape[1]},)")
+    total = mask.new_zeros(mask.shape[0])
+    zero_variance = torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device)
+    for k in range(components.shape[1]):
+        term = components[:, k].to(mask.dtype)
+        one = AdvantageInput(term.unsqueeze(-1), torch.ones_like(term).unsqueeze(-1), group_ids,
+                             options=inp.options)
+        out = _grpo_core(one, "gdpo", inp.options.scale)
+        total = total + float(weights[k]) * out.advantages[:, 0]
+        zero_variance &= out.zero_variance
+    advantages = masked_whiten(total.unsqueeze(-1) * mask, mask)
+    return AdvantageOutput(advantages=advantages, returns=advantages, zero_variance=zero_variance)
+
+
+gdpo.uses_reward_terms = True  # reads reward_components, not the (KL-shaped) token rewards
 
 
 @estimator("rloo", min_group_size=2)
@@ -294,27 +339,31 @@ def _reverse_discounted_sum(x: torch.Tensor, decay: float) -> torch.Tensor:
 
 
 def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """G_t = m_t (r_t + γ G_{t+1}), ``[batch, response_len]`` -> ``[batch, response_len]``.
+    """G_t = r_t + γ G_{t'} on valid tokens, t' = the next *valid* token; 0 on masked tokens.
 
-    Zero on masked tokens, so the sum restarts after the end of a response (and at a hole in the mask).
+    ``[batch, response_len] -> [batch, response_len]``. Masked tokens inside a response (a multi-turn
+    mask's tool output) are not steps: the return carries across them, so a reward at the end of the
+    last turn reaches the earlier turns (as ``gae`` treats holes). Only the end of the row ends it.
     """
     rewards = rewards * mask
-    if _one_run_per_row(mask):  # nothing to restart inside a row: rewards are already 0 past its end
+    if _one_run_per_row(mask):  # no hole inside a row: rewards are already 0 past its end
         return _reverse_discounted_sum(rewards, gamma).mul_(mask)
     # Time-major copies: the reverse loop then reads contiguous rows instead of 4 KiB-strided columns.
-    rewards_t, mask_t = rewards.T.contiguous(), mask.T.contiguous()
+    rewards_t, valid_t = rewards.T.contiguous(), (mask > 0).T.contiguous()
     returns_t = torch.empty_like(rewards_t)
-    running = rewards_t.new_zeros(rewards_t.shape[1])
+    running = rewards_t.new_zeros(rewards_t.shape[1])  # G at the next valid token
     for t in range(rewards_t.shape[0] - 1, -1, -1):
-        running = torch.add(rewards_t[t], running, alpha=gamma, out=returns_t[t]).mul_(mask_t[t])
-    return returns_t.T.contiguous()
+        step = torch.add(rewards_t[t], running, alpha=gamma)
+        running = torch.where(valid_t[t], step, running, out=returns_t[t])  # a hole passes G through
+    return returns_t.T.contiguous().mul_(mask)
 
 
 @estimator("reinforce_pp")
 def reinforce_pp(inp: AdvantageInput) -> AdvantageOutput:
-    """REINFORCE++ (2501.03262, Sec. 3; as verl implements it): G_t = Σ_{k≥t} γ^{k−t} r_k within the
-    response, advantages = whiten(G) over all valid tokens of the batch, returns = G. ``[batch,
-    response_len]`` in and out; γ = ``options.gamma``."""
+    """REINFORCE++ (2501.03262, Sec. 3): G_t = Σ_{k≥t} γ^{k−t} r_k over the response's valid tokens
+    (k counts valid tokens; masked ones inside are skipped, not restarts), advantages = whiten(G) over
+    all valid tokens of the batch, returns = G. ``[batch, response_len]`` in and out; γ =
+    ``options.gamma``."""
     mask = _token_mask(inp)
     returns = discounted_returns(inp.token_level_rewards, mask, inp.options.gamma)
     return AdvantageOutput(advantages=masked_whiten(returns, mask), returns=returns)

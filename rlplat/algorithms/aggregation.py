@@ -9,19 +9,18 @@ accumulation changes the objective (verl issue #5625).
 Data parallelism: the property above is about *summed* gradients. FSDP/DDP *average* gradients over the
 ``dp`` ranks, so a trainer using them multiplies each rank's loss by ``dp`` (or reduces with a sum).
 
-Modes (ALGORITHMS.md, "Loss aggregation"; m is the response mask):
+Modes (docs/algorithms.md, "Loss aggregation"; m is the response mask, N the mini-batch's sequences
+with at least one valid token):
 
 =========================  =====================================================================
 ``token-mean``             Σ_{i,t} L·m / (valid tokens of the mini-batch)
-``seq-mean-token-sum``     Σ_i Σ_t L·m / N, N = sequences with ≥ 1 valid token
+``token-sum``              Σ_{i,t} L·m (no normaliser)
+``seq-mean-token-sum``     Σ_i Σ_t L·m / N
 ``seq-mean-token-mean``    Σ_i (Σ_t L·m / Σ_t m) / N
-``seq-mean-token-sum-norm``Σ_{i,t} L·m / C, C = ``loss_scale_factor`` or the response length
-                           (Dr. GRPO 2503.20783, Sec. 3.1: a constant normaliser instead of |o_i|)
+``seq-mean-token-sum-norm``Σ_{i,t} L·m / (N·C), C = ``loss_scale_factor`` or the response length
+                           (Dr. GRPO 2503.20783, Sec. 3.1: 1/G over the responses, a constant C
+                           instead of |o_i|)
 =========================  =====================================================================
-
-``seq-mean-token-sum-norm`` follows the table literally: it does not also divide by the number of
-sequences, so its scale grows with the mini-batch; set ``loss_scale_factor`` (e.g. to N·max_len) to
-get Dr. GRPO's 1/G-per-group scale.
 """
 
 from __future__ import annotations
@@ -92,6 +91,13 @@ def token_mean(loss, mask, denominators: LossDenominators, loss_scale_factor=Non
     return (loss * mask.to(loss.dtype)).sum() / _safe(denominators.num_tokens)
 
 
+@AGGREGATION_MODES.register("token-sum")
+def token_sum(loss, mask, denominators: LossDenominators, loss_scale_factor=None):
+    """Σ_{i,t} L·m: the plain sum over valid tokens, so the loss grows with the mini-batch (verl's
+    ``token-sum``). Micro-batch invariant without any denominator."""
+    return (loss * mask.to(loss.dtype)).sum()
+
+
 @AGGREGATION_MODES.register("seq-mean-token-sum")
 def seq_mean_token_sum(loss, mask, denominators: LossDenominators, loss_scale_factor=None):
     """Σ_i Σ_t L·m / (global count of sequences with a valid token)."""
@@ -111,12 +117,15 @@ def seq_mean_token_mean(loss, mask, denominators: LossDenominators, loss_scale_f
 
 @AGGREGATION_MODES.register("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(loss, mask, denominators: LossDenominators, loss_scale_factor=None):
-    """Σ_{i,t} L·m / C with a constant C (Dr. GRPO): ``loss_scale_factor`` or the response length.
+    """Σ_{i,t} L·m / (N·C), Dr. GRPO (2503.20783, Sec. 3.1, the "Dr. GRPO" objective): the mean over
+    the mini-batch's N sequences (the paper's 1/G) of each sequence's token *sum* divided by a constant
+    C (``loss_scale_factor``, or the padded response length) instead of its own length |o_i|.
 
-    The default C is the padded response length of ``loss``; micro-batches must then share it, so the
-    trainer always passes the configured maximum response length explicitly.
+    N is the global sequence count of ``denominators`` (as for ``seq-mean-token-sum``), so the mode is
+    micro-batch invariant. The default C is the padded response length of ``loss``; micro-batches must
+    then share it, so the trainer always passes the configured maximum response length explicitly.
     """
     scale = float(loss_scale_factor) if loss_scale_factor is not None else float(mask.shape[-1])
     if scale <= 0:
         raise ValueError(f"loss_scale_factor must be > 0, got {loss_scale_factor}")
-    return (loss * mask.to(loss.dtype)).sum() / scale
+    return (loss * mask.to(loss.dtype)).sum() / (_safe(denominators.num_seqs) * scale)

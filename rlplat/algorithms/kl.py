@@ -1,7 +1,7 @@
 """KL estimators between the policy and the reference policy, and KL-coefficient controllers.
 
 Per-token estimators of KL(π_θ ‖ π_ref) from sampled tokens, Δ = log π_θ − log π_ref
-(Schulman, "Approximating KL divergence", 2020; ALGORITHMS.md "KL estimators"):
+(Schulman, "Approximating KL divergence", 2020; docs/algorithms.md "KL estimators"):
 
 =====================  =========================================================
 ``k1`` / ``kl``        Δ
@@ -32,7 +32,7 @@ import torch
 from rlplat.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: beyond this k3 is clamped anyway; avoids inf/NaN gradients
-K3_CLAMP = 10.0  # ALGORITHMS.md: k3 clamped to [-10, 10] (as verl's low_var_kl)
+K3_CLAMP = 10.0  # docs/algorithms.md: k3 clamped to [-10, 10] (as verl's low_var_kl)
 STRAIGHT_THROUGH_SUFFIX = "+"
 
 

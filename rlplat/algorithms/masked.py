@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-WHITEN_EPS = 1e-8  # ALGORITHMS.md: "divide by the masked std (+1e-8)"
+WHITEN_EPS = 1e-8  # docs/algorithms.md: "divide by the masked std (+1e-8)"
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -27,7 +27,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance over all masked entries (Bessel-corrected by default, as ALGORITHMS.md states)."""
+    """Variance over all masked entries (Bessel-corrected by default, as docs/algorithms.md states)."""
     mask = mask.to(values.dtype)
     count = mask.sum()
     mean = masked_sum(values, mask) / count.clamp(min=1)

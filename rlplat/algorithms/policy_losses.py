@@ -3,7 +3,7 @@
 Every policy loss has one call, ``fn(PolicyLossInput) -> PolicyLossOutput``: a per-token loss
 ``[batch, response_len]`` (0 on masked tokens, *not* aggregated: aggregation is its own registry,
 :mod:`rlplat.algorithms.aggregation`) and detached scalar metrics. The token ratio is
-r = exp(clamp(logp − old, −20, 20)); "sg" is stop-gradient. Formulas: ``ALGORITHMS.md``.
+r = exp(clamp(logp − old, −20, 20)); "sg" is stop-gradient. Formulas: ``docs/algorithms.md``.
 
 Where each loss departs from its paper:
 
@@ -16,8 +16,9 @@ Where each loss departs from its paper:
 * ``gpg``: none here; GPG's α / F_norm scaling lives in the ``gpg`` advantage estimator.
 * ``clip_cov``: follows verl, not the paper's pseudo-code: the gradient-stopped tokens are drawn at random
   among the unclipped tokens with lb < cov < ub; selection is within one call (one micro-batch).
-* ``kl_cov``: follows verl, except that k = int(ratio · n_valid) has no floor of 1 (verl penalises at
-  least one token); selection is within one call (one micro-batch).
+* ``kl_cov``: follows verl: k = max(1, int(ratio · n_valid)) tokens, so a call with fewer than 1/ratio
+  valid tokens still penalises one; default coefficient 0.1 (verl's); selection is within one call
+  (one micro-batch).
 * ``sapo``: the token-level soft gate only; τ is picked by the sign of each token's advantage.
 * ``geo_mean``: ε is read in log space (GMPO clips log r to [−ε_low, ε_high], e.g. ε = 0.4, not the
   0.2 of ratio space); sequence advantage = masked token mean of A (verl); the sequence objective is
@@ -55,7 +56,8 @@ class PolicyLossConfig:
     clip_cov_lb: float = 1.0  # clip_cov: candidates have clip_cov_lb < cov < clip_cov_ub
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 2e-3  # kl_cov: share of valid tokens that get the |logp − old| penalty
-    kl_cov_coef: float = 1.0
+    kl_cov_coef: float = 0.1  # verl's ppo_kl_coef default; the penalty is |logp − old| on the selected tokens
+    dro_beta: float = 0.1  # dro: weight of the ½(logp − old)² penalty (> 0)
     sapo_tau_pos: float = 1.0  # SAPO gate temperature for A > 0
     sapo_tau_neg: float = 1.05  # ... and for A <= 0
 
@@ -69,6 +71,7 @@ class PolicyLossConfig:
             (self.clip_cov_lb < self.clip_cov_ub,
              f"clip_cov_lb must be < clip_cov_ub, got {self.clip_cov_lb}, {self.clip_cov_ub}"),
             (self.kl_cov_coef >= 0, f"kl_cov_coef must be >= 0, got {self.kl_cov_coef}"),
+            (self.dro_beta > 0, f"dro_beta must be > 0, got {self.dro_beta}"),
             (self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0,
              f"sapo_tau_pos/neg must be > 0, got {self.sapo_tau_pos}, {self.sapo_tau_neg}"),
         ]
@@ -219,7 +222,16 @@ def cispo(inp: PolicyLossInput) -> PolicyLossOutput:
 
 @POLICY_LOSSES.register("gpg")
 def gpg(inp: PolicyLossInput) -> PolicyLossOutput:
-    """GPG (2504.02546, Sec. 3): L = −A·logp, the plain policy gradient (no ratio, no clipping)."""
+    """GPG (2504.02546, Sec. 3): L = −A·logp, the plain policy gradient (no ratio, no clipping): the
+    ``reinforce`` loss; GPG's own part is the α / F_norm scaling of the ``gpg`` advantage estimator."""
+    return reinforce(inp)
+
+
+@POLICY_LOSSES.register("reinforce")
+def reinforce(inp: PolicyLossInput) -> PolicyLossOutput:
+    """REINFORCE (Williams 1992, eq. 11 as a loss): L = −A·logp, no ratio and no clipping; gradient
+    −A·∇logp. The same per-token loss as ``gpg``; ``importance_weights`` (e.g. a truncated rollout
+    correction) multiply it as constants, as in verl's ``reinforce``. The ratio is reported only."""
     return _finish(inp, -inp.advantages * inp.log_prob, torch.exp(_log_ratio(inp)))
 
 
@@ -243,11 +255,14 @@ def clip_cov(inp: PolicyLossInput) -> PolicyLossOutput:
 @POLICY_LOSSES.register("kl_cov")
 def kl_cov(inp: PolicyLossInput) -> PolicyLossOutput:
     """KL-Cov (2505.22617, Sec. 4, as verl implements it): L = −A·r on every token (no clipping), plus
-    kl_cov_coef·|logp − old| on the k = int(kl_cov_ratio·n_valid) valid tokens of largest covariance
-    (none when k = 0). Extra metric ``kl_cov_frac``."""
+    kl_cov_coef·|logp − old| on the k = max(1, int(kl_cov_ratio·n_valid)) valid tokens of largest
+    covariance (k = 0 only when no token is valid or kl_cov_ratio = 0). Extra metric ``kl_cov_frac``."""
     cfg, valid = inp.config, inp.response_mask.bool()
     ratio = torch.exp(_log_ratio(inp))
-    penalised = _top_k(_centred_covariance(inp), valid, int(cfg.kl_cov_ratio * int(valid.sum())))
+    n_valid = int(valid.sum())
+    # the floor of 1: without it a micro-batch of < 1/ratio tokens (500 at the default) penalises none
+    k = min(n_valid, max(1, int(cfg.kl_cov_ratio * n_valid))) if cfg.kl_cov_ratio > 0 else 0
+    penalised = _top_k(_centred_covariance(inp), valid, k)
     abs_kl = (inp.log_prob - inp.old_log_prob).abs()
     loss = -inp.advantages * ratio + cfg.kl_cov_coef * abs_kl * penalised.to(ratio.dtype)
     return _finish(inp, loss, ratio, kl_cov_frac=penalised)

@@ -166,10 +166,25 @@ def _check_batches(cfg: DictConfig, world: int) -> tuple[int, int]:
 
 
 def _check_algorithm(cfg: DictConfig) -> None:
-    from rlplat.algorithms import get_advantage_estimator
+    from rlplat.algorithms import PF_PPO_METHODS, get_advantage_estimator
 
     algo = cfg.algorithm
     estimator = get_advantage_estimator(algo.adv_estimator)
+    _check(
+        not getattr(estimator, "needs_sum_pi_squared", False),
+        f"algorithm.adv_estimator={algo.adv_estimator!r} needs the actor's per-token Σπ² (sum_pi_squared), "
+        "which the log-prob stage does not compute yet; see docs/algorithms.md (optimal token baselines)",
+    )
+    _check(
+        not (getattr(estimator, "uses_reward_terms", False) and algo.use_kl_in_reward),
+        f"algorithm.adv_estimator={algo.adv_estimator!r} normalises each reward function's term on its own, "
+        "so a KL in the reward would be lost; use algorithm.use_kl_loss=true for a KL term instead",
+    )
+    _check_policy_loss_options(cfg)
+    pf_ppo = algo.pf_ppo
+    _check(pf_ppo.reweight_method in PF_PPO_METHODS,
+           f"algorithm.pf_ppo.reweight_method={pf_ppo.reweight_method!r} is not one of: {', '.join(PF_PPO_METHODS)}")
+    _check(pf_ppo.weight_pow >= 0, f"algorithm.pf_ppo.weight_pow must be >= 0, got {pf_ppo.weight_pow}")
     min_group = getattr(estimator, "min_group_size", 1)
     _check(
         cfg.rollout.n >= min_group,
@@ -196,6 +211,16 @@ def _check_algorithm(cfg: DictConfig) -> None:
         )
     if algo.loss_scale_factor is not None:
         _check(algo.loss_scale_factor > 0, f"algorithm.loss_scale_factor must be > 0, got {algo.loss_scale_factor}")
+
+
+def _check_policy_loss_options(cfg: DictConfig) -> None:
+    """The losses' own checks (PolicyLossConfig), reported against the config keys."""
+    from rlplat.workers.actor_loss import policy_loss_config
+
+    try:
+        policy_loss_config(cfg.algorithm)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.clip_ratio_* / algorithm.policy_loss_options: {err}") from None
 
 
 def _resolve_device(cfg: DictConfig) -> str:
@@ -237,6 +262,8 @@ def _check_rollout_engine(cfg: DictConfig) -> None:
 
 def validate(cfg: DictConfig) -> RunPlan:
     """Check ``cfg`` and return the derived :class:`RunPlan`; raise ConfigError on the first problem."""
+    from rlplat.algorithms import get_advantage_estimator
+
     for key, registry, names in _registries():
         _check_name(cfg, key, registry, names() if names else None)
     _check_values(cfg)
@@ -257,7 +284,8 @@ def validate(cfg: DictConfig) -> RunPlan:
         seqs_per_step=cfg.data.train_batch_size_prompts * cfg.rollout.n,
         mini_batches_per_step=mini_batches,
         seqs_per_mini_batch_per_worker=per_worker,
-        needs_critic=algo.adv_estimator == "gae",
+        # the estimator declares it: a registered estimator that needs values gets a critic, whatever its name
+        needs_critic=bool(getattr(get_advantage_estimator(algo.adv_estimator), "needs_values", False)),
         needs_ref=needs_ref,
         loss_scale_factor=float(algo.loss_scale_factor or cfg.data.max_response_length),
         train_files=train_files,

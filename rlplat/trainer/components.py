@@ -62,6 +62,17 @@ class Components:
         ]
 
     def score(self, batch: Batch, validation: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores ``[batch]`` (the weighted sum of the reward functions, + overlong shaping) and metrics."""
+        scores, _, _, metrics = self.score_terms(batch, validation)
+        return scores, metrics
+
+    def score_terms(self, batch: Batch, validation: bool = False):
+        """Scores ``[batch]``, their terms ``[batch, num_terms]`` with weights ``[num_terms]`` and metrics.
+
+        The terms are each reward function's unweighted value (``reward.functions`` order, weights
+        ``reward.weights``), then the overlong shaping term (weight 1) when enabled, so that
+        ``terms @ weights == scores``; gdpo normalises each term on its own.
+        """
         manager = self.reward_val if validation else self.reward_train
         nt = batch.non_tensors
         result = manager.score(
@@ -71,7 +82,13 @@ class Components:
         metrics = {"reward/num_errors": float(result.num_errors)}
         for name, values in result.per_function.items():
             metrics[f"reward/{name}_mean"] = sum(values) / max(len(values), 1)
-        return torch.tensor(result.scores, dtype=torch.float32), metrics
+        columns = [result.per_function[name] for name in manager.names]
+        weights = [weight for _, weight in manager.functions]
+        if manager.overlong is not None:
+            columns.append(result.overlong)
+            weights.append(1.0)
+        terms = torch.tensor(columns, dtype=torch.float32).T.reshape(len(result.scores), len(columns))
+        return (torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
 
     def shutdown(self) -> None:
         for group in (self.critic, self.ref, self.actor):  # the actor group owns an in-process PG

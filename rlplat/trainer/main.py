@@ -23,12 +23,38 @@ Examples:
 """
 
 
+def registered_names() -> dict[str, tuple[str, ...]]:
+    """Every registered algorithm plug-in name by kind, as ``--help`` and the README list them."""
+    from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+
+    return {
+        "advantage estimators (algorithm.adv_estimator)": ADVANTAGE_ESTIMATORS.names(),
+        "policy losses (algorithm.policy_loss)": POLICY_LOSSES.names(),
+        "loss aggregation modes (algorithm.loss_agg_mode)": AGGREGATION_MODES.names(),
+        "KL estimators (algorithm.kl_penalty, algorithm.kl_loss_type)": KL_ESTIMATORS.names(),
+    }
+
+
+def _names_help() -> str:
+    from rlplat.algorithms import ADVANTAGE_ESTIMATORS
+
+    lines = [f"  {kind}: {' '.join(names)}" for kind, names in registered_names().items()]
+    lines.append("  (every KL estimator also as NAME+: its value with the k2 gradient, straight-through)")
+    blocked = [name for name in ADVANTAGE_ESTIMATORS.names()
+               if getattr(ADVANTAGE_ESTIMATORS.get(name), "needs_sum_pi_squared", False)]
+    if blocked:
+        lines.append(f"  (not selectable yet, they need the actor's per-token sum of squared probabilities: "
+                     f"{', '.join(blocked)})")
+    return "\n".join(lines)
+
+
 def _usage() -> str:
     from rlplat.config import group_options
     from rlplat.config.loader import GROUPS
 
     groups = "\n".join(f"  {g}: {', '.join(group_options(g))}" for g in GROUPS)
-    return f"{USAGE}\nPresets:\n{groups}\n\nEvery key and its default: python -m rlplat.config.reference\n"
+    return (f"{USAGE}\nPresets:\n{groups}\n\nRegistered names (formulas: docs/algorithms.md):\n{_names_help()}\n\n"
+            "Every key and its default: python -m rlplat.config.reference\n")
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], str | None, bool]:

@@ -51,6 +51,18 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     return out
 
 
+def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 − Var(R − V) / Var(R) over valid tokens (``[batch, response_len]`` each): 1 for a perfect critic,
+    0 for one no better than predicting the batch's mean return, negative for a worse one. Unlike the
+    value loss it does not grow when the returns themselves become more varied (e.g. accuracy 0.1 -> 0.3)."""
+    from rlplat.algorithms.masked import masked_var
+
+    var_returns = float(masked_var(returns, mask))
+    if var_returns == 0.0:
+        return float("nan")
+    return 1.0 - float(masked_var(returns - values, mask)) / var_returns
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct (Chen et al. 2107.03374, eq. 1)."""
     if n - c < k:

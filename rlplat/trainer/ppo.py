@@ -5,10 +5,12 @@
     reward        reward manager: scores per data_source -> score on the last response token
     filter_groups (dynamic sampling only) drop zero-variance groups, sample more prompts
     old_log_probs actor group: log-probs under the policy that sampled (skipped when it provably
-                  equals the one the update starts from: one epoch, one mini-batch)
+                  equals the one the update starts from: one epoch, one mini-batch, and no KL in
+                  the reward, which must use the trainer's log-probs, not the rollout engine's)
     reference     reference policy's log-probs (when a KL term is used)
     values        critic's values (when the estimator needs them, e.g. gae)
     advantages    controller: KL in reward (optional), advantage estimator (registry)
+    pf_ppo        (algorithm.pf_ppo.enable only) resample the batch by reward (PF-PPO)
     update_critic critic group: clipped value loss
     update_actor  actor group: policy loss + aggregation + KL loss; marks the rollout's weights stale
                   (they are sent actor -> rollout engine, in buckets, when the next generate starts)
@@ -37,12 +39,13 @@ from rlplat.algorithms import (
     kl_penalized_rewards,
     kl_penalty,
     make_kl_controller,
+    pf_ppo_resample,
 )
 from rlplat.config.validate import RunPlan
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.trainer.components import Components
-from rlplat.trainer.metrics import data_metrics, timed, validation_metrics
+from rlplat.trainer.metrics import data_metrics, explained_variance, timed, validation_metrics
 
 
 class PPOTrainer:
@@ -54,6 +57,7 @@ class PPOTrainer:
             cfg.algorithm.kl_ctrl.horizon,
         )
         self.step = 0
+        self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
         self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes
         self.stages = self.build_stages()
 
@@ -75,16 +79,20 @@ class PPOTrainer:
     def build_stages(self) -> list[str]:
         """The step's stages in order; optional ones are in the list only when the config needs them."""
         cfg, plan = self.cfg, self.plan
-        skip_old = cfg.actor.ppo_epochs == 1 and plan.mini_batches_per_step == 1
+        # KL in the reward needs the trainer's own log-probs: the rollout engine's differ numerically
+        skip_old = (cfg.actor.ppo_epochs == 1 and plan.mini_batches_per_step == 1
+                    and not cfg.algorithm.use_kl_in_reward
+                    and not getattr(self.estimator, "needs_sum_pi_squared", False))  # reads old_log_probs
         wanted = {
             "filter_groups": cfg.algorithm.dynamic_sampling.enable,
+            "pf_ppo": cfg.algorithm.pf_ppo.enable,
             "old_log_probs": not skip_old,
             "reference": plan.needs_ref,
             "values": plan.needs_critic,
             "update_critic": plan.needs_critic,
         }
         order = ("generate", "reward", "filter_groups", "old_log_probs", "reference", "values", "advantages",
-                 "update_critic", "update_actor")
+                 "pf_ppo", "update_critic", "update_actor")
         return [name for name in order if wanted.get(name, True)]
 
     def train_step(self) -> dict[str, float]:
@@ -158,16 +166,24 @@ class PPOTrainer:
         return out
 
     def reward(self, batch: Batch, metrics: dict) -> Batch:
-        scores, reward_metrics = self.c.score(batch)
+        scores, terms, self.reward_term_weights, reward_metrics = self.c.score_terms(batch)
         metrics.update(reward_metrics)
         token_scores = token_level_scores(scores, batch.tensors["response_mask"])
-        return batch.union(Batch.from_dict({"token_level_scores": token_scores}))
+        return batch.union(Batch.from_dict({"token_level_scores": token_scores, "reward_terms": terms}))
 
     def filter_groups(self, batch: Batch, metrics: dict) -> Batch:
-        """DAPO dynamic sampling (2503.14476, Sec. 3.2): keep groups whose scores differ; sample more
-        prompts until ``data.train_batch_size_prompts`` groups are kept or ``max_gen_batches`` rounds."""
+        """DAPO dynamic sampling (2503.14476, Sec. 3.2): keep groups whose scores differ; run the
+        ``generate`` and ``reward`` stages again (a recipe's overrides included) until
+        ``data.train_batch_size_prompts`` groups are kept or ``max_gen_batches`` rounds ran.
+
+        Metrics the repeated stages report are averaged over the rounds. When the rounds run out, the
+        batch is topped up with dropped (all-equal) groups, each used once: a kept group is never
+        repeated, so no uid ever names two groups.
+        """
         n, want = self.cfg.rollout.n, self.cfg.data.train_batch_size_prompts
         kept: list[Batch] = []
+        dropped: list[Batch] = []
+        round_metrics: dict[str, list[float]] = {}
         rounds = 0
         while True:
             rounds += 1
@@ -176,15 +192,21 @@ class PPOTrainer:
             if rounds == 1:
                 metrics["batch/real_batch_size_ratio"] = float(varied.float().mean())
             kept.append(batch[varied])
+            dropped.append(batch[~varied])
             have = sum(len(b) for b in kept) // n
             if have >= want or rounds >= self.cfg.algorithm.dynamic_sampling.max_gen_batches:
                 break
-            batch = self.reward(self._rollout(self.next_prompts(want)), {})
-        merged = Batch.concat(kept) if have > 0 else batch
+            extra: dict[str, float] = {}
+            batch = self.reward(self.generate(None, extra), extra)
+            for key, value in extra.items():
+                round_metrics.setdefault(key, [metrics[key]] if key in metrics else []).append(value)
+        # timings add up over the rounds; everything else is a per-round mean
+        metrics.update({key: sum(values) / (1 if key.startswith("timing/") else len(values))
+                        for key, values in round_metrics.items()})
         metrics["batch/gen_rounds"] = rounds
-        if have < want:  # not enough varied groups: fill with the last round's groups rather than stall
-            merged = Batch.concat([merged, batch])
-        return merged[torch.arange(want * n)]
+        metrics["batch/filled_groups"] = max(0, want - have)
+        pieces = [b for b in kept + dropped if len(b) > 0]  # kept groups first, then the fill-up
+        return Batch.concat(pieces)[torch.arange(want * n)]
 
     def old_log_probs(self, batch: Batch, metrics: dict) -> Batch:
         return batch.union(self.c.actor.compute_log_probs(batch).select(["old_log_probs"]))
@@ -199,29 +221,66 @@ class PPOTrainer:
     def advantages(self, batch: Batch, metrics: dict) -> Batch:
         cfg, t = self.cfg.algorithm, batch.tensors
         rewards = t["token_level_scores"]
-        if cfg.use_kl_in_reward:
-            policy = t["old_log_probs"] if "old_log_probs" in t.keys() else t["rollout_log_probs"]
-            kl = kl_penalty(cfg.kl_penalty, KLInput(policy, t["ref_log_probs"])) * t["response_mask"]
+        if cfg.use_kl_in_reward:  # build_stages keeps old_log_probs whenever the KL is in the reward
+            kl = kl_penalty(cfg.kl_penalty, KLInput(t["old_log_probs"], t["ref_log_probs"])) * t["response_mask"]
             rewards = kl_penalized_rewards(rewards, kl, t["response_mask"], self.kl_ctrl.value)
             mean_kl = float((kl.sum(-1) / t["response_mask"].sum(-1).clamp(min=1)).mean())
             metrics.update({"actor/reward_kl": mean_kl, "actor/kl_coef": self.kl_ctrl.value})
             self.kl_ctrl.update(mean_kl, len(batch))
         _, group_ids = np.unique(batch.non_tensors["uid"].astype(str), return_inverse=True)
+        present = set(t.keys())
+
+        def optional(key: str) -> torch.Tensor | None:
+            return t[key] if key in present else None
+
+        terms, weights = self._reward_terms(batch)
         out = self.estimator(
             AdvantageInput(
                 token_level_rewards=rewards,
                 response_mask=t["response_mask"],
                 group_ids=torch.as_tensor(group_ids, dtype=torch.long),
-                values=t["values"] if "values" in t.keys() else None,
-                baseline_scores=t["baseline_scores"] if "baseline_scores" in t.keys() else None,
+                values=optional("values"),
+                baseline_scores=optional("baseline_scores"),
+                reward_components=terms,
+                reward_weights=weights,
+                old_log_probs=optional("old_log_probs"),
+                sum_pi_squared=optional("sum_pi_squared"),
                 options=AdvantageOptions(gamma=cfg.gamma, lam=cfg.lam, epsilon=cfg.norm_adv_epsilon,
                                          scale=cfg.norm_adv_scale),
             )
         )
+        if "values" in present:  # before this step's critic update: how well the critic predicted
+            metrics["critic/vf_explained_var"] = explained_variance(out.returns, t["values"], t["response_mask"])
         if out.zero_variance is not None and "batch/real_batch_size_ratio" not in metrics:
             metrics["batch/real_batch_size_ratio"] = 1.0 - float(out.zero_variance.float().mean())
         fields = {"token_level_rewards": rewards, "advantages": out.advantages, "returns": out.returns}
         return batch.union(Batch.from_dict(fields))
+
+    def _reward_terms(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The reward terms ``[batch, num_terms]`` and weights ``[num_terms]`` for gdpo.
+
+        Whatever a recipe's reward stage added to the scores beyond the reward functions (e.g. a length
+        penalty) becomes one more term of weight 1, so the terms always add up to the scores.
+        """
+        t = batch.tensors
+        if "reward_terms" not in t.keys() or self.reward_term_weights is None:
+            return None, None
+        terms, weights = t["reward_terms"], self.reward_term_weights.to(t["reward_terms"].dtype)
+        residual = t["token_level_scores"].sum(-1).to(terms.dtype) - terms @ weights  # [batch]
+        if bool((residual.abs() > 1e-5).any()):
+            terms = torch.cat([terms, residual.unsqueeze(-1)], dim=-1)
+            weights = torch.cat([weights, weights.new_ones(1)])
+        return terms, weights
+
+    def pf_ppo(self, batch: Batch, metrics: dict) -> Batch:
+        """PF-PPO (2409.06957, Sec. 4; as verl does it): resample the batch, with replacement and to its own
+        size, with weights from the sequence scores (``algorithm.pf_ppo``; docs/algorithms.md)."""
+        opts = self.cfg.algorithm.pf_ppo
+        generator = torch.Generator().manual_seed(self.cfg.trainer.seed * 1_000_003 + self.step)  # resumable
+        index = pf_ppo_resample(batch.tensors["token_level_scores"].sum(-1), opts.reweight_method,
+                                opts.weight_pow, generator)
+        metrics["batch/pf_ppo_unique_frac"] = float(index.unique().numel() / max(len(index), 1))
+        return batch[index]
 
     def update_critic(self, batch: Batch, metrics: dict) -> Batch:
         metrics.update(self.c.critic.update_critic(batch)[0])

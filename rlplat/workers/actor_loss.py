@@ -32,10 +32,13 @@ from rlplat.workers.engines.base import ForwardOutput
 
 
 def policy_loss_config(algo: DictConfig) -> PolicyLossConfig:
+    """The policy losses' options from ``algorithm.clip_ratio_*`` and ``algorithm.policy_loss_options``."""
+    options = algo.policy_loss_options
     return PolicyLossConfig(
         clip_ratio_low=algo.clip_ratio_low,
         clip_ratio_high=algo.clip_ratio_high,
         clip_ratio_c=algo.clip_ratio_c,
+        **{key: options[key] for key in options},
     )
 
 

@@ -193,11 +193,11 @@ def test_reinforce_pp_hand_values():
     expected = [(v - 3.2) / std for v in (1.5, 1, 2, 4.5, 7)]
     assert out.advantages[contiguous.bool()].tolist() == pytest.approx(expected, rel=1e-12)
     assert (out.advantages[contiguous == 0] == 0).all()
-    # a hole restarts the sum: row 1 with mask [1, 0, 1, 1], gamma 0.5 -> t3 = 4, t2 = 2 + 2 = 4, t1 = 0 (masked),
-    # t0 = 1 + 0.5 * 0 = 1
+    # a hole is skipped, not a restart: row 1 with mask [1, 0, 1, 1], gamma 0.5 -> t3 = 4, t2 = 2 + 2 = 4,
+    # t1 = 0 (masked, carries 4), t0 = 1 + 0.5 * 4 = 3
     holes = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1]])
     out = compute_advantages("reinforce_pp", AdvantageInput(rewards, holes, options=half))
-    assert out.returns.tolist() == [[1.5, 1, 2, 0], [1, 0, 4, 4]]
+    assert out.returns.tolist() == [[1.5, 1, 2, 0], [3, 0, 4, 4]]
 
 
 def test_remax_hand_values():
@@ -329,8 +329,9 @@ def test_reinforce_pp_matches_per_sample_loop(gamma, holes, seed):
     for row, mrow in zip(rewards.tolist(), mask.tolist()):
         g, out = 0.0, [0.0] * len(row)
         for t in reversed(range(len(row))):
-            g = (row[t] + gamma * g) if mrow[t] else 0.0  # restart at every masked token
-            out[t] = g
+            if mrow[t]:  # a masked token inside the row is skipped: the return carries across it
+                g = row[t] + gamma * g
+            out[t] = g if mrow[t] else 0.0
         returns.append(out)
     res = compute_advantages("reinforce_pp", AdvantageInput(rewards, mask, options=AdvantageOptions(gamma=gamma)))
     torch.testing.assert_close(res.returns, torch.tensor(returns, dtype=F64))

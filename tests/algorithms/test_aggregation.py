@@ -9,7 +9,7 @@ from rlplat.algorithms.aggregation import (
 )
 from rlplat.registry import UnknownNameError
 
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 # loss rows and masks chosen so every mode gives a different number:
 #   row 0: tokens 1, 2 valid (3 masked)      -> token sum 3,  token mean 1.5
@@ -33,9 +33,11 @@ def test_denominators_from_mask():
     "mode, expected",
     [
         ("token-mean", (3 + 4) / 3),  # 7 / 3 valid tokens
+        ("token-sum", 3 + 4),  # no normaliser
         ("seq-mean-token-sum", (3 + 4) / 2),  # 7 / 2 sequences with a valid token
         ("seq-mean-token-mean", (1.5 + 4) / 2),  # per-sequence means 1.5 and 4
-        ("seq-mean-token-sum-norm", (3 + 4) / 3),  # constant = response length 3
+        # Dr. GRPO: 1/N over the 2 sequences of each token sum / C, C = response length 3
+        ("seq-mean-token-sum-norm", (3 + 4) / (2 * 3)),
     ],
 )
 def test_hand_values(mode, expected):
@@ -43,7 +45,8 @@ def test_hand_values(mode, expected):
 
 
 def test_sum_norm_uses_loss_scale_factor():
-    assert aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=14).item() == 0.5
+    # (3 + 4) / (2 sequences x C = 14)
+    assert aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=14).item() == 0.25
     with pytest.raises(ValueError, match="loss_scale_factor"):
         aggregate_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=0)
 

@@ -236,7 +236,8 @@ def kl_cov_input(ratio):
     "ratio, penalised",
     [(0.5, [0, 1]),  # k = int(0.5 * 4) = 2: tokens 1 (1.025) and 0 (0.975)
      (0.25, [1]),  # k = 1: only the largest covariance, token 1
-     (0.2, [])],  # k = int(0.8) = 0: plain -A r
+     (0.2, [1]),  # int(0.8) = 0, floored to 1: a call with < 1/ratio tokens still penalises its top token
+     (0.0, [])],  # ratio 0: plain -A r
 )
 def test_kl_cov_penalises_top_covariance_tokens(ratio, penalised):
     # base L = -A r with r = exp(logp - old) = [e^0.5, e^-0.5, e^0.1, e^-0.1]; |logp - old| = [.5, .5, .1, .1]
@@ -385,7 +386,8 @@ def test_ppo_importance_weights_by_hand():
 
 
 def test_names_unknown_name_and_config_validation():
-    expected = {"ppo", "gspo", "cispo", "gpg", "clip_cov", "kl_cov", "sapo", "geo_mean"}
+    expected = {"ppo", "gspo", "cispo", "gpg", "clip_cov", "kl_cov", "sapo", "geo_mean", "reinforce", "dppo_tv",
+                "dppo_kl", "dro"}
     assert set(POLICY_LOSSES.names()) == expected
     with pytest.raises(UnknownNameError, match="unknown policy loss 'ppoo'; did you mean 'ppo'"):
         get_policy_loss("ppoo")

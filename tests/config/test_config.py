@@ -9,7 +9,8 @@ PRESETS = group_options("algorithm")
 
 
 def test_all_presets_are_there():
-    expected = {"grpo", "dr_grpo", "dapo", "ppo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "gpg", "opo"}
+    expected = {"grpo", "dr_grpo", "dapo", "ppo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "gpg", "opo",
+                "gdpo", "dppo_tv", "dppo_kl"}
     assert expected <= set(PRESETS)
 
 
@@ -84,6 +85,14 @@ BAD = [
      "actor.fsdp.param_offload needs a GPU"),
     (["algorithm.kl_loss_type=full"], "algorithm.kl_loss_type='full': the trainer passes per-token log-probs"),
     (["reward.weights=[1.0,2.0]"], "reward.weights has 2 entries but reward.functions has 1"),
+    (["algorithm.policy_loss_options.dro_beta=0"],
+     "algorithm.clip_ratio_* / algorithm.policy_loss_options: dro_beta must be > 0, got 0.0"),
+    (["algorithm=gdpo", "algorithm.use_kl_in_reward=true"],
+     "algorithm.adv_estimator='gdpo' normalises each reward function's term on its own"),
+    (["algorithm.pf_ppo.reweight_method=best"],
+     "algorithm.pf_ppo.reweight_method='best' is not one of: pow, max_min, max_random"),
+    (["algorithm.adv_estimator=optimal_token_baseline"],
+     "algorithm.adv_estimator='optimal_token_baseline' needs the actor's per-token Σπ² (sum_pi_squared)"),
     (["data.train_files=[]"], "data.train_files must be a path or a non-empty list of paths"),
     (["trainer.logger=[console,tensorbord]"], "trainer.logger entry 'tensorbord' is not one of:"),
     (["algorithm=ppo", "algorithm.dynamic_sampling.enable=true"],
@@ -108,4 +117,4 @@ def test_cli_reports_one_line_and_exits_2(capsys):
 def test_cli_help_lists_presets(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "algorithm: cispo, dapo, dr_grpo" in out and "rollout: hf" in out
+    assert "algorithm: cispo, dapo, dppo_kl, dppo_tv, dr_grpo" in out and "rollout: hf" in out

@@ -1,0 +1,126 @@
+"""Trainer stages that need no model: dynamic-sampling fill-up, stage selection, critic selection.
+
+The dynamic-sampling tests drive ``filter_groups`` through a trainer subclass that overrides the
+``generate`` and ``reward`` stages with scripted scores, the way a recipe overrides a stage.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, AdvantageOutput
+from rlplat.config import load_config
+from rlplat.protocol import Batch
+from rlplat.trainer.ppo import PPOTrainer
+
+N, WANT = 2, 3  # responses per prompt, prompts per step
+
+
+class ScriptedTrainer(PPOTrainer):
+    """``generate`` samples WANT prompts; ``reward`` scores each group by a per-round script."""
+
+    def __init__(self, cfg, plan, rounds: list[list[tuple[float, float]]]):
+        super().__init__(cfg, plan, components=None)
+        self.rounds, self.generated = rounds, 0
+
+    def generate(self, batch, metrics):
+        self.generated += 1
+        prompts = self.tag_groups(Batch.from_dict({"prompt": torch.zeros(WANT, 1)}))
+        out = prompts.repeat(N, interleave=True)
+        return out.union(Batch.from_dict({"response_mask": torch.ones(WANT * N, 1)}))
+
+    def reward(self, batch, metrics):
+        scores = torch.tensor(self.rounds[self.generated - 1], dtype=torch.float32).flatten()
+        metrics["reward/acc_mean"] = float(scores.mean())
+        return batch.union(Batch.from_dict({"token_level_scores": scores[:, None]}))
+
+
+def scripted(rounds, max_gen_batches):
+    cfg, plan = load_config(["algorithm=dapo", f"rollout.n={N}", f"data.train_batch_size_prompts={WANT}",
+                             f"actor.mini_batch_size_prompts={WANT}", "actor.micro_batch_size_seqs_per_worker=2",
+                             "critic.micro_batch_size_seqs_per_worker=2",
+                             f"algorithm.dynamic_sampling.max_gen_batches={max_gen_batches}"])
+    trainer = ScriptedTrainer(cfg, plan, rounds)
+    metrics: dict = {}
+    batch = trainer.reward(trainer.generate(None, metrics), metrics)
+    return trainer, trainer.filter_groups(batch, metrics), metrics
+
+
+def group_sizes(batch):
+    _, counts = np.unique(batch.non_tensors["uid"].astype(str), return_counts=True)
+    return counts.tolist()
+
+
+def test_fill_up_never_repeats_a_kept_group():
+    # one round allowed: p0 varied (kept), p1 and p2 all-equal. The batch needs 3 groups: p0 once,
+    # then the dropped p1 and p2 -> three distinct uids of 2 responses (the old fill-up appended the whole
+    # round again: p0 twice, a "group" of 4 in the advantage stage, and p2 cut off).
+    trainer, batch, metrics = scripted([[(1, 0), (1, 1), (0, 0)]], max_gen_batches=1)
+    assert batch.non_tensors["uid"].tolist() == ["p0", "p0", "p1", "p1", "p2", "p2"]
+    assert group_sizes(batch) == [N] * WANT
+    assert (metrics["batch/gen_rounds"], metrics["batch/filled_groups"]) == (1, 2)
+
+
+def test_later_rounds_use_the_generate_override_and_keep_reward_metrics():
+    # round 1 keeps p0; round 2 (through the overridden generate) keeps p4; the third round is not allowed:
+    # fill with the first dropped group, p1. Reward metrics are averaged over the 2 rounds.
+    rounds = [[(1, 0), (1, 1), (0, 0)], [(0, 0), (0, 1), (0, 0)]]
+    trainer, batch, metrics = scripted(rounds, max_gen_batches=2)
+    assert trainer.generated == 2
+    assert batch.non_tensors["uid"].tolist() == ["p0", "p0", "p4", "p4", "p1", "p1"]
+    assert metrics["reward/acc_mean"] == pytest.approx((3 / 6 + 1 / 6) / 2)  # round means 1/2 and 1/6
+    assert (metrics["batch/gen_rounds"], metrics["batch/filled_groups"]) == (2, 1)
+    scores = batch.tensors["token_level_scores"].flatten().tolist()
+    assert scores == [1, 0, 0, 1, 1, 1]
+
+
+def test_enough_varied_groups_stop_early_without_fill():
+    rounds = [[(1, 0), (1, 1), (0, 0)], [(0, 1), (1, 0), (0, 1)]]
+    trainer, batch, metrics = scripted(rounds, max_gen_batches=5)
+    assert batch.non_tensors["uid"].tolist() == ["p0", "p0", "p3", "p3", "p4", "p4"]
+    assert (trainer.generated, metrics["batch/filled_groups"]) == (2, 0)
+
+
+def test_kl_in_the_reward_keeps_the_old_log_prob_stage():
+    # one epoch, one mini-batch: old_log_probs could be skipped, but the KL in the reward must not fall
+    # back to the rollout engine's log-probs
+    one_mini = ["actor.mini_batch_size_prompts=64"]
+    cfg, plan = load_config(["algorithm=ppo", *one_mini])
+    assert plan.mini_batches_per_step == 1 and cfg.algorithm.use_kl_in_reward
+    assert "old_log_probs" in PPOTrainer(cfg, plan, components=None).stages
+    cfg, plan = load_config(["algorithm=grpo", *one_mini])  # KL in the loss only: the stage may go
+    assert "old_log_probs" not in PPOTrainer(cfg, plan, components=None).stages
+
+
+def test_pf_ppo_stage_follows_the_advantages():
+    cfg, plan = load_config(["algorithm=grpo", "algorithm.pf_ppo.enable=true"])
+    stages = PPOTrainer(cfg, plan, components=None).stages
+    assert stages.index("pf_ppo") == stages.index("advantages") + 1
+
+
+def test_an_estimator_that_needs_values_gets_a_critic_whatever_its_name():
+    def value_baseline(inp: AdvantageInput) -> AdvantageOutput:
+        adv = (inp.token_level_rewards - inp.values) * inp.response_mask
+        return AdvantageOutput(advantages=adv, returns=adv + inp.values)
+
+    value_baseline.min_group_size, value_baseline.needs_values, value_baseline.needs_baseline = 1, True, False
+    with ADVANTAGE_ESTIMATORS.temporary("value_baseline", value_baseline):
+        cfg, plan = load_config(["algorithm.adv_estimator=value_baseline"])
+        assert plan.needs_critic
+        assert {"values", "update_critic"} <= set(PPOTrainer(cfg, plan, components=None).stages)
+    _, plan = load_config(["algorithm=grpo"])
+    assert not plan.needs_critic
+
+
+def test_gdpo_terms_include_what_a_recipe_added_to_the_scores():
+    # reward functions give terms [[1], [0]] with weight [2]; a recipe subtracted 0.5 from row 1's score
+    cfg, plan = load_config(["algorithm=gdpo"])
+    trainer = PPOTrainer(cfg, plan, components=None)
+    trainer.reward_term_weights = torch.tensor([2.0])
+    batch = Batch.from_dict({"reward_terms": torch.tensor([[1.0], [0.0]]),
+                             "token_level_scores": torch.tensor([[0.0, 2.0], [0.0, -0.5]])})
+    terms, weights = trainer._reward_terms(batch)
+    assert terms.tolist() == [[1.0, 0.0], [0.0, -0.5]] and weights.tolist() == [2.0, 1.0]
+    plain = Batch.from_dict({"reward_terms": torch.tensor([[1.0], [0.0]]),
+                             "token_level_scores": torch.tensor([[0.0, 2.0], [0.0, 0.0]])})
+    assert trainer._reward_terms(plain)[0].tolist() == [[1.0], [0.0]]  # no residual: no extra term
