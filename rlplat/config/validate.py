@@ -171,11 +171,6 @@ def _check_algorithm(cfg: DictConfig) -> None:
     algo = cfg.algorithm
     estimator = get_advantage_estimator(algo.adv_estimator)
     _check(
-        not getattr(estimator, "needs_sum_pi_squared", False),
-        f"algorithm.adv_estimator={algo.adv_estimator!r} needs the actor's per-token Σπ² (sum_pi_squared), "
-        "which the log-prob stage does not compute yet; see docs/algorithms.md (optimal token baselines)",
-    )
-    _check(
         not (getattr(estimator, "uses_reward_terms", False) and algo.use_kl_in_reward),
         f"algorithm.adv_estimator={algo.adv_estimator!r} normalises each reward function's term on its own, "
         "so a KL in the reward would be lost; use algorithm.use_kl_loss=true for a KL term instead",

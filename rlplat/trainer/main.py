@@ -40,11 +40,6 @@ def _names_help() -> str:
 
     lines = [f"  {kind}: {' '.join(names)}" for kind, names in registered_names().items()]
     lines.append("  (every KL estimator also as NAME+: its value with the k2 gradient, straight-through)")
-    blocked = [name for name in ADVANTAGE_ESTIMATORS.names()
-               if getattr(ADVANTAGE_ESTIMATORS.get(name), "needs_sum_pi_squared", False)]
-    if blocked:
-        lines.append(f"  (not selectable yet, they need the actor's per-token sum of squared probabilities: "
-                     f"{', '.join(blocked)})")
     return "\n".join(lines)
 
 

@@ -209,7 +209,8 @@ class PPOTrainer:
         return Batch.concat(pieces)[torch.arange(want * n)]
 
     def old_log_probs(self, batch: Batch, metrics: dict) -> Batch:
-        return batch.union(self.c.actor.compute_log_probs(batch).select(["old_log_probs"]))
+        out = self.c.actor.compute_log_probs(batch)
+        return batch.union(out.select([k for k in ("old_log_probs", "sum_pi_squared") if k in out.tensors.keys()]))
 
     def reference(self, batch: Batch, metrics: dict) -> Batch:
         group = self.c.ref if self.c.ref is not None else self.c.actor

@@ -81,7 +81,7 @@ def batched_forward(engine: TrainingEngine, batch: Batch, micro_size: int, tempe
     outputs: dict[str, list[torch.Tensor]] = {}
     for micro in batch.split(micro_size):
         fwd = engine.forward(micro, temperature=temperature, grad=False, **kw)
-        for name in ("log_probs", "entropy", "values"):
+        for name in ("log_probs", "entropy", "values", "sum_pi_squared"):
             value = getattr(fwd, name)
             if value is not None:
                 outputs.setdefault(name, []).append(value.float().cpu())
@@ -199,12 +199,18 @@ class ActorRolloutRefWorker(_TrainingRole):
 
     @register(Dispatch.DP_SPLIT)
     def compute_log_probs(self, batch: Batch) -> Batch:
-        """``old_log_probs`` and ``entropy`` ``[B, R]`` under the current actor."""
+        """``old_log_probs`` and ``entropy`` ``[B, R]`` under the current actor (and ``sum_pi_squared``
+        when the advantage estimator reads it)."""
+        from rlplat.algorithms import get_advantage_estimator
+
+        estimator = get_advantage_estimator(self.cfg.algorithm.adv_estimator)
         out = batched_forward(
             self.actor, batch, self.cfg.actor.log_prob_micro_batch_size_seqs_per_worker,
             batch.meta["temperature"], need_entropy=True,
+            need_sum_pi_squared=getattr(estimator, "needs_sum_pi_squared", False),
         )
-        return Batch.from_dict({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+        out["old_log_probs"] = out.pop("log_probs")
+        return Batch.from_dict(out)
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:

@@ -91,8 +91,6 @@ BAD = [
      "algorithm.adv_estimator='gdpo' normalises each reward function's term on its own"),
     (["algorithm.pf_ppo.reweight_method=best"],
      "algorithm.pf_ppo.reweight_method='best' is not one of: pow, max_min, max_random"),
-    (["algorithm.adv_estimator=optimal_token_baseline"],
-     "algorithm.adv_estimator='optimal_token_baseline' needs the actor's per-token Σπ² (sum_pi_squared)"),
     (["data.train_files=[]"], "data.train_files must be a path or a non-empty list of paths"),
     (["trainer.logger=[console,tensorbord]"], "trainer.logger entry 'tensorbord' is not one of:"),
     (["algorithm=ppo", "algorithm.dynamic_sampling.enable=true"],

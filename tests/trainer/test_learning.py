@@ -92,6 +92,15 @@ def metric_ends(metrics_file: Path, key: str, k: int = 5) -> tuple[float, float]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_optimal_token_baselines_raise_expected_reward(estimator, held_out, small_val, tmp_path):
+    before, after, _ = train_and_measure(["algorithm=grpo", f"algorithm.adv_estimator={estimator}"], held_out,
+                                         small_val, tmp_path)
+    print(f"{estimator}: P(correct answer) {before:.4f} -> {after:.4f}")
+    assert after > before + MIN_GAIN, (estimator, before, after)
+
+
+@pytest.mark.slow
 def test_grpo_with_vllm_rollout_raises_expected_reward(held_out, small_val, tmp_path):
     pytest.importorskip("vllm")
     before, after, _ = train_and_measure(["algorithm=grpo", "rollout=vllm"], held_out, small_val, tmp_path)

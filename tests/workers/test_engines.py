@@ -55,6 +55,12 @@ def test_inprocess_rollout_shapes_and_log_probs_match_training(inprocess_group, 
     torch.testing.assert_close(recomputed[mask], expected[mask], atol=1e-5, rtol=0)
     ref = group.compute_ref_log_probs(out).tensors["ref_log_probs"]
     torch.testing.assert_close(ref[mask], expected[mask], atol=1e-5, rtol=0)
+    # Σπ² for the optimal token baselines, from the same forward
+    fwd = worker.actor.forward(out, temperature=0.7, need_sum_pi_squared=True)
+    with torch.no_grad():
+        logits = plain(input_ids=out.tensors["input_ids"], attention_mask=out.tensors["attention_mask"],
+                       position_ids=out.tensors["position_ids"]).logits[:, -cfg.data.max_response_length - 1 : -1]
+    torch.testing.assert_close(fwd.sum_pi_squared, torch.softmax(logits / 0.7, -1).square().sum(-1), atol=1e-6, rtol=0)
 
 
 def test_inprocess_update_then_rollout_moves_rollout_to_new_weights(inprocess_group, tiny_model_path):

@@ -26,6 +26,7 @@ class ForwardOutput:
     entropy: torch.Tensor | None = None  # entropy of π(· | prefix) at each response position
     values: torch.Tensor | None = None  # critic value V(prefix before the token)
     logits: torch.Tensor | None = None  # [batch, response_len, vocab], only when asked (full KL)
+    sum_pi_squared: torch.Tensor | None = None  # Σ_v π(v | prefix)² at each response position (optimal baselines)
 
 
 class TrainingEngine(ABC):
@@ -39,6 +40,7 @@ class TrainingEngine(ABC):
         temperature: float = 1.0,
         need_entropy: bool = False,
         need_logits: bool = False,
+        need_sum_pi_squared: bool = False,
         grad: bool = False,
     ) -> ForwardOutput:
         """Run the model on ``micro`` (fields ``input_ids``, ``attention_mask``, ``position_ids``,

@@ -114,7 +114,8 @@ class FSDPEngine(TrainingEngine):
     def model(self) -> torch.nn.Module:
         return self._model
 
-    def forward(self, micro: Batch, *, temperature=1.0, need_entropy=False, need_logits=False, grad=False):
+    def forward(self, micro: Batch, *, temperature=1.0, need_entropy=False, need_logits=False,
+                need_sum_pi_squared=False, grad=False):
         from rlplat.algorithms import entropy_from_logits
 
         t = micro.tensors
@@ -137,6 +138,7 @@ class FSDPEngine(TrainingEngine):
                 log_probs=log_probs,
                 entropy=entropy_from_logits(scaled) if need_entropy else None,
                 logits=scaled if need_logits else None,
+                sum_pi_squared=torch.softmax(scaled, dim=-1).square().sum(-1) if need_sum_pi_squared else None,
             )
 
     def backward(self, loss: torch.Tensor) -> None:
