@@ -68,8 +68,12 @@ class FSDPConfig:
 class ActorConfig:
     strategy: str = "fsdp"  # training engine (registry): fsdp
     optim: OptimConfig = field(default_factory=OptimConfig)
-    mini_batch_size_prompts: int = 16  # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch)
-    micro_batch_size_seqs_per_worker: int = 128  # sequences per forward/backward on one worker (gradient accumulation)
+    # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch);
+    # None = the largest divisor of data.train_batch_size_prompts that is <= 16
+    mini_batch_size_prompts: Optional[int] = None
+    # sequences per forward/backward on one worker (gradient accumulation); None = the largest divisor of
+    # the per-worker mini-batch (mini_batch_size_prompts x rollout.n / workers) that is <= 128
+    micro_batch_size_seqs_per_worker: Optional[int] = None
     log_prob_micro_batch_size_seqs_per_worker: int = 128  # sequences per log-prob forward on one worker
     ppo_epochs: int = 1  # passes over each step's batch
     shuffle: bool = True  # shuffle sequences before splitting them into mini-batches
@@ -145,7 +149,7 @@ class RefConfig:
 class CriticConfig:
     model_path: Optional[str] = None  # defaults to model.path (a value head is added)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    micro_batch_size_seqs_per_worker: int = 128  # sequences per forward/backward on one worker
+    micro_batch_size_seqs_per_worker: Optional[int] = None  # sequences per forward/backward on one worker; None = the actor's value
     cliprange_value: float = 0.5  # epsilon_v of the clipped value loss
     ppo_epochs: int = 1  # passes over each step's batch
 
@@ -161,6 +165,9 @@ class RewardConfig:
     custom_fn: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     functions: list[str] = field(default_factory=lambda: ["auto"])  # reward functions (registry); auto = by data_source
     weights: list[float] = field(default_factory=lambda: [1.0])  # one weight per function
+    isolation: str = "process"  # process = run reward code in a worker process (timeout, crash-safe) | inprocess
+    timeout_s: float = 30.0  # per reward call (isolation=process): a call still running then scores 0, counted
+    fail_fraction_to_stop: float = 1.0  # stop when this share of a step's reward calls fail (1 = all; > 1 = never)
 
 
 @dataclass

@@ -131,6 +131,8 @@ class PPOTrainer:
             "output_dir": str(out_dir.resolve()),
             "hf_export": str((out_dir / "hf_export").resolve()),
             "final_val": final,
+            # where val accuracy's "correct" comes from: the reward's acc field, or the score >= 1 rule
+            "val_accuracy_source": getattr(self, "accuracy_source", None),
         }
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
@@ -238,18 +240,23 @@ class PPOTrainer:
     def validate(self) -> dict[str, float]:
         """Generate for every validation prompt (``rollout.val_n`` samples at ``rollout.val_temperature``)."""
         start = time.perf_counter()
-        sources, pids, answers, scores = [], [], [], []
+        sources, pids, answers, scores, correct, errors, rules = [], [], [], [], [], 0, set()
         for prompts in self.c.val_prompts():
             pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
             prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
             prompts.meta.update(step=self.step, temperature=self.cfg.rollout.val_temperature, validation=True)
             out = self.c.actor.generate_sequences(prompts.repeat(self.cfg.rollout.val_n, interleave=True))
-            batch_scores, _ = self.c.score(out, validation=True)
+            result = self.c.score_result(out, validation=True)
             sources += list(out.non_tensors["data_source"])
             pids += list(out.non_tensors["uid"])
             answers += self.c.decode(out)
-            scores += batch_scores.tolist()
-        metrics = validation_metrics(sources, pids, answers, scores)
+            scores += result.scores
+            correct += result.correct()
+            errors += result.num_errors
+            rules.add(result.accuracy_source)
+        metrics = validation_metrics(sources, pids, answers, scores, correct)
+        metrics["val/reward_num_errors"] = float(errors)
+        self.accuracy_source = rules.pop() if len(rules) == 1 else "mixed"
         metrics["timing/validate_s"] = time.perf_counter() - start
         print(f"[validate step {self.step}] accuracy={metrics['val/accuracy']:.3f} on {len(scores)} responses",
               flush=True)
