@@ -179,6 +179,8 @@ class TrainerConfig:
     test_freq: int = 50  # validate every N steps (and before training); <= 0 = only before and after
     save_freq: int = 0  # checkpoint every N steps; <= 0 = only at the end
     resume_mode: str = "auto"  # auto | disable | <checkpoint path>
+    resume_allow_config_change: bool = False  # resume although algorithm/model/data/batch/schedule keys changed
+    max_checkpoints: int = 3  # keep the newest N checkpoints; <= 0 = keep all
     nnodes: int = 1  # Ray nodes to place workers on
     workers_per_node: int = 1  # actor/rollout/ref workers (one per device) on each node
     device: str = "auto"  # auto | cpu | cuda

@@ -55,15 +55,17 @@ class PPOTrainer:
         )
         self.step = 0
         self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes
+        self.initial_val: dict[str, float] = {}  # validation before the first step (kept across resumes)
         self.stages = self.build_stages()
 
     def state_dict(self) -> dict:
         """Controller-side state a checkpoint needs for an exact resume."""
-        return {"kl_coef": self.kl_ctrl.value, "prompts_seen": self.prompts_seen}
+        return {"kl_coef": self.kl_ctrl.value, "prompts_seen": self.prompts_seen, "initial_val": self.initial_val}
 
     def load_state_dict(self, state: dict) -> None:
         self.kl_ctrl.value = state["kl_coef"]
         self.prompts_seen = state["prompts_seen"]
+        self.initial_val = state.get("initial_val") or {}
 
     def tag_groups(self, prompts: Batch) -> Batch:
         """Give each prompt a uid; its n responses share it (the group of group estimators)."""
@@ -105,10 +107,10 @@ class PPOTrainer:
         cfg, c = self.cfg, self.c
         wall = time.perf_counter()
         self.step = c.checkpoints.maybe_resume(self)
-        initial = self.validate() if self.step == 0 else {}
-        if initial:
-            c.tracker.log(initial, self.step)
-        last_val = initial
+        if self.step == 0:
+            self.initial_val = self.validate()
+            c.tracker.log(self.initial_val, self.step)
+        initial = last_val = self.initial_val
         while self.step < cfg.trainer.total_steps:
             self.step += 1
             metrics = self.train_step()
