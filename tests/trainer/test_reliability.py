@@ -1,7 +1,11 @@
 """Run-time failures end the run with one line: rewards that fail on a whole step, ..."""
 
 import json
-from pathlib import Path
+import os
+import subprocess
+import sys
+
+import pytest
 
 from rlplat.trainer.main import main
 
@@ -24,3 +28,32 @@ def test_a_step_where_every_reward_fails_stops_the_run(embedded_cache, small_val
     assert not (out / "checkpoints").exists()  # nothing was trained, nothing saved
     initial = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert initial["step"] == 0 and initial["val/reward_num_errors"] == 32  # validation errors are counted
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.path={tmp}/nowhere", "model.path='{tmp}/nowhere': no such directory"),
+    ("model.path={tmp}/model", "model.path='{tmp}/model' has no config.json; expected a Hugging Face model"),
+    ("trainer.output_dir={tmp}/afile", "trainer.output_dir='{tmp}/afile' is a file, not a directory"),
+    ("trainer.output_dir={tmp}/afile/out", "trainer.output_dir='{tmp}/afile/out' is under {tmp}/afile, which is a file"),
+    ("trainer.output_dir=/sys/rlplat-out", "trainer.output_dir='/sys/rlplat-out' is not writable"),
+    ("trainer.logger=[console,wandb]", "trainer.logger includes 'wandb', but the wandb package is not installed"),
+])
+def test_runtime_errors_are_one_line(tmp_path, capsys, override, message):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "afile").write_text("not a directory")
+    args = [override.format(tmp=tmp_path), "trainer.ray_address=inprocess"]
+    if "output_dir" not in override:
+        args.append(f"trainer.output_dir={tmp_path}/out")
+    code = main(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("rlplat: " + message.format(tmp=tmp_path)) and "\n" not in err
+
+
+def test_a_hub_id_without_network_is_one_line(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "rlplat.trainer.main", "model.path=someorg/no-such-model",
+                           "trainer.ray_address=inprocess", f"trainer.output_dir={tmp_path}"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "rlplat: model.path='someorg/no-such-model' is not a local directory, and fetching it from the hub failed")
