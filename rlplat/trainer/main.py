@@ -81,10 +81,14 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
         _debug_traceback()
         print(f"rlplat: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before training started (model loading, worker start-up)
+        _debug_traceback()
+        print("rlplat: interrupted before training started; nothing was saved", file=sys.stderr)
+        return 130
     except RunError as err:
         _debug_traceback()
         print(f"rlplat: {err}", file=sys.stderr)
-        return 1
+        return err.exit_code
     return 0
 
 

@@ -43,6 +43,8 @@ from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import data_metrics, timed, validation_metrics
+from rlplat.trainer.signals import stop_on_signals
+from rlplat.utils.errors import Interrupted
 
 
 class PPOTrainer:
@@ -106,22 +108,38 @@ class PPOTrainer:
         """Train for ``trainer.total_steps`` (from the resumed step), validating and saving on schedule."""
         cfg, c = self.cfg, self.c
         wall = time.perf_counter()
-        self.step = c.checkpoints.maybe_resume(self)
-        if self.step == 0:
-            self.initial_val = self.validate()
-            c.tracker.log(self.initial_val, self.step)
-        initial = last_val = self.initial_val
-        while self.step < cfg.trainer.total_steps:
-            self.step += 1
-            metrics = self.train_step()
-            if cfg.trainer.test_freq > 0 and self.step % cfg.trainer.test_freq == 0 or self.step == cfg.trainer.total_steps:
-                last_val = self.validate()
-                metrics.update(last_val)
-            if cfg.trainer.save_freq > 0 and self.step % cfg.trainer.save_freq == 0 or self.step == cfg.trainer.total_steps:
+        with stop_on_signals() as stop:  # a signal stops the loop between steps (see rlplat.trainer.signals)
+            self.step = resumed = c.checkpoints.maybe_resume(self)
+            saved = 0
+            if self.step == 0:
+                self.initial_val = self.validate()
+                c.tracker.log(self.initial_val, self.step)
+            initial = last_val = self.initial_val
+            while self.step < cfg.trainer.total_steps and not stop.requested:
+                self.step += 1
+                metrics = self.train_step()
+                last = self.step == cfg.trainer.total_steps
+                if cfg.trainer.test_freq > 0 and self.step % cfg.trainer.test_freq == 0 or last:
+                    last_val = self.validate()
+                    metrics.update(last_val)
+                if cfg.trainer.save_freq > 0 and self.step % cfg.trainer.save_freq == 0 or last:
+                    c.checkpoints.save(self)
+                    saved = self.step
+                c.tracker.log(metrics, self.step)
+            if stop.requested and cfg.trainer.save_on_signal and self.step > max(saved, resumed):
                 c.checkpoints.save(self)
-            c.tracker.log(metrics, self.step)
+        if stop.requested:
+            self.stopped_by_signal(stop)
         summary = self.summary(initial, last_val, time.perf_counter() - wall)
         return summary
+
+    def stopped_by_signal(self, stop) -> None:
+        """Raise :class:`Interrupted` with one line saying where the run can be resumed from."""
+        root = self.c.checkpoints.root
+        latest = root / "latest"
+        where = (f"the newest checkpoint is {root / latest.read_text().strip()}; run the same command again to "
+                 f"resume (trainer.resume_mode=auto)") if latest.exists() else "no checkpoint was saved"
+        raise Interrupted(f"stopped by {stop.name} after step {self.step}; {where}", stop.signum)
 
     def summary(self, initial: dict, final: dict, wall_time_s: float) -> dict:
         out_dir = Path(self.cfg.trainer.output_dir)

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 
@@ -57,3 +59,43 @@ def test_a_hub_id_without_network_is_one_line(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "rlplat: model.path='someorg/no-such-model' is not a local directory, and fetching it from the hub failed")
+
+
+def _start(tmp_path, small_val, *extra):
+    args = [sys.executable, "-m", "rlplat.trainer.main", *SMALL, f"data.val_files={small_val}",
+            "trainer.total_steps=200", f"trainer.output_dir={tmp_path}/out", *extra]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for_step(proc, step):
+    for line in proc.stdout:
+        if line.startswith(f"[step {step}]"):
+            return
+    raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()[-2000:]}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cache, small_val, tmp_path, signum):
+    proc = _start(tmp_path, small_val)
+    _wait_for_step(proc, 2)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    step = int(re.search(r"after step (\d+);", last).group(1))
+    ckpt = tmp_path / "out" / "checkpoints" / f"step_{step:06d}"
+    assert last == (f"rlplat: stopped by {signal.Signals(signum).name} after step {step}; the newest checkpoint is "
+                    f"{ckpt}; run the same command again to resume (trainer.resume_mode=auto)")
+    from rlplat.utils.checkpoint import verify
+
+    assert step >= 2 and verify(ckpt) is None
+
+
+def test_a_second_ctrl_c_exits_at_once(embedded_cache, small_val, tmp_path):
+    proc = _start(tmp_path, small_val, "trainer.save_on_signal=false")
+    _wait_for_step(proc, 1)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "second SIGINT: exiting now" in err and "Traceback" not in err
