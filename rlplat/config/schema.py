@@ -181,6 +181,7 @@ class TrainerConfig:
     resume_mode: str = "auto"  # auto | disable | <checkpoint path>
     resume_allow_config_change: bool = False  # resume although algorithm/model/data/batch/schedule keys changed
     max_checkpoints: int = 3  # keep the newest N checkpoints; <= 0 = keep all
+    nonfinite: str = "stop"  # a NaN/inf loss or grad norm: stop (one line, last checkpoint kept) | skip (warn, go on)
     save_on_signal: bool = True  # on SIGINT/SIGTERM, save a checkpoint after the current step before exiting
     nnodes: int = 1  # Ray nodes to place workers on
     workers_per_node: int = 1  # actor/rollout/ref workers (one per device) on each node

@@ -26,6 +26,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "ref.placement": ("colocated", "separate"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "reward.isolation": ("process", "inprocess"),
+    "trainer.nonfinite": ("stop", "skip"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 POSITIVE_INTS = (

@@ -44,7 +44,7 @@ from rlplat.reward import token_level_scores
 from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import data_metrics, timed, validation_metrics
 from rlplat.trainer.signals import stop_on_signals
-from rlplat.utils.errors import Interrupted
+from rlplat.utils.errors import Interrupted, RunError
 
 
 class PPOTrainer:
@@ -244,13 +244,32 @@ class PPOTrainer:
         return batch.union(Batch.from_dict(fields))
 
     def update_critic(self, batch: Batch, metrics: dict) -> Batch:
-        metrics.update(self.c.critic.update_critic(batch)[0])
+        critic_metrics = self.c.critic.update_critic(batch)[0]
+        metrics.update(critic_metrics)
+        self.check_finite(critic_metrics)
         return batch
 
     def update_actor(self, batch: Batch, metrics: dict) -> Batch:
         actor_metrics = self.c.actor.update_actor(batch)[0]
-        metrics.update({k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()})
+        actor_metrics = {k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()}
+        metrics.update(actor_metrics)
+        self.check_finite(actor_metrics)
         return batch
+
+    def check_finite(self, metrics: dict) -> None:
+        """A NaN/inf loss or gradient norm: stop (``trainer.nonfinite=stop``, before this step is saved) or
+        warn and go on (``skip``: the engine does not apply an update whose gradient norm is not finite)."""
+        bad = {k: v for k, v in metrics.items() if ("loss" in k or "grad_norm" in k) and not np.isfinite(v)}
+        if not bad:
+            return
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+        if self.cfg.trainer.nonfinite == "skip":
+            print(f"[step {self.step}] warning: {shown}; the update was skipped (trainer.nonfinite=skip)", flush=True)
+            return
+        latest = self.c.checkpoints.root / "latest"
+        kept = f"the last checkpoint {latest.read_text().strip()} is intact" if latest.exists() else "nothing was saved"
+        raise RunError(f"step {self.step}: {shown}; stopping (trainer.nonfinite=stop; {kept}). Lower the learning "
+                       f"rate or check the rewards, or set trainer.nonfinite=skip to skip such steps")
 
     def sync_weights(self, batch: Batch, metrics: dict) -> Batch:
         self.c.actor.sync_weights()

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from rlplat.trainer.main import main
+from rlplat.trainer.ppo import PPOTrainer
 
 SMALL = ["data.train_batch_size_prompts=4", "actor.mini_batch_size_prompts=4", "rollout.n=2",
          "rollout.val_n=1", "trainer.test_freq=0", "trainer.ray_address=inprocess"]
@@ -99,3 +100,32 @@ def test_a_second_ctrl_c_exits_at_once(embedded_cache, small_val, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "second SIGINT: exiting now" in err and "Traceback" not in err
+
+
+class PoisonedAdvantages(PPOTrainer):
+    """From step 2 on, one advantage is NaN (as a diverging estimator would produce): the real engine then
+    computes a NaN loss and gradient norm."""
+
+    def advantages(self, batch, metrics):
+        batch = super().advantages(batch, metrics)
+        if self.step >= 2:
+            batch.tensors["advantages"][0, 0] = float("nan")
+        return batch
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_a_nan_loss_stops_or_skips_naming_step_and_quantity(embedded_cache, small_val, tmp_path, capsys, mode):
+    out = tmp_path / "out"
+    code = main([*SMALL, f"data.val_files={small_val}", "trainer.total_steps=3", "trainer.save_freq=1",
+                 f"trainer.nonfinite={mode}", f"trainer.output_dir={out}"], trainer_cls=PoisonedAdvantages)
+    captured = capsys.readouterr()
+    from rlplat.utils.checkpoint import verify
+
+    if mode == "stop":
+        err = captured.err.strip().splitlines()[-1]
+        assert code == 1 and re.match(r"rlplat: step 2: actor/\w*(grad_norm|loss)=nan", err), err
+        assert "the last checkpoint step_000001 is intact" in err and "trainer.nonfinite=skip" in err
+        assert (out / "checkpoints" / "latest").read_text() == "step_000001"
+        assert verify(out / "checkpoints" / "step_000001") is None
+    else:
+        assert code == 0 and "[step 2] warning: actor/" in captured.out and "(trainer.nonfinite=skip)" in captured.out
