@@ -109,6 +109,15 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
         raise ConfigError(str(err).splitlines()[0]) from None
 
 
+def _derive(cfg: DictConfig) -> None:
+    from rlplat.config.derive import derive_batch_sizes
+
+    try:
+        derive_batch_sizes(cfg)
+    except (TypeError, ZeroDivisionError):  # a non-positive size: validation names the key
+        pass
+
+
 def load_config(overrides: list[str] | None = None) -> tuple[DictConfig, RunPlan]:
     """Compose, resolve interpolations, validate and freeze the config; also return its RunPlan."""
     from rlplat.config.validate import validate
@@ -118,6 +127,7 @@ def load_config(overrides: list[str] | None = None) -> tuple[DictConfig, RunPlan
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
         raise ConfigError(_format_omegaconf_error(err)) from None
+    _derive(cfg)
     plan = validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg, plan

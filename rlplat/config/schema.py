@@ -67,8 +67,12 @@ class FSDPConfig:
 class ActorConfig:
     strategy: str = "fsdp"  # training engine (registry): fsdp
     optim: OptimConfig = field(default_factory=OptimConfig)
-    mini_batch_size_prompts: int = 16  # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch)
-    micro_batch_size_seqs_per_worker: int = 128  # sequences per forward/backward on one worker (gradient accumulation)
+    # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch);
+    # None = the largest divisor of data.train_batch_size_prompts that is <= 16
+    mini_batch_size_prompts: Optional[int] = None
+    # sequences per forward/backward on one worker (gradient accumulation); None = the largest divisor of
+    # the per-worker mini-batch (mini_batch_size_prompts x rollout.n / workers) that is <= 128
+    micro_batch_size_seqs_per_worker: Optional[int] = None
     log_prob_micro_batch_size_seqs_per_worker: int = 128  # sequences per log-prob forward on one worker
     ppo_epochs: int = 1  # passes over each step's batch
     shuffle: bool = True  # shuffle sequences before splitting them into mini-batches
@@ -210,7 +214,7 @@ class CriticConfig:
     # 1e-4 for the embedded model: a fresh value head reaches the mean-return predictor within ~10 steps
     # (explained variance -0.46 -> +0.02 over 30 steps); at 1e-5 it was still at -0.3 (docs/algorithms.md)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))
-    micro_batch_size_seqs_per_worker: int = 128  # sequences per forward/backward on one worker
+    micro_batch_size_seqs_per_worker: Optional[int] = None  # sequences per forward/backward on one worker; None = the actor's value
     cliprange_value: float = 0.5  # epsilon_v of the clipped value loss
     ppo_epochs: int = 1  # passes over each step's batch
 
@@ -226,6 +230,9 @@ class RewardConfig:
     custom_fn: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     functions: list[str] = field(default_factory=lambda: ["auto"])  # reward functions (registry); auto = by data_source
     weights: list[float] = field(default_factory=lambda: [1.0])  # one weight per function
+    isolation: str = "process"  # process = run reward code in a worker process (timeout, crash-safe) | inprocess
+    timeout_s: float = 30.0  # per reward call (isolation=process): a call still running then scores 0, counted
+    fail_fraction_to_stop: float = 1.0  # stop when this share of a step's reward calls fail (1 = all; > 1 = never)
 
 
 @dataclass
@@ -237,6 +244,10 @@ class TrainerConfig:
     test_freq: int = 50  # validate every N steps (and before training); <= 0 = only before and after
     save_freq: int = 0  # checkpoint every N steps; <= 0 = only at the end
     resume_mode: str = "auto"  # auto | disable | <checkpoint path>
+    resume_allow_config_change: bool = False  # resume although algorithm/model/data/batch/schedule keys changed
+    max_checkpoints: int = 3  # keep the newest N checkpoints; <= 0 = keep all
+    nonfinite: str = "stop"  # a NaN/inf loss or grad norm: stop (one line, last checkpoint kept) | skip (warn, go on)
+    save_on_signal: bool = True  # on SIGINT/SIGTERM, save a checkpoint after the current step before exiting
     nnodes: int = 1  # Ray nodes to place workers on
     workers_per_node: int = 1  # actor/rollout/ref workers (one per device) on each node
     device: str = "auto"  # auto | cpu | cuda

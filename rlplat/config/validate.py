@@ -28,6 +28,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "algorithm.norm_adv_scale": ("group", "batch", "none"),
     "ref.placement": ("colocated", "separate"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "reward.isolation": ("process", "inprocess"),
+    "trainer.nonfinite": ("stop", "skip"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 POSITIVE_INTS = (
@@ -135,6 +137,9 @@ def _check_values(cfg: DictConfig) -> None:
         _check(optim.lr > 0, f"{section}.optim.lr must be > 0, got {optim.lr}")
         _check(len(optim.betas) == 2, f"{section}.optim.betas must be two numbers, got {list(optim.betas)}")
     reward = cfg.reward
+    _check(reward.timeout_s > 0, f"reward.timeout_s must be > 0 seconds, got {reward.timeout_s}")
+    _check(reward.fail_fraction_to_stop > 0,
+           f"reward.fail_fraction_to_stop must be > 0 (1 = stop when all calls fail), got {reward.fail_fraction_to_stop}")
     _check(
         len(reward.functions) == len(reward.weights),
         f"reward.weights has {len(reward.weights)} entries but reward.functions has {len(reward.functions)}",

@@ -17,6 +17,7 @@ from typing import Any
 
 from rlplat.controller.dispatch import Dispatch, collect_results, dispatch_mode, register, split_arguments
 from rlplat.controller.resource_pool import ResourcePool
+from rlplat.utils.errors import RunError
 from rlplat.workers.dist import DistContext, free_port, init_distributed, node_ip
 
 
@@ -124,6 +125,19 @@ class RayWorkerGroup(WorkerGroup):
         import ray
 
         refs = [getattr(actor, name).remote(*a, **k) for actor, (a, k) in zip(self.actors, per_rank)]
+        # Wait for whichever rank finishes first rather than in rank order: when one rank dies or raises,
+        # the others may be blocked in a collective waiting for it, and ray.get(refs) would hang with them.
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except ray.exceptions.RayActorError as err:
+                rank = refs.index(done[0])
+                cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise RunError(f"{self.worker_cls.__name__} rank {rank} of {len(refs)} died during {name}() "
+                               f"({cause}); its process exited (out of memory, a crash or a kill): see the Ray "
+                               f"logs of that worker") from None
         return ray.get(refs)
 
     def execute_all(self, fn_name: str, *args, **kwargs) -> list[Any]:

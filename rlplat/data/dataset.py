@@ -8,6 +8,8 @@ an optional ``extra_info`` dict. A bad row fails with one :class:`DataError` nam
 
 from __future__ import annotations
 
+import math
+
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -61,10 +63,16 @@ def _ground_truth(reward: Any, where: str) -> str:
     truth = reward.get("ground_truth")
     if truth is None:
         raise DataError(f"{where}: reward_model has no 'ground_truth' ({SCHEMA_HINT})")
+    if isinstance(truth, float) and not math.isfinite(truth):  # pandas writes a missing number as NaN
+        raise DataError(f"{where}: reward_model.ground_truth is {truth}; expected an answer")
+    if isinstance(truth, float) and truth.is_integer():  # 122.0 (pandas, once a value is missing) means 122
+        return str(int(truth))
     if isinstance(truth, (int, float)):  # e.g. a numeric answer column written by pandas
         return str(truth)
     if not isinstance(truth, str):
         raise DataError(f"{where}: reward_model.ground_truth must be a string, got {str(truth)[:80]!r}")
+    if not truth.strip():
+        raise DataError(f"{where}: reward_model.ground_truth is empty; expected an answer")
     return truth
 
 

@@ -5,8 +5,13 @@ A custom reward function is a Python file with one function of the common signat
     # my_reward.py
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         # solution_str: the decoded response; ground_truth: reward_model.ground_truth of the row;
-        # extra_info: the row's extra_info dict. Return a float; an exception scores that sample 0.
+        # extra_info: the row's extra_info dict. Return a float, or a dict with "score" (+ optional
+        # "acc" = 1/0 correctness for validation accuracy, and other numbers logged as reward/<fn>/<key>).
         return 1.0 if solution_str.strip() == ground_truth else 0.0
+
+It runs in a reward worker process (``reward.isolation=process``) with ``reward.timeout_s`` seconds per
+call; an exception, a timeout, a crash or a bad value (None, str, NaN, ±inf, a list...) scores that sample
+0 and is counted, and a step where every call fails (``reward.fail_fraction_to_stop``) stops the run.
 
 selected with ``reward.custom_fn.path=my_reward.py`` (and ``reward.custom_fn.name=my_fn`` for a name other
 than ``compute_score``). With the default ``reward.functions=[auto]`` it replaces ``auto``; with other

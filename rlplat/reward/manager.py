@@ -5,16 +5,17 @@
                               + OverlongShaping(response_length)                            (optional)
       -> token_level_scores: each score on its response's last valid token   [batch, response_len]
 
-A reward function that raises on one sample scores 0 for it and is counted (``ScoreResult.num_errors``);
-the first traceback of a manager is printed to stderr once. The exception is
-:class:`~rlplat.reward.scorers.UnknownDataSourceError`, a configuration error, which propagates.
+A reward function may return a float or a dict with ``score`` (+ ``acc`` and other numeric fields). A call
+that raises, returns anything else (None, a string, NaN, ±inf, a list, ...), times out or kills the reward
+worker process scores 0 for that sample and is counted (``ScoreResult.num_errors``); the first message of a
+manager is printed to stderr once; the trainer stops the run when too many of a step's calls fail
+(``reward.fail_fraction_to_stop``). :class:`~rlplat.reward.scorers.UnknownDataSourceError`, a
+configuration error, propagates.
 """
 
 from __future__ import annotations
 
-import math
 import sys
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from rlplat.registry import UnknownNameError
+from rlplat.reward.isolation import InProcessExecutor, ProcessExecutor, function_name
 from rlplat.reward.scorers import (
     REWARD_FUNCTIONS,
     RewardConfigError,
@@ -70,24 +72,42 @@ class ScoreResult:
 
     scores: list[float]  # weighted sum of the functions + overlong shaping
     per_function: dict[str, list[float]] = field(default_factory=dict)  # unweighted, keyed by function name
-    num_errors: int = 0  # (function, sample) calls that raised or returned a non-finite value
+    num_errors: int = 0  # (function, sample) calls that raised, timed out, crashed or returned a bad value
+    num_calls: int = 0  # (function, sample) calls made
     overlong: list[float] = field(default_factory=list)  # the shaping term of each score; [] when disabled
+    acc: list[float | None] = field(default_factory=list)  # the first function's ``acc`` per sample, if any
+    extras: dict[str, list[float]] = field(default_factory=dict)  # "<function>/<field>": other dict fields
+    first_error: str | None = None  # the first error message of this call (function, sample, value)
+
+    def correct(self) -> list[float]:
+        """Per sample, 1.0 if correct: the reward function's ``acc`` when it gave one, else the documented
+        fallback rule ``score >= 1`` (the built-in scorers give exactly 1.0 for a correct answer)."""
+        return [float(a) if a is not None else float(s >= 1.0) for a, s in zip(self.acc, self.scores)]
+
+    @property
+    def accuracy_source(self) -> str:
+        """``acc`` when every sample's correctness came from an ``acc`` field, ``score>=1`` when none did."""
+        given = sum(a is not None for a in self.acc)
+        return "acc" if given == len(self.acc) and given else "score>=1" if not given else "mixed"
 
 
-def _name(fn: Callable) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
+_name = function_name
 
 
 class RewardManager:
     """Scores responses with weighted reward functions ``[(fn, weight), ...]`` and optional overlong shaping.
 
     ``per_function`` is keyed by each function's ``__name__``; a name that repeats gets ``_2``, ``_3``, ...
-    in list order. A function that raises for a sample (or returns NaN/inf) contributes 0 to that sample
-    and is counted in ``num_errors``; the first such traceback of this manager is printed to stderr with
-    the sample index and data_source, later ones are only counted. ``UnknownDataSourceError`` propagates.
+    in list order. A function may return a float or a dict with ``score`` (+ optional ``acc`` and other
+    numeric fields); see :func:`~rlplat.reward.isolation.check_result`. A call that raises, returns a bad
+    value, times out or crashes the worker process contributes 0 to that sample and is counted in
+    ``num_errors``; the first such message of this manager is printed to stderr, later ones are only
+    counted. ``UnknownDataSourceError`` propagates. ``isolation="process"`` runs the functions in a worker
+    process with ``timeout_s`` per call; ``"inprocess"`` calls them directly (no timeout).
     """
 
-    def __init__(self, functions: Sequence[tuple[Callable, float]], overlong: OverlongShaping | None = None):
+    def __init__(self, functions: Sequence[tuple[Callable, float]], overlong: OverlongShaping | None = None,
+                 isolation: str = "inprocess", timeout_s: float = 30.0):
         if not functions:
             raise ValueError("a RewardManager needs at least one reward function")
         self.functions = [(fn, float(weight)) for fn, weight in functions]
@@ -99,24 +119,20 @@ class RewardManager:
                 k += 1
                 name = f"{_name(fn)}_{k}"
             self.names.append(name)
+        fns = [fn for fn, _ in self.functions]
+        if isolation == "process":
+            self.executor = ProcessExecutor(fns, self.names, timeout_s)
+        elif isolation == "inprocess":
+            self.executor = InProcessExecutor(fns, self.names)
+        else:
+            raise RewardConfigError(f"reward.isolation={isolation!r}: expected process or inprocess")
         self._reported = False
 
-    def _call(self, fn: Callable, index: int, args: tuple) -> float | None:
-        """``fn(*args)`` as a float, or None after an exception (the first one is printed)."""
-        try:
-            value = float(fn(*args))
-            if not math.isfinite(value):
-                raise ValueError(f"reward function returned {value}")
-            return value
-        except UnknownDataSourceError:
-            raise
-        except Exception:
-            if not self._reported:
-                self._reported = True
-                print(f"[rlplat.reward] {_name(fn)} raised on sample {index} (data_source {args[0]!r}); it scores "
-                      f"0 there, and further errors of this manager are only counted in reward/num_errors:\n"
-                      f"{traceback.format_exc()}", file=sys.stderr, flush=True)
-            return None
+    def _report(self, message: str) -> None:
+        if not self._reported:
+            self._reported = True
+            print(f"[rlplat.reward] {message}\n[rlplat.reward] that sample scores 0 for this function; further "
+                  f"errors of this manager are only counted in reward/num_errors", file=sys.stderr, flush=True)
 
     def score(self, texts: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[str],
               extra_infos: Sequence[dict | None], response_lengths: Sequence[int]) -> ScoreResult:
@@ -126,19 +142,32 @@ class RewardManager:
         for key, column in columns.items():
             if len(column) != len(texts):
                 raise ValueError(f"score() got {len(texts)} texts but {len(column)} {key}")
-        result = ScoreResult(scores=[0.0] * len(texts))
+        result = ScoreResult(scores=[0.0] * len(texts), acc=[None] * len(texts))
         rows = list(zip(data_sources, texts, ground_truths, extra_infos))
-        for (fn, weight), name in zip(self.functions, self.names):
+        for k, ((_, weight), name) in enumerate(zip(self.functions, self.names)):
             values = result.per_function[name] = []
-            for i, args in enumerate(rows):
-                value = self._call(fn, i, args)
-                result.num_errors += value is None
-                values.append(0.0 if value is None else value)
-                result.scores[i] += weight * values[-1]
+            for i, outcome in enumerate(self.executor.run(k, rows)):
+                result.num_calls += 1
+                if isinstance(outcome, str):
+                    result.num_errors += 1
+                    result.first_error = result.first_error or outcome.splitlines()[0]
+                    self._report(outcome.rstrip())
+                    outcome = (0.0, None, {})
+                score, acc, extras = outcome
+                values.append(score)
+                result.scores[i] += weight * score
+                if acc is not None and result.acc[i] is None:
+                    result.acc[i] = acc
+                for key, value in extras.items():
+                    result.extras.setdefault(f"{name}/{key}", []).append(value)
         if self.overlong is not None:
             result.overlong = [self.overlong(int(n)) for n in response_lengths]
             result.scores = [s + o for s, o in zip(result.scores, result.overlong)]
         return result
+
+    def close(self) -> None:
+        """Stop the reward worker process (if any)."""
+        self.executor.close()
 
 
 def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -212,4 +241,5 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
             raise RewardConfigError("algorithm.overlong_buffer.enable=true needs algorithm.overlong_buffer.length")
         overlong = OverlongShaping(int(max_response_length), int(length),
                                    float(_get(overlong_cfg, "penalty_factor", 1.0)))
-    return RewardManager(functions, overlong)
+    return RewardManager(functions, overlong, isolation=str(_get(reward_cfg, "isolation", "process")),
+                         timeout_s=float(_get(reward_cfg, "timeout_s", 30.0)))

@@ -61,7 +61,7 @@ def _strip_end_markers(text: str) -> str:
 def arithmetic(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """1.0 if the response is exactly the ground-truth integer, else 0.0.
 
-    Accepted: the integer's digits as written in ``ground_truth`` (``"-7"``, not ``"-07"`` or ``"+7"``),
+    Accepted: the integer's digits (``"-7"``, not ``"-07"`` or ``"+7"``; a ground truth ``"122.0"`` means 122),
     surrounded by any whitespace, optionally followed by end-of-text markers (:data:`END_MARKERS`), and
     optionally wrapped as a whole in ``<answer>…</answer>``. Anything else, e.g. ``"12 because"``, is 0.0.
     """
@@ -69,7 +69,11 @@ def arithmetic(data_source: str, solution_str: str, ground_truth: str, extra_inf
     wrapped = _WRAPPED.fullmatch(text)
     if wrapped:
         text = wrapped.group(1).strip()
-    return 1.0 if text == str(ground_truth).strip() else 0.0
+    truth = str(ground_truth).strip()
+    number = _exact(truth)
+    if number is not None and number.denominator == 1:  # "122.0" (a float column) is the integer 122
+        truth = str(number.numerator)
+    return 1.0 if text == truth else 0.0
 
 
 # ----------------------------------------------------------------------------------------------- countdown
@@ -352,6 +356,10 @@ def load_custom_function(path: str, name: str = "compute_score") -> RewardFn:
         raise TypeError(f"reward.custom_fn.name={name!r} in {path} is not callable "
                         f"(it is a {type(fn).__name__}; set {_KEYS})")
     _check_signature(fn, path, name)
+    try:  # lets the reward worker process load the same function from the file
+        fn.__rlplat_source__ = (str(file.resolve()), name)
+    except (AttributeError, TypeError):  # a builtin or a callable without a __dict__: pickled instead
+        pass
     return fn
 
 

@@ -18,8 +18,9 @@ from rlplat.config.validate import RunPlan
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
 from rlplat.protocol import Batch
-from rlplat.reward import RewardManager, build_reward_manager
+from rlplat.reward import RewardManager, ScoreResult, build_reward_manager
 from rlplat.utils.checkpoint import Checkpointer
+from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker
 
@@ -61,26 +62,40 @@ class Components:
             for ids, mask in zip(t["responses"], t["response_mask"])
         ]
 
-    def score(self, batch: Batch, validation: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scores ``[batch]`` (the weighted sum of the reward functions, + overlong shaping) and metrics."""
-        scores, _, _, metrics = self.score_terms(batch, validation)
-        return scores, metrics
-
-    def score_terms(self, batch: Batch, validation: bool = False):
-        """Scores ``[batch]``, their terms ``[batch, num_terms]`` with weights ``[num_terms]`` and metrics.
-
-        The terms are each reward function's unweighted value (``reward.functions`` order, weights
-        ``reward.weights``), then the overlong shaping term (weight 1) when enabled, so that
-        ``terms @ weights == scores``; gdpo normalises each term on its own.
-        """
+    def score_result(self, batch: Batch, validation: bool = False) -> ScoreResult:
+        """Score a generated batch; stop the run (:class:`RunError`) when at least
+        ``reward.fail_fraction_to_stop`` of a training batch's reward calls failed."""
         manager = self.reward_val if validation else self.reward_train
         nt = batch.non_tensors
         result = manager.score(
             self.decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra_info"]),
             batch.tensors["response_mask"].sum(-1).tolist(),
         )
+        limit = self.cfg.reward.fail_fraction_to_stop
+        if not validation and result.num_errors and result.num_errors >= limit * result.num_calls:
+            step = batch.meta.get("step", "?")
+            raise RunError(f"step {step}: {result.num_errors} of {result.num_calls} reward calls failed "
+                           f"(reward.fail_fraction_to_stop={limit:g}), so the step would train on zeros; "
+                           f"first error: {result.first_error}")
+        return result
+
+    def score(self, batch: Batch, validation: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores ``[batch]`` (the weighted sum of the reward functions, + overlong shaping) and metrics."""
+        scores, _, _, metrics = self.score_terms(batch, validation)
+        return scores, metrics
+
+    def score_terms(self, batch: Batch, validation: bool = False):
+        """Scores ``[batch]``, their terms ``[batch, num_terms]`` with weights ``[num_terms]`` and metrics
+        (errors, per-function means, extra fields of dict rewards).
+
+        The terms are each reward function's unweighted value (``reward.functions`` order, weights
+        ``reward.weights``), then the overlong shaping term (weight 1) when enabled, so that
+        ``terms @ weights == scores``; gdpo normalises each term on its own.
+        """
+        manager = self.reward_val if validation else self.reward_train
+        result = self.score_result(batch, validation)
         metrics = {"reward/num_errors": float(result.num_errors)}
-        for name, values in result.per_function.items():
+        for name, values in {**result.per_function, **result.extras}.items():
             metrics[f"reward/{name}_mean"] = sum(values) / max(len(values), 1)
         columns = [result.per_function[name] for name in manager.names]
         weights = [weight for _, weight in manager.functions]
@@ -97,6 +112,8 @@ class Components:
         for pool in self.pools:
             pool.release()
         self.tracker.close()
+        self.reward_train.close()
+        self.reward_val.close()
 
 
 def _groups(cfg: DictConfig, plan: RunPlan, model_path: str):

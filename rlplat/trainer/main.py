@@ -3,7 +3,9 @@
 Composes the Hydra config (schema + presets + overrides), validates it, then runs the PPO-family
 trainer. ``--cfg job`` prints the resolved, validated config as YAML and exits without training.
 Errors in what the user gave (config keys, data files, reward functions, registered names) print one
-line naming the key, file or row and exit with status 2.
+line naming the key, file or row and exit with status 2; failures while running (a reward function failing
+on a whole step, an unusable model path, ...) print one ``rlplat: ...`` line and exit with status 1.
+``RLPLAT_DEBUG=1`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -92,12 +94,32 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
     from rlplat.reward import RewardConfigError
     from rlplat.trainer.run import run
 
+    from rlplat.utils.errors import RunError
+
     try:
         run(cfg, plan, trainer_cls)
     except (DataError, RewardConfigError, RegistryError) as err:
+        _debug_traceback()
         print(f"rlplat: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before training started (model loading, worker start-up)
+        _debug_traceback()
+        print("rlplat: interrupted before training started; nothing was saved", file=sys.stderr)
+        return 130
+    except RunError as err:
+        _debug_traceback()
+        print(f"rlplat: {err}", file=sys.stderr)
+        return err.exit_code
     return 0
+
+
+def _debug_traceback() -> None:
+    """With RLPLAT_DEBUG=1 the traceback behind a one-line error is printed too."""
+    import os
+    import traceback
+
+    if os.environ.get("RLPLAT_DEBUG", "") not in ("", "0"):
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -71,39 +71,43 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def validation_metrics(
-    data_sources: Sequence[str], prompt_ids: Sequence[str], answers: Sequence[str], scores: Sequence[float]
+    data_sources: Sequence[str], prompt_ids: Sequence[str], answers: Sequence[str], scores: Sequence[float],
+    correct: Sequence[float] | None = None,
 ) -> dict[str, float]:
     """Per data source: ``mean@N`` (mean score), ``best@N`` (mean over prompts of the best score),
-    ``maj@N`` (score of each prompt's most frequent answer), ``pass@1``/``pass@N`` (unbiased, a sample is
-    correct when its score >= 1) and ``accuracy`` (share of correct samples); plus overall ``val/accuracy``.
+    ``maj@N`` (score of each prompt's most frequent answer), ``pass@1``/``pass@N`` (unbiased) and
+    ``accuracy`` (share of correct samples); plus overall ``val/accuracy``. ``correct`` is 1/0 per sample
+    (from the reward's ``acc`` field, see :meth:`~rlplat.reward.ScoreResult.correct`); without it a sample is
+    correct when its score >= 1.
     """
-    groups: dict[str, dict[str, list[tuple[str, float]]]] = defaultdict(lambda: defaultdict(list))
-    for source, pid, answer, score in zip(data_sources, prompt_ids, answers, scores):
-        groups[source][pid].append((answer.strip(), float(score)))
+    if correct is None:
+        correct = [float(s >= 1.0) for s in scores]
+    groups: dict[str, dict[str, list[tuple[str, float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for source, pid, answer, score, ok in zip(data_sources, prompt_ids, answers, scores, correct):
+        groups[source][pid].append((answer.strip(), float(score), float(ok)))
     out: dict[str, float] = {}
     for source, prompts in groups.items():
         n = max(len(samples) for samples in prompts.values())
         rows = defaultdict(list)
         for samples in prompts.values():
-            sample_scores = [s for _, s in samples]
-            correct = sum(s >= 1.0 for s in sample_scores)
+            sample_scores = [s for _, s, _ in samples]
+            num_correct = int(sum(ok >= 0.5 for _, _, ok in samples))
             counts: dict[str, int] = defaultdict(int)
-            for answer, _ in samples:
+            for answer, _, _ in samples:
                 counts[answer] += 1
-            majority = max(counts, key=lambda a: (counts[a], -[x for x, _ in samples].index(a)))
+            majority = max(counts, key=lambda a: (counts[a], -[x for x, _, _ in samples].index(a)))
             rows["mean"].append(sum(sample_scores) / len(samples))
             rows["best"].append(max(sample_scores))
-            rows["maj"].append(next(s for a, s in samples if a == majority))
-            rows["pass1"].append(pass_at_k(len(samples), correct, 1))
-            rows["passn"].append(pass_at_k(len(samples), correct, len(samples)))
-            rows["accuracy"].append(correct / len(samples))
+            rows["maj"].append(next(s for a, s, _ in samples if a == majority))
+            rows["pass1"].append(pass_at_k(len(samples), num_correct, 1))
+            rows["passn"].append(pass_at_k(len(samples), num_correct, len(samples)))
+            rows["accuracy"].append(num_correct / len(samples))
         mean = {k: sum(v) / len(v) for k, v in rows.items()}
         prefix = f"val/{source}"
         out.update({
             f"{prefix}/mean@{n}": mean["mean"], f"{prefix}/best@{n}": mean["best"], f"{prefix}/maj@{n}": mean["maj"],
             f"{prefix}/pass@1": mean["pass1"], f"{prefix}/pass@{n}": mean["passn"], f"{prefix}/accuracy": mean["accuracy"],
         })
-    correct = [float(s >= 1.0) for s in scores]
-    out["val/accuracy"] = sum(correct) / max(len(correct), 1)
+    out["val/accuracy"] = sum(float(ok >= 0.5) for ok in correct) / max(len(correct), 1)
     out["val/score_mean"] = sum(scores) / max(len(scores), 1)
     return out

@@ -46,6 +46,8 @@ from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import data_metrics, explained_variance, timed, validation_metrics
+from rlplat.trainer.signals import stop_on_signals
+from rlplat.utils.errors import Interrupted, RunError
 
 
 class PPOTrainer:
@@ -59,15 +61,17 @@ class PPOTrainer:
         self.step = 0
         self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
         self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes
+        self.initial_val: dict[str, float] = {}  # validation before the first step (kept across resumes)
         self.stages = self.build_stages()
 
     def state_dict(self) -> dict:
         """Controller-side state a checkpoint needs for an exact resume."""
-        return {"kl_coef": self.kl_ctrl.value, "prompts_seen": self.prompts_seen}
+        return {"kl_coef": self.kl_ctrl.value, "prompts_seen": self.prompts_seen, "initial_val": self.initial_val}
 
     def load_state_dict(self, state: dict) -> None:
         self.kl_ctrl.value = state["kl_coef"]
         self.prompts_seen = state["prompts_seen"]
+        self.initial_val = state.get("initial_val") or {}
 
     def tag_groups(self, prompts: Batch) -> Batch:
         """Give each prompt a uid; its n responses share it (the group of group estimators)."""
@@ -112,22 +116,40 @@ class PPOTrainer:
         """Train for ``trainer.total_steps`` (from the resumed step), validating and saving on schedule."""
         cfg, c = self.cfg, self.c
         wall = time.perf_counter()
-        self.step = c.checkpoints.maybe_resume(self)
-        initial = self.validate() if self.step == 0 else {}
-        if initial:
-            c.tracker.log(initial, self.step)
-        last_val = initial
-        while self.step < cfg.trainer.total_steps:
-            self.step += 1
-            metrics = self.train_step()
-            if cfg.trainer.test_freq > 0 and self.step % cfg.trainer.test_freq == 0 or self.step == cfg.trainer.total_steps:
-                last_val = self.validate()
-                metrics.update(last_val)
-            if cfg.trainer.save_freq > 0 and self.step % cfg.trainer.save_freq == 0 or self.step == cfg.trainer.total_steps:
+        with stop_on_signals() as stop:  # a signal stops the loop between steps (see rlplat.trainer.signals)
+            self.step = resumed = c.checkpoints.maybe_resume(self)
+            saved = 0
+            if self.step == 0:
+                self.initial_val = self.validate()
+                c.tracker.log(self.initial_val, self.step)
+            initial = last_val = self.initial_val
+            while self.step < cfg.trainer.total_steps and not stop.requested:
+                self.step += 1
+                metrics = self.train_step()
+                last = self.step == cfg.trainer.total_steps
+                if cfg.trainer.test_freq > 0 and self.step % cfg.trainer.test_freq == 0 or last:
+                    last_val = self.validate()
+                    metrics.update(last_val)
+                # Logged before saving: a checkpoint of step N implies step N's metrics are on disk (a crash
+                # between the two repeats step N after the resume, with the same metrics, rather than lose it).
+                c.tracker.log(metrics, self.step)
+                if cfg.trainer.save_freq > 0 and self.step % cfg.trainer.save_freq == 0 or last:
+                    c.checkpoints.save(self)
+                    saved = self.step
+            if stop.requested and cfg.trainer.save_on_signal and self.step > max(saved, resumed):
                 c.checkpoints.save(self)
-            c.tracker.log(metrics, self.step)
+        if stop.requested:
+            self.stopped_by_signal(stop)
         summary = self.summary(initial, last_val, time.perf_counter() - wall)
         return summary
+
+    def stopped_by_signal(self, stop) -> None:
+        """Raise :class:`Interrupted` with one line saying where the run can be resumed from."""
+        root = self.c.checkpoints.root
+        latest = root / "latest"
+        where = (f"the newest checkpoint is {root / latest.read_text().strip()}; run the same command again to "
+                 f"resume (trainer.resume_mode=auto)") if latest.exists() else "no checkpoint was saved"
+        raise Interrupted(f"stopped by {stop.name} after step {self.step}; {where}", stop.signum)
 
     def summary(self, initial: dict, final: dict, wall_time_s: float) -> dict:
         out_dir = Path(self.cfg.trainer.output_dir)
@@ -139,6 +161,8 @@ class PPOTrainer:
             "output_dir": str(out_dir.resolve()),
             "hf_export": str((out_dir / "hf_export").resolve()),
             "final_val": final,
+            # where val accuracy's "correct" comes from: the reward's acc field, or the score >= 1 rule
+            "val_accuracy_source": getattr(self, "accuracy_source", None),
         }
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
@@ -284,30 +308,54 @@ class PPOTrainer:
         return batch[index]
 
     def update_critic(self, batch: Batch, metrics: dict) -> Batch:
-        metrics.update(self.c.critic.update_critic(batch)[0])
+        critic_metrics = self.c.critic.update_critic(batch)[0]
+        metrics.update(critic_metrics)
+        self.check_finite(critic_metrics)
         return batch
 
     def update_actor(self, batch: Batch, metrics: dict) -> Batch:
         actor_metrics = self.c.actor.update_actor(batch)[0]
-        metrics.update({k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()})
+        actor_metrics = {k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()}
+        metrics.update(actor_metrics)
+        self.check_finite(actor_metrics)
         return batch
+
+    def check_finite(self, metrics: dict) -> None:
+        """A NaN/inf loss or gradient norm: stop (``trainer.nonfinite=stop``, before this step is saved) or
+        warn and go on (``skip``: the engine does not apply an update whose gradient norm is not finite)."""
+        bad = {k: v for k, v in metrics.items() if ("loss" in k or "grad_norm" in k) and not np.isfinite(v)}
+        if not bad:
+            return
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+        if self.cfg.trainer.nonfinite == "skip":
+            print(f"[step {self.step}] warning: {shown}; the update was skipped (trainer.nonfinite=skip)", flush=True)
+            return
+        latest = self.c.checkpoints.root / "latest"
+        kept = f"the last checkpoint {latest.read_text().strip()} is intact" if latest.exists() else "nothing was saved"
+        raise RunError(f"step {self.step}: {shown}; stopping (trainer.nonfinite=stop; {kept}). Lower the learning "
+                       f"rate or check the rewards, or set trainer.nonfinite=skip to skip such steps")
 
     # ---------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         """Generate for every validation prompt (``rollout.val_n`` samples at ``rollout.val_temperature``)."""
         start = time.perf_counter()
-        sources, pids, answers, scores = [], [], [], []
+        sources, pids, answers, scores, correct, errors, rules = [], [], [], [], [], 0, set()
         for prompts in self.c.val_prompts():
             pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
             prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
             prompts.meta.update(step=self.step, temperature=self.cfg.rollout.val_temperature, validation=True)
             out = self.c.actor.generate_sequences(prompts.repeat(self.cfg.rollout.val_n, interleave=True))
-            batch_scores, _ = self.c.score(out, validation=True)
+            result = self.c.score_result(out, validation=True)
             sources += list(out.non_tensors["data_source"])
             pids += list(out.non_tensors["uid"])
             answers += self.c.decode(out)
-            scores += batch_scores.tolist()
-        metrics = validation_metrics(sources, pids, answers, scores)
+            scores += result.scores
+            correct += result.correct()
+            errors += result.num_errors
+            rules.add(result.accuracy_source)
+        metrics = validation_metrics(sources, pids, answers, scores, correct)
+        metrics["val/reward_num_errors"] = float(errors)
+        self.accuracy_source = rules.pop() if len(rules) == 1 else "mixed"
         metrics["timing/validate_s"] = time.perf_counter() - start
         print(f"[validate step {self.step}] accuracy={metrics['val/accuracy']:.3f} on {len(scores)} responses",
               flush=True)

@@ -39,7 +39,10 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     from rlplat.trainer.components import build_components
     from rlplat.trainer.ppo import PPOTrainer
 
+    from rlplat.trainer.preflight import preflight
+
     trainer_cls = trainer_cls or PPOTrainer
+    preflight(cfg)  # output dir, model path, logger packages: one line each, before anything starts
     model_path = resolve_model_path(cfg)
     using_ray = init_ray(cfg)
     try:

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlplat.utils.errors import RunError
+
 CONSOLE_KEYS = (
     "score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
     "val/accuracy", "timing/step_s",
@@ -33,13 +35,13 @@ class Tracker:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:
-                raise RuntimeError("trainer.logger includes tensorboard: pip install tensorboard") from err
+                raise RunError("trainer.logger includes 'tensorboard', but it cannot be imported: pip install tensorboard") from err
             self._tb = SummaryWriter(str(self.output_dir / "tensorboard"))
         if "wandb" in self.loggers:
             try:
                 import wandb
             except ImportError as err:
-                raise RuntimeError("trainer.logger includes wandb: pip install wandb") from err
+                raise RunError("trainer.logger includes 'wandb', but it cannot be imported: pip install wandb") from err
             self._wandb = wandb.init(config=config, dir=str(self.output_dir))
 
     def log(self, metrics: dict[str, float], step: int) -> None:

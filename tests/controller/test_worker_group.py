@@ -43,6 +43,15 @@ class Probe(Worker):
         dist.all_reduce(total)  # a real collective over the group's process group
         return float(total)
 
+    @register(Dispatch.ONE_TO_ALL)
+    def die_on_rank_1(self):
+        """Rank 1's process dies; rank 0 waits in a collective that will never complete."""
+        import os
+
+        if self.rank == 1:
+            os._exit(1)
+        dist.barrier()
+
     def not_exposed(self):
         return 1
 
@@ -66,7 +75,7 @@ def test_in_process_group():
     group = InProcessWorkerGroup(Probe, device="cpu")
     try:
         check_dispatch(group, 1)
-        with pytest.raises(AttributeError, match="not_exposed is not a worker method.*exposed: double"):
+        with pytest.raises(AttributeError, match="not_exposed is not a worker method.*exposed: .*double"):
             group.not_exposed
     finally:
         group.shutdown()
@@ -90,6 +99,20 @@ def test_two_ray_workers(ray_cluster, by_value):
         assert info[0][3] != info[1][3]  # two processes
         with pytest.raises(ValueError, match="does not split evenly over 2 workers"):
             group.global_sum(data(5))
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_mid_call_is_named_not_waited_for(ray_cluster, by_value):
+    from rlplat.utils.errors import RunError
+
+    pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
+    group = RayWorkerGroup(Probe, pool)
+    try:
+        with pytest.raises(RunError, match=r"^Probe rank 1 of 2 died during die_on_rank_1\(\)"):
+            group.die_on_rank_1()  # without the fix: blocks until gloo's 30-minute timeout
     finally:
         group.shutdown()
         pool.release()

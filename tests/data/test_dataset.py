@@ -41,6 +41,19 @@ def test_string_prompts_and_missing_extra_info(tmp_path):
     assert row["extra_info"] == {} and row["ground_truth"] == "4"
 
 
+def test_float_ground_truths_from_pandas_compare_as_numbers(tmp_path):
+    # one missing value turns a numeric column into float64: 122 is written as 122.0
+    truths = pd.Series([122, None, 7.5]).tolist()
+    rows = [{**GOOD, "reward_model": {"ground_truth": truths[0]}}, {**GOOD, "reward_model": {"ground_truth": truths[2]}}]
+    loaded = load_rows(write_rows(tmp_path, rows))
+    assert list(loaded["ground_truth"]) == ["122", "7.5"]
+    from rlplat.reward import REWARD_FUNCTIONS
+
+    arithmetic = REWARD_FUNCTIONS.get("arithmetic")
+    assert arithmetic("s", "122", "122.0") == 1.0 and arithmetic("s", "122", "122") == 1.0
+    assert REWARD_FUNCTIONS.get("gsm8k")("s", "#### 122", "122.0") == 1.0
+
+
 @pytest.mark.parametrize("bad, message", [
     ({**GOOD, "reward_model": {"style": "rule", "ground_truth": None}},
      "row 1: reward_model has no 'ground_truth' (expected {'style': ..., 'ground_truth': ...})"),
@@ -49,6 +62,8 @@ def test_string_prompts_and_missing_extra_info(tmp_path):
      "row 1: prompt must be a string or a non-empty list of {'role': str, 'content': str} messages"),
     ({**GOOD, "prompt": []}, "row 1: prompt must be a string or a non-empty list"),
     ({**GOOD, "data_source": None}, "row 1: data_source must be a string, got None"),
+    ({**GOOD, "reward_model": {"style": "rule", "ground_truth": " "}},
+     "row 1: reward_model.ground_truth is empty; expected an answer"),
 ])
 def test_bad_rows_name_file_row_and_key(tmp_path, bad, message):
     path = write_rows(tmp_path, [GOOD, bad])

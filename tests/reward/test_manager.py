@@ -57,8 +57,10 @@ def test_an_exception_scores_zero_is_counted_and_printed_once(capsys):
     assert result.scores == [3.0, 0.0, 0.0]  # the other function still counts for the failing samples
     assert result.per_function["flaky"] == [1.0, 0.0, 0.0] and result.num_errors == 2
     err = capsys.readouterr().err
-    assert err.count("Traceback") == 1 and err.count("RuntimeError: scorer bug") == 1
-    assert "flaky raised on sample 1 (data_source 's1')" in err
+    assert err.count("Traceback") == 1 and err.count("[rlplat.reward] reward function") == 1
+    assert "reward function 'flaky' on sample 1 (data_source 's1', ground_truth 'a') raised RuntimeError: " \
+           "scorer bug" in err
+    assert result.first_error.startswith("reward function 'flaky' on sample 1")
 
     again = run(manager, ["boom"])  # the same manager: counted, not printed
     assert again.num_errors == 1 and capsys.readouterr().err == ""
@@ -72,7 +74,7 @@ def test_non_finite_values_are_errors(capsys):
 
     result = run(RewardManager([(bad, 1.0)]), ["nan", "inf", "text", "ok"])
     assert result.scores == [0.0, 0.0, 0.0, 0.5] and result.num_errors == 3
-    assert "returned nan" in capsys.readouterr().err
+    assert "'bad' on sample 0 (data_source 'src', ground_truth 'a') returned nan" in capsys.readouterr().err
 
 
 def test_unknown_data_source_propagates():

@@ -8,6 +8,7 @@ import pytest
 from rlplat.config import load_config
 from rlplat.trainer.main import main
 from rlplat.trainer.run import run
+from rlplat.utils.errors import RunError
 
 
 def overrides(out_dir, steps, val_file, *extra):
@@ -39,7 +40,12 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(embedded_cache, s
     train(overrides(full, 4, small_val, inproc, "trainer.save_freq=2"))
     resumed = tmp_path / "resumed"
     train(overrides(resumed, 2, small_val, inproc))  # stops after step 2 (and saves)
-    summary = train(overrides(resumed, 4, small_val, inproc, "trainer.resume_mode=auto"))
+    # total_steps shapes the LR schedule: extending it is refused unless allowed
+    with pytest.raises(RunError, match=r"trainer.total_steps: 2 -> 4.*resume_allow_config_change=true"):
+        train(overrides(resumed, 4, small_val, inproc, "trainer.resume_mode=auto"))
+    summary = train(overrides(resumed, 4, small_val, inproc, "trainer.resume_mode=auto",
+                              "trainer.resume_allow_config_change=true"))
+    assert summary["initial_val_accuracy"] == json.loads((full / "summary.json").read_text())["initial_val_accuracy"]
     assert summary["steps"] == 4
     a, b = metrics(full), metrics(resumed)
     for step in (3, 4):

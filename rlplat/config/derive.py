@@ -1,0 +1,39 @@
+"""Batch sizes a user leaves unset (``None``) follow the sizes they did set.
+
+Filled in once while the config is composed (like an interpolation), before validation, so that changing
+one knob (``rollout.n=4``, ``data.train_batch_size_prompts=8``, ``trainer.workers_per_node=8``) keeps a
+valid config; a size set explicitly is never changed, and validation still checks it.
+
+* ``actor.mini_batch_size_prompts``: the largest divisor of ``data.train_batch_size_prompts`` <= 16.
+* ``actor.micro_batch_size_seqs_per_worker``: the largest divisor of the per-worker mini-batch
+  (mini-batch prompts x ``rollout.n`` / workers) <= 128; ``critic.micro_batch_size_seqs_per_worker``:
+  the actor's value.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, open_dict
+
+MINI_BATCH_PROMPTS_CAP = 16  # 4 optimizer steps per 64-prompt step: the quickstart's tuned value
+MICRO_BATCH_SEQS_CAP = 128  # activations of 128 sequences fit a CPU or one GPU for the models we test
+
+
+def largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest d <= cap with n % d == 0 (1 when n < 1)."""
+    return next((d for d in range(min(n, cap), 0, -1) if n % d == 0), 1)
+
+
+def derive_batch_sizes(cfg: DictConfig) -> None:
+    """Replace the ``None`` batch sizes of ``cfg`` (in place) by the values above."""
+    actor, critic = cfg.actor, cfg.critic
+    with open_dict(cfg):
+        if actor.mini_batch_size_prompts is None:
+            actor.mini_batch_size_prompts = largest_divisor_at_most(cfg.data.train_batch_size_prompts,
+                                                                    MINI_BATCH_PROMPTS_CAP)
+        world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+        mini_seqs = actor.mini_batch_size_prompts * cfg.rollout.n
+        per_worker = mini_seqs // world if world > 0 and mini_seqs % world == 0 else MICRO_BATCH_SEQS_CAP
+        if actor.micro_batch_size_seqs_per_worker is None:
+            actor.micro_batch_size_seqs_per_worker = largest_divisor_at_most(per_worker, MICRO_BATCH_SEQS_CAP)
+        if critic.micro_batch_size_seqs_per_worker is None:
+            critic.micro_batch_size_seqs_per_worker = actor.micro_batch_size_seqs_per_worker

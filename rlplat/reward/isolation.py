@@ -1,0 +1,232 @@
+"""Calling reward functions safely: result checking, and a worker process with a per-call timeout.
+
+Reward functions are user code. Two things protect the run from them:
+
+* :func:`check_result` turns what a function returned into ``(score, acc, extras)`` and refuses anything
+  that is not a finite number or a dict with a finite ``score`` (``None``, strings, NaN, ±inf, lists,
+  tuples, ...), with a message naming the function, the sample and the value.
+* :class:`ProcessExecutor` runs the functions in a separate (spawned) process. The controller waits at most
+  ``reward.timeout_s`` for each call; a call that hangs or a process that dies (segfault, ``os._exit``,
+  out of memory) costs that one sample (scored 0 and counted as an error): the process is replaced and
+  scoring goes on with the next sample. :class:`InProcessExecutor` (``reward.isolation=inprocess``) calls
+  the functions directly, without a timeout, for debugging.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import numbers
+import pickle
+import signal
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# (score, acc or None, extra numeric fields) or an error message.
+Outcome = tuple[float, "float | None", dict[str, float]] | str
+Row = tuple[str, str, str, Any]  # (data_source, solution_str, ground_truth, extra_info)
+# Spawning the worker imports torch (through rlplat.reward); generous because CI machines are shared.
+STARTUP_TIMEOUT_S = 120.0
+
+
+def function_name(fn: Callable) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+class BadRewardValue(ValueError):
+    """A reward function returned something that is not a usable score."""
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, numbers.Real):  # int, float, bool and numpy scalars
+        value = float(value)
+        return value if math.isfinite(value) else None
+    return None
+
+
+def check_result(value: Any, name: str, index: int, row: Row) -> tuple[float, float | None, dict[str, float]]:
+    """``(score, acc, extras)`` from a reward function's return value, or :class:`BadRewardValue`.
+
+    Accepted: a finite real number (bool and numpy scalars included), or a dict (verl style) with a finite
+    ``score``, an optional finite ``acc`` and other finite numeric fields (logged as metrics; non-numeric
+    ones are ignored).
+    """
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise BadRewardValue(f"{_where(name, index, row)} returned a dict without 'score': {_show(value)}")
+        score = _finite(value["score"])
+        acc = None if value.get("acc") is None else _finite(value["acc"])
+        if score is None or (value.get("acc") is not None and acc is None):
+            raise BadRewardValue(f"{_where(name, index, row)} returned {_show(value)}; 'score' and 'acc' must be "
+                                 f"finite numbers")
+        extras = {str(k): v for k, v in ((k, _finite(v)) for k, v in value.items() if k not in ("score", "acc"))
+                  if v is not None}
+        return score, acc, extras
+    score = _finite(value)
+    if score is None:
+        raise BadRewardValue(f"{_where(name, index, row)} returned {_show(value)} ({type(value).__name__}); "
+                             f"expected a finite number or a dict with a finite 'score'")
+    return score, None, {}
+
+
+def _where(name: str, index: int, row: Row) -> str:
+    return (f"reward function {name!r} on sample {index} (data_source {row[0]!r}, ground_truth "
+            f"{_show(row[2])})")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def call_one(fn: Callable, name: str, index: int, row: Row) -> Outcome:
+    """One checked call; an exception or a bad value becomes an error message (the first line of which
+    names the function, the sample and the value or exception)."""
+    from rlplat.reward.scorers import UnknownDataSourceError
+
+    try:
+        return check_result(fn(*row), name, index, row)
+    except UnknownDataSourceError:
+        raise
+    except BadRewardValue as err:
+        return str(err)
+    except Exception as err:  # user code: any exception costs this sample only
+        return f"{_where(name, index, row)} raised {type(err).__name__}: {err}\n{traceback.format_exc()}"
+
+
+class InProcessExecutor:
+    """Calls the functions in the controller process (no timeout, no crash isolation)."""
+
+    def __init__(self, functions: Sequence[Callable], names: Sequence[str]):
+        self.functions, self.names = list(functions), list(names)
+
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[Outcome]:
+        fn, name = self.functions[fn_index], self.names[fn_index]
+        return [call_one(fn, name, first_index + i, row) for i, row in enumerate(rows)]
+
+    def close(self) -> None:
+        pass
+
+
+def _spec(fn: Callable) -> tuple:
+    """How the worker process gets ``fn``: a custom file is loaded again there, anything else pickled."""
+    source = getattr(fn, "__rlplat_source__", None)
+    if source is not None:
+        return ("file", *source)
+    try:
+        return ("pickle", pickle.dumps(fn))
+    except Exception as err:
+        from rlplat.reward.scorers import RewardConfigError
+
+        raise RewardConfigError(f"reward function {function_name(fn)!r} cannot be sent to the reward worker "
+                                f"process ({err}); define it at module level or set reward.isolation=inprocess"
+                                ) from None
+
+
+def _serve(conn, specs: list[tuple], names: list[str]) -> None:
+    """The worker process: load the functions, then answer ``(fn_index, first_index, rows)`` requests with
+    one :data:`Outcome` per row, in order, as each is computed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    from rlplat.reward.scorers import UnknownDataSourceError, load_custom_function
+
+    try:
+        functions = [load_custom_function(s[1], s[2]) if s[0] == "file" else pickle.loads(s[1]) for s in specs]
+    except Exception as err:
+        conn.send(("error", f"{type(err).__name__}: {err}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        fn_index, first, rows = request
+        for i, row in enumerate(rows):
+            try:
+                conn.send(("ok", call_one(functions[fn_index], names[fn_index], first + i, row)))
+            except UnknownDataSourceError as err:
+                conn.send(("config_error", str(err)))
+
+
+class ProcessExecutor:
+    """Runs the functions in a spawned worker process; each call gets at most ``timeout_s`` seconds."""
+
+    def __init__(self, functions: Sequence[Callable], names: Sequence[str], timeout_s: float):
+        self.specs, self.names, self.timeout_s = [_spec(fn) for fn in functions], list(names), float(timeout_s)
+        self._proc = None
+        self._conn = None
+
+    def _start(self) -> None:
+        from rlplat.reward.scorers import RewardConfigError
+
+        ctx = mp.get_context("spawn")  # fork would copy Ray's and torch's threads into the child
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, self.specs, self.names), daemon=True,
+                                 name="rlplat-reward")
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(STARTUP_TIMEOUT_S):
+            self._stop()
+            raise RewardConfigError(f"the reward worker process did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            kind, message = self._conn.recv()
+        except EOFError:
+            kind, message = "error", f"it exited with code {self._proc.exitcode} while loading the functions"
+        if kind != "ready":
+            self._stop()
+            raise RewardConfigError(f"the reward worker process could not load the reward functions: {message}")
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(5)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[Outcome]:
+        from rlplat.reward.scorers import UnknownDataSourceError
+
+        out: list[Outcome] = []
+        while len(out) < len(rows):
+            if self._proc is None:
+                self._start()
+            start = len(out)
+            self._conn.send((fn_index, first_index + start, list(rows[start:])))
+            for i in range(start, len(rows)):
+                failure = self._receive(fn_index, first_index + i, rows[i], out)
+                if failure is not None:  # the process is gone: count this sample, restart for the rest
+                    out.append(failure)
+                    self._stop()
+                    break
+        for outcome in out:
+            if isinstance(outcome, tuple) and outcome and outcome[0] == "config_error":
+                raise UnknownDataSourceError(outcome[1])
+        return out
+
+    def _receive(self, fn_index: int, index: int, row: Row, out: list) -> str | None:
+        """Append the next outcome to ``out``; or return the error message when the call timed out or the
+        process died."""
+        name = self.names[fn_index]
+        if not self._conn.poll(self.timeout_s):
+            return (f"{_where(name, index, row)} did not return within reward.timeout_s={self.timeout_s:g} s; "
+                    f"the reward worker process was restarted")
+        try:
+            kind, payload = self._conn.recv()
+        except (EOFError, ConnectionError):
+            self._proc.join(5)
+            return (f"{_where(name, index, row)} killed the reward worker process (exit code "
+                    f"{self._proc.exitcode}); it was restarted")
+        out.append(payload if kind == "ok" else (kind, payload))
+        return None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.send(None)
+            except (OSError, ValueError):
+                pass
+        self._stop()

@@ -1,0 +1,85 @@
+"""Checks of what a run needs from its surroundings, before any worker starts.
+
+Each failure is a :class:`~rlplat.utils.errors.RunError` naming the key, the path and what was expected:
+the output directory (a directory we can write), the model (a local Hugging Face directory with a
+``config.json``, or a hub id that can be fetched), and the packages of the chosen loggers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rlplat.utils.errors import RunError
+
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def check_output_dir(path: str) -> None:
+    """``trainer.output_dir`` must be (or become) a directory we can write to."""
+    out = Path(path).expanduser()
+    key = f"trainer.output_dir={path!r}"
+    if out.exists() and not out.is_dir():
+        raise RunError(f"{key} is a file, not a directory; choose another trainer.output_dir")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunError(f"{key} is under {existing}, which is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".rlplat-write-check"):
+            pass
+    except OSError as err:
+        raise RunError(f"{key} is not writable ({err.strerror or err}); choose a directory you can write to") from None
+
+
+def _looks_local(path: str) -> bool:
+    """A path rather than a hub id (``org/name``): absolute, relative with ./ or ../, ~, or deeper."""
+    return path.startswith(("/", "./", "../", "~", ".")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+
+
+def check_model_path(path: str, key: str = "model.path") -> None:
+    """A local directory with ``config.json``, or a hub id whose config can be fetched (or is cached)."""
+    local = Path(path).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise RunError(f"{key}={path!r} is a file; expected a Hugging Face model directory (with config.json) "
+                           f"or a hub id")
+        if not (local / "config.json").is_file():
+            raise RunError(f"{key}={path!r} has no config.json; expected a Hugging Face model directory "
+                           f"(save_pretrained output) or a hub id")
+        return
+    if _looks_local(path):
+        raise RunError(f"{key}={path!r}: no such directory (resolved to {local.resolve()})")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunError(f"{key}={path!r} is not a local directory, and fetching it from the hub failed ({reason}); "
+                       f"check the id and the network, or pass a local model directory") from None
+
+
+def check_loggers(loggers) -> None:
+    for name in loggers:
+        package = LOGGER_PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            raise RunError(f"trainer.logger includes {name!r}, but the {package} package is not installed: "
+                           f"pip install {package} (or remove it from trainer.logger)")
+
+
+def preflight(cfg: DictConfig) -> None:
+    check_output_dir(cfg.trainer.output_dir)
+    check_loggers(cfg.trainer.logger)
+    if cfg.model.path != "embedded":
+        check_model_path(cfg.model.path)
+    if cfg.model.tokenizer_path:
+        check_model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
+    if cfg.critic.model_path and cfg.algorithm.adv_estimator == "gae":
+        check_model_path(cfg.critic.model_path, "critic.model_path")

@@ -1,0 +1,93 @@
+"""Reward results are checked, and reward code runs in a worker process with a per-call timeout."""
+
+import math
+
+import numpy as np
+import pytest
+
+from rlplat.reward import RewardManager, build_reward_manager
+from rlplat.reward.isolation import BadRewardValue, check_result
+from rlplat.trainer.metrics import validation_metrics
+
+ROW = ("src", "text", "42", {})
+
+
+def returns(value):
+    def fixed(data_source, solution_str, ground_truth, extra_info=None):
+        return value
+    return fixed
+
+
+@pytest.mark.parametrize("value", [None, "1.0", math.nan, math.inf, -math.inf, [1.0], (1.0,), {"acc": 1.0},
+                                   {"score": "1"}, {"score": 1.0, "acc": math.nan}, object()])
+def test_bad_return_values_are_errors_naming_function_sample_and_value(value):
+    with pytest.raises(BadRewardValue) as err:
+        check_result(value, "my_reward", 7, ROW)
+    first = str(err.value).splitlines()[0]
+    assert "'my_reward'" in first and "sample 7" in first and "'42'" in first
+    shown = repr(value)[:20] if not isinstance(value, dict) else "score" if "score" in value else "without 'score'"
+    assert shown in first
+
+
+@pytest.mark.parametrize("value, expected", [
+    (1, (1.0, None, {})), (True, (1.0, None, {})), (np.float32(0.5), (0.5, None, {})),
+    ({"score": 0.3, "acc": 1, "pred": "7", "len_bonus": 0.1}, (0.3, 1.0, {"len_bonus": 0.1})),
+])
+def test_good_return_values(value, expected):
+    assert check_result(value, "f", 0, ROW) == expected
+
+
+def test_dict_rewards_give_scores_acc_and_extra_metrics():
+    def shaped(data_source, solution_str, ground_truth, extra_info=None):
+        ok = solution_str == ground_truth
+        return {"score": (1.0 if ok else 0.0) + 0.25, "acc": float(ok), "format": 0.25}
+
+    result = RewardManager([(shaped, 1.0)]).score(["7", "8"], ["s", "s"], ["7", "7"], [{}, {}], [1, 1])
+    assert result.scores == [1.25, 0.25] and result.acc == [1.0, 0.0] and result.correct() == [1.0, 0.0]
+    assert result.extras == {"shaped/format": [0.25, 0.25]} and result.accuracy_source == "acc"
+
+
+def test_validation_accuracy_uses_acc_with_a_shaped_reward():
+    # a shaped reward below 1 for every sample: the score >= 1 rule would read 0, acc says half are right
+    scores, acc = [0.9, 0.4, 0.9, 0.4], [1.0, 0.0, 1.0, 0.0]
+    m = validation_metrics(["s"] * 4, ["p0", "p0", "p1", "p1"], ["a", "b", "a", "b"], scores, acc)
+    assert m["val/accuracy"] == 0.5 and m["val/s/pass@2"] == 1.0
+    assert validation_metrics(["s"] * 4, ["p0", "p0", "p1", "p1"], ["a"] * 4, scores)["val/accuracy"] == 0.0
+
+
+def test_float_rewards_use_the_documented_score_rule():
+    result = RewardManager([(returns(1.0), 1.0)]).score(["a", "b"], ["s"] * 2, ["a"] * 2, [{}] * 2, [1, 1])
+    assert result.correct() == [1.0, 1.0] and result.accuracy_source == "score>=1"
+
+
+HANGS_AND_CRASHES = '''
+import os, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        time.sleep(600)
+    if solution_str == "crash":
+        os._exit(3)
+    if solution_str == "none":
+        return None
+    return {"score": float(solution_str == ground_truth), "acc": float(solution_str == ground_truth)}
+'''
+
+
+def test_worker_process_survives_hangs_crashes_and_bad_values(tmp_path, capsys):
+    path = tmp_path / "reward.py"
+    path.write_text(HANGS_AND_CRASHES)
+    manager = build_reward_manager({"custom_fn": {"path": str(path)}, "timeout_s": 1.0})
+    try:
+        texts = ["7", "hang", "7", "crash", "none", "8", "7"]
+        result = manager.score(texts, ["s"] * 7, ["7"] * 7, [{}] * 7, [1] * 7)
+        assert result.scores == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+        assert result.num_errors == 3 and result.num_calls == 7
+        assert "did not return within reward.timeout_s=1 s" in result.first_error
+        assert "'compute_score' on sample 1" in result.first_error
+        err = capsys.readouterr().err
+        assert "reward.timeout_s" in err and err.count("[rlplat.reward]") == 2  # the first error only
+        again = manager.score(["crash"], ["s"], ["7"], [{}], [1])  # a crash is counted, never fatal
+        assert again.num_errors == 1 and "killed the reward worker process (exit code 3)" in again.first_error
+    finally:
+        manager.close()

@@ -1,0 +1,177 @@
+"""Run-time failures end the run with one line: rewards that fail on a whole step, ..."""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from rlplat.trainer.main import main
+from rlplat.trainer.ppo import PPOTrainer
+
+SMALL = ["data.train_batch_size_prompts=4", "actor.mini_batch_size_prompts=4", "rollout.n=2",
+         "rollout.val_n=1", "trainer.test_freq=0", "trainer.ray_address=inprocess"]
+
+
+def test_a_step_where_every_reward_fails_stops_the_run(embedded_cache, small_val, tmp_path, capsys):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return None\n")
+    out = tmp_path / "out"
+    code = main([*SMALL, f"data.val_files={small_val}", f"reward.custom_fn.path={reward}", "trainer.total_steps=3",
+                 f"trainer.output_dir={out}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1].startswith("rlplat: step 1: 8 of 8 reward calls failed (reward.fail_fraction_to_stop=1)")
+    assert "reward function 'compute_score' on sample 0" in err[-1] and "returned None" in err[-1]
+    assert not any("Traceback" in line for line in err)
+    assert not (out / "checkpoints").exists()  # nothing was trained, nothing saved
+    initial = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert initial["step"] == 0 and initial["val/reward_num_errors"] == 32  # validation errors are counted
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.path={tmp}/nowhere", "model.path='{tmp}/nowhere': no such directory"),
+    ("model.path={tmp}/model", "model.path='{tmp}/model' has no config.json; expected a Hugging Face model"),
+    ("trainer.output_dir={tmp}/afile", "trainer.output_dir='{tmp}/afile' is a file, not a directory"),
+    ("trainer.output_dir={tmp}/afile/out", "trainer.output_dir='{tmp}/afile/out' is under {tmp}/afile, which is a file"),
+    ("trainer.output_dir=/sys/rlplat-out", "trainer.output_dir='/sys/rlplat-out' is not writable"),
+    ("trainer.logger=[console,wandb]", "trainer.logger includes 'wandb', but the wandb package is not installed"),
+])
+def test_runtime_errors_are_one_line(tmp_path, capsys, override, message):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "afile").write_text("not a directory")
+    args = [override.format(tmp=tmp_path), "trainer.ray_address=inprocess"]
+    if "output_dir" not in override:
+        args.append(f"trainer.output_dir={tmp_path}/out")
+    code = main(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("rlplat: " + message.format(tmp=tmp_path)) and "\n" not in err
+
+
+def test_a_hub_id_without_network_is_one_line(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "rlplat.trainer.main", "model.path=someorg/no-such-model",
+                           "trainer.ray_address=inprocess", f"trainer.output_dir={tmp_path}"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "rlplat: model.path='someorg/no-such-model' is not a local directory, and fetching it from the hub failed")
+
+
+def _start(tmp_path, small_val, *extra):
+    args = [sys.executable, "-m", "rlplat.trainer.main", *SMALL, f"data.val_files={small_val}",
+            "trainer.total_steps=200", f"trainer.output_dir={tmp_path}/out", *extra]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for_step(proc, step):
+    for line in proc.stdout:
+        if line.startswith(f"[step {step}]"):
+            return
+    raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()[-2000:]}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cache, small_val, tmp_path, signum):
+    proc = _start(tmp_path, small_val)
+    _wait_for_step(proc, 2)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    step = int(re.search(r"after step (\d+);", last).group(1))
+    ckpt = tmp_path / "out" / "checkpoints" / f"step_{step:06d}"
+    assert last == (f"rlplat: stopped by {signal.Signals(signum).name} after step {step}; the newest checkpoint is "
+                    f"{ckpt}; run the same command again to resume (trainer.resume_mode=auto)")
+    from rlplat.utils.checkpoint import verify
+
+    assert step >= 2 and verify(ckpt) is None
+
+
+def test_a_second_ctrl_c_exits_at_once(embedded_cache, small_val, tmp_path):
+    proc = _start(tmp_path, small_val, "trainer.save_on_signal=false")
+    _wait_for_step(proc, 1)
+    proc.send_signal(signal.SIGINT)
+    # The second signal goes once the first was handled (two signals sent back to back reach Python's
+    # handler once), i.e. in the middle of the step the run was asked to finish.
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "received: finishing the current step" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    err = "".join(seen) + err
+    assert proc.returncode == 130 and "second SIGINT: exiting now" in err and "Traceback" not in err
+
+
+class PoisonedAdvantages(PPOTrainer):
+    """From step 2 on, one advantage is NaN (as a diverging estimator would produce): the real engine then
+    computes a NaN loss and gradient norm."""
+
+    def advantages(self, batch, metrics):
+        batch = super().advantages(batch, metrics)
+        if self.step >= 2:
+            batch.tensors["advantages"][0, 0] = float("nan")
+        return batch
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_a_nan_loss_stops_or_skips_naming_step_and_quantity(embedded_cache, small_val, tmp_path, capsys, mode):
+    out = tmp_path / "out"
+    code = main([*SMALL, f"data.val_files={small_val}", "trainer.total_steps=3", "trainer.save_freq=1",
+                 f"trainer.nonfinite={mode}", f"trainer.output_dir={out}"], trainer_cls=PoisonedAdvantages)
+    captured = capsys.readouterr()
+    from rlplat.utils.checkpoint import verify
+
+    if mode == "stop":
+        err = captured.err.strip().splitlines()[-1]
+        assert code == 1 and re.match(r"rlplat: step 2: actor/\w*(grad_norm|loss)=nan", err), err
+        assert "the last checkpoint step_000001 is intact" in err and "trainer.nonfinite=skip" in err
+        assert (out / "checkpoints" / "latest").read_text() == "step_000001"
+        assert verify(out / "checkpoints" / "step_000001") is None
+    else:
+        assert code == 0 and "[step 2] warning: actor/" in captured.out and "(trainer.nonfinite=skip)" in captured.out
+
+
+def _last_per_step(out):
+    """The metric trajectory of a run, later lines (after a resume) replacing earlier ones of the same step."""
+    rows = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        rows[m["step"]] = {k: v for k, v in m.items() if not k.startswith(("timing/", "perf/")) and k != "time"}
+    return rows
+
+
+def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, small_val, tmp_path):
+    from rlplat.data import TASKS, write_parquet
+
+    # 8 prompts, 4 per step: every epoch is 2 steps, so each checkpoint (every 2 steps) is on an epoch boundary
+    train = write_parquet(TASKS.get("arithmetic")(8, seed=3, split="train"), tmp_path / "train.parquet")
+    common = [*SMALL, f"data.val_files={small_val}", f"data.train_files={train}", "trainer.total_steps=6",
+              "trainer.save_freq=2"]
+    assert main([*common, f"trainer.output_dir={tmp_path}/full"]) == 0
+
+    kill_at = random.Random(13).randint(3, 5)  # a step after the first checkpoint (step 2)
+    crashed = tmp_path / "crashed"
+    proc = subprocess.Popen([sys.executable, "-m", "rlplat.trainer.main", *common, f"trainer.output_dir={crashed}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    _wait_for_step(proc, kill_at)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    saved = (crashed / "checkpoints" / "latest").read_text()
+    assert saved in ("step_000002", "step_000004")
+    assert main([*common, f"trainer.output_dir={crashed}", "trainer.resume_mode=auto"]) == 0
+
+    full, resumed = _last_per_step(tmp_path / "full"), _last_per_step(crashed)
+    assert sorted(resumed) == sorted(full) == list(range(7))
+    for step in range(7):
+        assert resumed[step] == full[step], (step, kill_at, saved)
+    assert full[3] != full[4]  # the steps differ, so equality means something
