@@ -32,6 +32,15 @@ def embedded_cache(tmp_path_factory):
     return cache
 
 
+@pytest.fixture(scope="session")
+def small_val(tmp_path_factory):
+    """32 held-out arithmetic problems: validation that costs little."""
+    from rlplat.data import TASKS, write_parquet
+
+    return str(write_parquet(TASKS.get("arithmetic")(32, seed=1, split="test"),
+                             tmp_path_factory.mktemp("val") / "val.parquet"))
+
+
 def start_local_ray():
     import ray
 
