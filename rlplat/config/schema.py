@@ -123,6 +123,13 @@ class AlgorithmConfig:
     clip_ratio_low: float = 0.2  # epsilon_low
     clip_ratio_high: float = 0.2  # epsilon_high (DAPO clip-higher: 0.28)
     clip_ratio_c: float = 3.0  # dual-clip constant (> 1)
+    clip_cov_ratio: float = 2e-4  # clip_cov: share of valid tokens whose gradient is stopped
+    clip_cov_lb: float = 1.0  # clip_cov: candidate tokens have clip_cov_lb < covariance < clip_cov_ub
+    clip_cov_ub: float = 5.0  # clip_cov: upper bound of the candidates' covariance
+    kl_cov_ratio: float = 2e-3  # kl_cov: share of valid tokens that get the |logp - old| penalty
+    kl_cov_coef: float = 1.0  # kl_cov: weight of that penalty
+    sapo_tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
+    sapo_tau_neg: float = 1.05  # sapo: gate temperature for non-positive advantages
     use_kl_in_reward: bool = False  # r_t - beta * KL_t with algorithm.kl_ctrl
     kl_penalty: str = "k1"  # KL estimator used in the reward (registry)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)

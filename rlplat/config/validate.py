@@ -184,6 +184,12 @@ def _check_algorithm(cfg: DictConfig) -> None:
             f"{key}={_get(cfg, key)!r}: the trainer passes per-token log-probs between roles, not "
             f"vocabulary-sized logits; use k1, k2, k3 or low_var_kl (with '+' for straight-through)",
         )
+    from rlplat.workers.actor_loss import policy_loss_config
+
+    try:  # the policy-loss knobs' own checks (clip_cov bounds, sapo temperatures, ...)
+        policy_loss_config(algo)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.{err}") from None
     if algo.loss_scale_factor is not None:
         _check(algo.loss_scale_factor > 0, f"algorithm.loss_scale_factor must be > 0, got {algo.loss_scale_factor}")
 

@@ -11,6 +11,8 @@ metric over micro-batches and ranks gives its mini-batch mean.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from omegaconf import DictConfig
 
@@ -29,11 +31,8 @@ from rlplat.workers.engines.base import ForwardOutput
 
 
 def policy_loss_config(algo: DictConfig) -> PolicyLossConfig:
-    return PolicyLossConfig(
-        clip_ratio_low=algo.clip_ratio_low,
-        clip_ratio_high=algo.clip_ratio_high,
-        clip_ratio_c=algo.clip_ratio_c,
-    )
+    """Every PolicyLossConfig field from the algorithm section (the schema has a key for each)."""
+    return PolicyLossConfig(**{f.name: algo[f.name] for f in dataclasses.fields(PolicyLossConfig)})
 
 
 def _weighted(metrics: dict[str, torch.Tensor], mask: torch.Tensor, denominators: LossDenominators) -> dict[str, float]:
