@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -17,6 +19,26 @@ def tiny_model_path(tmp_path_factory):
     from rlplat.models.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
+
+
+@pytest.fixture(scope="session")
+def embedded_cache(tmp_path_factory):
+    """Build the embedded (warm-started) model once per session in a private cache."""
+    from rlplat.models.embedded import ensure_embedded_model
+
+    cache = os.environ.get("RLPLAT_CACHE") or str(tmp_path_factory.mktemp("rlplat-cache"))
+    os.environ["RLPLAT_CACHE"] = cache
+    ensure_embedded_model()
+    return cache
+
+
+@pytest.fixture(scope="session")
+def small_val(tmp_path_factory):
+    """32 held-out arithmetic problems: validation that costs little."""
+    from rlplat.data import TASKS, write_parquet
+
+    return str(write_parquet(TASKS.get("arithmetic")(32, seed=1, split="test"),
+                             tmp_path_factory.mktemp("val") / "val.parquet"))
 
 
 def start_local_ray():

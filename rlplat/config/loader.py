@@ -120,6 +120,7 @@ def _derive(cfg: DictConfig) -> None:
 
 def load_config(overrides: list[str] | None = None) -> tuple[DictConfig, RunPlan]:
     """Compose, resolve interpolations, validate and freeze the config; also return its RunPlan."""
+    from rlplat.config.imports import import_user_modules
     from rlplat.config.validate import validate
 
     cfg = compose_config(overrides)
@@ -127,6 +128,7 @@ def load_config(overrides: list[str] | None = None) -> tuple[DictConfig, RunPlan
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
         raise ConfigError(_format_omegaconf_error(err)) from None
+    import_user_modules(cfg.trainer.imports)  # before validation: their plug-ins' names must count
     _derive(cfg)
     plan = validate(cfg)
     OmegaConf.set_readonly(cfg, True)

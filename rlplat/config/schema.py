@@ -254,6 +254,9 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console | jsonl | tensorboard | wandb
     seed: int = 42  # seeds model init, sampling and mini-batch shuffling
     ray_address: Optional[str] = None  # None = RAY_ADDRESS or a local cluster; "inprocess" = no Ray (world size 1)
+    # Your modules, imported (in the controller and every worker) before registered names are checked,
+    # so their estimators / losses / rewards register without a copied main.py: [my_pkg.estimators]
+    imports: list[str] = field(default_factory=list)
 
 
 @dataclass

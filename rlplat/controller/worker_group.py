@@ -32,6 +32,12 @@ class Worker:
     def master_address(self) -> tuple[str, int]:
         return node_ip(), free_port()
 
+    def import_modules(self, modules: list[tuple[str, str | None]]) -> None:
+        """Import the user's plug-in modules (``trainer.imports``) so their registrations exist here too."""
+        from rlplat.config.imports import import_in_worker
+
+        import_in_worker(modules)
+
     @register(Dispatch.ONE_TO_ALL)
     def setup_distributed(self, master_addr: str, master_port: int) -> int:
         self.dist = init_distributed(self.rank, self.world_size, master_addr, master_port, self.device_type)
@@ -103,7 +109,8 @@ class RayWorkerGroup(WorkerGroup):
     """One Ray actor per bundle of ``pool``; ``share`` is this group's fraction of each bundle's device
     (colocated groups on one pool split it, e.g. actor+rollout+ref worker and critic worker)."""
 
-    def __init__(self, worker_cls: type[Worker], pool: ResourcePool, share: float = 1.0, **worker_kwargs):
+    def __init__(self, worker_cls: type[Worker], pool: ResourcePool, share: float = 1.0,
+                 imports: list[tuple[str, str | None]] | None = None, **worker_kwargs):
         import ray
 
         super().__init__(worker_cls)
@@ -114,6 +121,8 @@ class RayWorkerGroup(WorkerGroup):
             )
             for index in range(pool.world_size)
         ]
+        if imports:  # before any work: plug-ins (e.g. a policy loss) are looked up inside the workers
+            ray.get([a.import_modules.remote(imports) for a in self.actors])
         addr, port = ray.get(self.actors[0].master_address.remote())
         ray.get([a.setup_distributed.remote(addr, port) for a in self.actors])
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlplat.config.imports import import_user_modules
 from rlplat.config.validate import RunPlan
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
@@ -128,6 +129,7 @@ def _groups(cfg: DictConfig, plan: RunPlan, model_path: str):
         if critic is not None:
             critic.init_model(model_path)
         return actor, None, critic, []
+    kwargs["imports"] = import_user_modules(cfg.trainer.imports)  # already imported here: returns their paths
     pool = ResourcePool(cfg.trainer.nnodes, cfg.trainer.workers_per_node, plan.device).create()
     pools = [pool]
     share = 0.5 if plan.needs_critic else 1.0

@@ -17,8 +17,9 @@
     then: validate every trainer.test_freq steps, checkpoint every trainer.save_freq, log metrics.
 
 Each stage is a method ``stage(batch, metrics) -> batch``; a recipe subclasses the trainer and overrides
-the one stage it changes (see recipes/). The stage list is fixed at start-up from the config, so the
-loop itself never branches on an algorithm's name.
+the one stage it changes, or inserts one (``stage_order = PPOTrainer.insert_stage("clip", after="advantages")``,
+see recipes/README.md). The stage list is fixed at start-up from the config, so the loop itself never
+branches on an algorithm's name.
 """
 
 from __future__ import annotations
@@ -80,8 +81,23 @@ class PPOTrainer:
         return prompts.union(Batch.from_dict(non_tensors={"uid": uids}))
 
     # ---------------------------------------------------------------- the loop
-    def build_stages(self) -> list[str]:
-        """The step's stages in order; optional ones are in the list only when the config needs them."""
+    # The step's stages in order. A recipe inserts one with ``stage_order = PPOTrainer.insert_stage(...)``
+    # (or replaces the tuple); optional stages drop out at start-up when the config does not need them.
+    stage_order: tuple[str, ...] = (
+        "generate", "reward", "filter_groups", "old_log_probs", "reference", "values", "advantages",
+        "pf_ppo", "update_critic", "update_actor",
+    )
+
+    @classmethod
+    def insert_stage(cls, name: str, after: str) -> tuple[str, ...]:
+        """``cls.stage_order`` with ``name`` right after ``after`` (a new tuple; nothing is copied by hand)."""
+        if after not in cls.stage_order:
+            raise ValueError(f"no stage {after!r} to insert {name!r} after; stages: {', '.join(cls.stage_order)}")
+        at = cls.stage_order.index(after) + 1
+        return cls.stage_order[:at] + (name,) + cls.stage_order[at:]
+
+    def stage_enabled(self, name: str) -> bool:
+        """Whether an optional stage runs for this config; stages not named here (a recipe's) always run."""
         cfg, plan = self.cfg, self.plan
         # KL in the reward needs the trainer's own log-probs: the rollout engine's differ numerically
         skip_old = (cfg.actor.ppo_epochs == 1 and plan.mini_batches_per_step == 1
@@ -95,9 +111,14 @@ class PPOTrainer:
             "values": plan.needs_critic,
             "update_critic": plan.needs_critic,
         }
-        order = ("generate", "reward", "filter_groups", "old_log_probs", "reference", "values", "advantages",
-                 "pf_ppo", "update_critic", "update_actor")
-        return [name for name in order if wanted.get(name, True)]
+        return wanted.get(name, True)
+
+    def build_stages(self) -> list[str]:
+        """The step's stages in order: ``stage_order`` without the optional ones this config does not need."""
+        missing = [name for name in self.stage_order if not callable(getattr(self, name, None))]
+        if missing:
+            raise TypeError(f"{type(self).__name__}.stage_order names stages with no method: {', '.join(missing)}")
+        return [name for name in self.stage_order if self.stage_enabled(name)]
 
     def train_step(self) -> dict[str, float]:
         metrics: dict[str, float] = {}

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# DPPO-Binary-KL (2602.04879): a token keeps its gradient while the binary KL between its old and new probability stays small.
+# Trains the embedded tiny model on the built-in arithmetic task on CPU (no download, no GPU).
+# Knobs: see examples/common.sh (e.g. STEPS=40 N=4 bash examples/cpu/dppo_kl.sh); extra args are Hydra overrides.
+set -euo pipefail
+ALGO=dppo_kl
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+run_rlplat "$@"

@@ -1,0 +1,106 @@
+"""The dataset preprocessors on hand-written fixtures in each dataset's original format: the parquet they
+write trains one rlplat step, and rlplat's reward scores each fixture's reference answer as correct."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rlplat.config import load_config
+from rlplat.data import RLDataset
+from rlplat.reward.scorers import scorer_for
+from rlplat.trainer.run import run
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parent / "fixtures"
+SCRIPTS = ROOT / "examples" / "data_preprocess"
+
+
+def preprocess(script: str, train: str, test: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SCRIPTS / script), "--train-file", str(FIXTURES / train),
+           "--test-file", str(FIXTURES / test), "--out-dir", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows as rlplat's dataset checks them (this also proves the schema is what the trainer reads)."""
+    from transformers import AutoTokenizer
+
+    from rlplat.models.embedded import ensure_embedded_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_embedded_model())
+    data = RLDataset([str(path)], tokenizer, max_prompt_length=512, truncation="error", apply_chat_template=True)
+    return [data[i] for i in range(len(data))]
+
+
+def score_all(rows: list[dict], references: list[str]) -> list[float]:
+    return [scorer_for(r["data_source"])(r["data_source"], ref, r["ground_truth"], r["extra_info"])
+            for r, ref in zip(rows, references)]
+
+
+def jsonl(name: str) -> list[dict]:
+    return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines()]
+
+
+# (script, train fixture, test fixture, extra args, reference answer of each train row, of each test row)
+CASES = {
+    "gsm8k": ("gsm8k.py", "gsm8k_train.jsonl", "gsm8k_test.jsonl", (),
+              [r["answer"] for r in jsonl("gsm8k_train.jsonl")], [r["answer"] for r in jsonl("gsm8k_test.jsonl")]),
+    "math": ("math_dataset.py", "hendrycks_math_train.jsonl", "math500_test.parquet", (),
+             [r["solution"] for r in jsonl("hendrycks_math_train.jsonl")],
+             pd.read_parquet(FIXTURES / "math500_test.parquet")["solution"].tolist()),
+    # Countdown rows carry no solution; these are hand-checked expressions for the fixture's numbers.
+    "countdown": ("countdown.py", "countdown_train.jsonl", "countdown_test.json", (),
+                  ["<answer>4 * 6 * 1</answer>", "<think>2*5=10</think> <answer>2 * 5 + 3</answer>",
+                   "<answer>9 - 2</answer>"], ["<answer>(3 * 6) * 2 * 1</answer>"]),
+    "generic": ("generic.py", "qa.jsonl", "qa.jsonl",
+                ("--question-key", "input", "--answer-key", "target", "--data-source", "gsm8k"),
+                ["3 + 4 = 7\n#### 7", "#### 4"], ["#### 7", "#### 4"]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_preprocessor_output_is_scored_correct_for_reference_answers(name, embedded_cache, tmp_path):
+    script, train, test, extra, train_refs, test_refs = CASES[name]
+    done = preprocess(script, train, test, tmp_path, *extra)
+    assert done.returncode == 0, done.stderr
+    for split, refs in (("train", train_refs), ("test", test_refs)):
+        rows = read_rows(tmp_path / f"{split}.parquet")
+        assert len(rows) == len(refs)
+        assert score_all(rows, refs) == [1.0] * len(refs)
+        # and a wrong answer is not: the check can fail
+        assert score_all(rows, ["#### 123456 \\boxed{123456} <answer>1</answer>"] * len(refs)) != [1.0] * len(refs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_preprocessor_output_trains_one_step(name, embedded_cache, tmp_path):
+    script, train, test, extra, *_ = CASES[name]
+    assert preprocess(script, train, test, tmp_path / "data", *extra).returncode == 0
+    cfg, plan = load_config([
+        f"data.train_files={tmp_path / 'data' / 'train.parquet'}", f"data.val_files={tmp_path / 'data' / 'test.parquet'}",
+        "data.max_prompt_length=512", "data.train_batch_size_prompts=1", "actor.mini_batch_size_prompts=1",
+        "rollout.n=2", "rollout.val_n=1", "actor.micro_batch_size_seqs_per_worker=2",
+        "critic.micro_batch_size_seqs_per_worker=2", "trainer.total_steps=1",
+        "trainer.test_freq=0", "trainer.ray_address=inprocess", f"trainer.output_dir={tmp_path / 'out'}",
+    ])
+    summary = run(cfg, plan)
+    assert summary["steps"] == 1
+    step = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert step["step"] == 1 and step["actor/grad_norm"] >= 0
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "no final answer"}) + "\n")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gsm8k.py"), "--train-file", str(bad), "--test-file",
+                           str(bad), "--out-dir", str(tmp_path / "out")], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"preprocess: {bad} row 0: column 'answer' has no '#### <number>' final answer"
+    assert not (tmp_path / "out").exists()
+    done = preprocess("generic.py", "qa.jsonl", "qa.jsonl", tmp_path / "out", "--data-source", "gsm8k")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "row 0: missing column 'question' (row has: input, target, topic)" in done.stderr
