@@ -18,9 +18,10 @@ from rlplat.data import RLDataset, resolve_files
 from rlplat.trainer.run import run
 
 STEPS = 40  # x 64 prompts x 8 responses, 4 optimizer steps each: ~20 s per algorithm (ppo ~40 s)
-# Teacher-forced, so a run's gain is exact and reproducible (seeded). Since rollouts sample the full
-# softmax the trainer's log-probs describe (before, transformers' default top-k 50 truncated it) the
-# smallest gain is rloo's: 0.1264 -> 0.1644 (+0.038; it was +0.112 with the truncated sampling).
+# Teacher-forced, so a run's gain is exact and reproducible (seeded). The smallest gain is rloo's:
+# 0.1264 -> 0.1644 (+0.038), measured after rollouts began sampling the full softmax the trainer's
+# log-probs describe; it was +0.112 when transformers' hidden top-k 50 truncated sampling (the likely
+# cause of the drop, not yet confirmed by a controlled run).
 MIN_GAIN = 0.03
 # ppo's critic at its default learning rate. The raw value loss is not a fair yardstick: its floor,
 # about ½·Var(return) = ½·p(1 − p) for a 0/1 reward, *grows* as the policy's accuracy p rises from 0.12.
