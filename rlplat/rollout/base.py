@@ -55,6 +55,11 @@ class RolloutSetup:
     world_size: int
     trust_remote_code: bool = False
 
+    @property
+    def dtype_name(self) -> str:
+        """``dtype`` as inference engines spell it: "float32", "bfloat16", "float16"."""
+        return str(self.dtype).removeprefix("torch.")
+
 
 class RolloutEngine(ABC):
     """Interface of the generation backends (registry: ``ROLLOUT_ENGINES``, key ``rollout.name``).

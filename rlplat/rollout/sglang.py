@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import torch
-
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     RolloutEngine,
@@ -25,7 +23,6 @@ from rlplat.rollout.base import (
     prompt_token_lists,
 )
 
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 class SGLangRolloutEngine(RolloutEngine):
@@ -39,7 +36,7 @@ class SGLangRolloutEngine(RolloutEngine):
         self.engine = sglang.Engine(
             model_path=setup.model_path,
             tokenizer_path=setup.tokenizer_path,
-            dtype=_DTYPES[setup.dtype],
+            dtype=setup.dtype_name,
             random_seed=setup.seed + setup.rank,
             trust_remote_code=setup.trust_remote_code,
             tp_size=engine_cfg.tensor_parallel_size,

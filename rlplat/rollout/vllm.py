@@ -36,7 +36,6 @@ from rlplat.rollout.base import (
     prompt_token_lists,
 )
 
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 CPU_DEFAULT_KV_CACHE_GB = 1.0  # plenty for the embedded model; vLLM's own CPU default takes half the RAM
 
 
@@ -69,7 +68,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm = LLM(
             model=setup.model_path,
             tokenizer=setup.tokenizer_path,
-            dtype=_DTYPES[setup.dtype],
+            dtype=setup.dtype_name,
             seed=setup.seed + setup.rank,
             trust_remote_code=setup.trust_remote_code,
             tensor_parallel_size=engine_cfg.tensor_parallel_size,
