@@ -38,7 +38,7 @@ SIZES = {
 
 def model_path(size: str, workdir: Path) -> str:
     if SIZES[size].get("model") == "embedded":
-        from rlplat.models.embedded import ensure_embedded_model
+        from rlplat.trainer.sft import ensure_embedded_model
 
         return str(ensure_embedded_model())
     from rlplat.models.tiny import TinyModelSpec, build_tiny_model
@@ -47,13 +47,12 @@ def model_path(size: str, workdir: Path) -> str:
 
 
 def run_one(engine: str, size: str, steps: int) -> dict:
-    from rlplat.config import load_config
     from rlplat.data import TASKS, write_parquet
-    from rlplat.trainer.run import run
+    from rlplat.trainer.run import load_run_config, run
 
     with tempfile.TemporaryDirectory() as tmp:
         val = write_parquet(TASKS.get("arithmetic")(8, seed=1, split="test"), Path(tmp) / "val.parquet")
-        cfg, plan = load_config([
+        cfg, plan = load_run_config([
             f"model.path={model_path(size, Path(tmp))}", "algorithm=grpo", f"rollout={engine}",
             "trainer.ray_address=inprocess", f"trainer.total_steps={steps}", "trainer.test_freq=-1",
             f"trainer.output_dir={tmp}/out", f"data.val_files={val}", "rollout.val_n=1", *SIZES[size]["overrides"],
@@ -65,7 +64,7 @@ def run_one(engine: str, size: str, steps: int) -> dict:
     def mean(key: str) -> float:
         return statistics.mean(r[key] for r in rows)
 
-    seqs = plan.seqs_per_step
+    seqs = cfg.data.train_batch_size_prompts * cfg.rollout.n
     return {"engine": engine, "size": size, "steps": len(rows), "step_s": mean("timing/step_s"),
             "generate_s": mean("timing/generate_s"), "weight_sync_s": mean("timing/weight_sync_s"),
             "update_s": mean("timing/update_actor_s"),

@@ -30,13 +30,13 @@ Documented fields (``B`` rows, ``P`` prompt tokens, ``R`` response tokens); the 
     old_log_probs        [B, R] float: log-probs under the policy before this step's update
     ref_log_probs        [B, R] float: log-probs under the reference policy
     entropy              [B, R] float: entropy of the policy at each response position
+    sum_pi_squared       [B, R] float: sum over the vocabulary of pi(v)^2 (optimal token baselines)
     values               [B, R] float: critic values
     baseline_scores      [B] float: score of the greedy response to the same prompt (ReMax)
     token_level_scores   [B, R] float: reward-function score on the last response token
     token_level_rewards  [B, R] float: scores after the optional KL penalty
     advantages           [B, R] float: advantage estimates (0 on masked tokens)
     returns              [B, R] float: return targets (critic)
-    group_ids            [B] int64: prompt-group index, equal for the n responses to one prompt
     uid                  [B] str: prompt-group id; the n responses to one prompt share it
     data_source          [B] str: dataset name, selects the reward function
     ground_truth         [B] str: reference answer (reward_model.ground_truth)
@@ -70,13 +70,13 @@ FIELDS: dict[str, str] = {
     "old_log_probs": "[B, R] float: log-probs under the policy before this step's update",
     "ref_log_probs": "[B, R] float: log-probs under the reference policy",
     "entropy": "[B, R] float: entropy of the policy at each response position",
+    "sum_pi_squared": "[B, R] float: sum over the vocabulary of pi(v)^2 (optimal token baselines)",
     "values": "[B, R] float: critic values",
     "baseline_scores": "[B] float: score of the greedy response to the same prompt (ReMax)",
     "token_level_scores": "[B, R] float: reward-function score on the last response token",
     "token_level_rewards": "[B, R] float: scores after the optional KL penalty",
     "advantages": "[B, R] float: advantage estimates (0 on masked tokens)",
     "returns": "[B, R] float: return targets (critic)",
-    "group_ids": "[B] int64: prompt-group index, equal for the n responses to one prompt",
     # non-tensors
     "uid": "[B] str: prompt-group id; the n responses to one prompt share it",
     "data_source": "[B] str: dataset name, selects the reward function",

@@ -24,7 +24,7 @@ def tiny_model_path(tmp_path_factory):
 @pytest.fixture(scope="session")
 def embedded_cache(tmp_path_factory):
     """Build the embedded (warm-started) model once per session in a private cache."""
-    from rlplat.models.embedded import ensure_embedded_model
+    from rlplat.trainer.sft import ensure_embedded_model
 
     cache = os.environ.get("RLPLAT_CACHE") or str(tmp_path_factory.mktemp("rlplat-cache"))
     os.environ["RLPLAT_CACHE"] = cache

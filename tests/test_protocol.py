@@ -293,7 +293,7 @@ def test_docstring_table_matches_fields():
 def test_documented_fields():
     for name in ("prompts", "prompt_mask", "responses", "response_mask", "input_ids", "attention_mask",
                  "position_ids", "rollout_log_probs", "old_log_probs", "ref_log_probs", "values",
-                 "token_level_scores", "token_level_rewards", "advantages", "returns", "group_ids"):
+                 "token_level_scores", "token_level_rewards", "advantages", "returns", "sum_pi_squared"):
         assert FIELDS[name].startswith("[B"), name
     assert FIELDS["responses"].startswith("[B, R] int64") and FIELDS["input_ids"].startswith("[B, P+R]")
     assert set(NON_TENSOR_FIELDS) <= set(FIELDS)

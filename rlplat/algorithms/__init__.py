@@ -59,17 +59,19 @@ from rlplat.algorithms.policy_losses import (
     PolicyLossOutput,
     entropy_from_logits,
     get_policy_loss,
+    policy_loss_config,
     value_loss,
 )
 from rlplat.algorithms import divergence_losses, token_baselines  # noqa: F401  (register their plug-ins)
+from rlplat.algorithms.reward_shaping import OverlongShaping
 from rlplat.algorithms.reweight import PF_PPO_METHODS, pf_ppo_resample, pf_ppo_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATION_MODES", "KL_CONTROLLERS", "KL_ESTIMATORS", "PF_PPO_METHODS",
     "POLICY_LOSSES",
     "AdaptiveKLController", "AdvantageInput", "AdvantageOptions", "AdvantageOutput", "FixedKLController",
-    "KLController", "KLInput", "LossDenominators", "PolicyLossConfig", "PolicyLossInput", "PolicyLossOutput",
+    "KLController", "KLInput", "LossDenominators", "OverlongShaping", "PolicyLossConfig", "PolicyLossInput", "PolicyLossOutput",
     "aggregate_loss", "compute_advantages", "entropy_from_logits", "get_advantage_estimator",
     "get_aggregation", "get_kl_estimator", "get_policy_loss", "kl_estimator_names", "kl_penalized_rewards",
-    "kl_penalty", "make_kl_controller", "pf_ppo_resample", "pf_ppo_weights", "value_loss",
+    "kl_penalty", "make_kl_controller", "pf_ppo_resample", "pf_ppo_weights", "policy_loss_config", "value_loss",
 ]

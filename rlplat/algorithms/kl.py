@@ -8,13 +8,13 @@ Per-token estimators of KL(π_θ ‖ π_ref) from sampled tokens, Δ = log π_θ
 ``abs``                |Δ|
 ``k2`` / ``mse``       ½ Δ²
 ``k3`` / ``low_var_kl``exp(−Δ) + Δ − 1, clamped to [−10, 10]
-``full``               Σ_v π_θ(v) (log π_θ(v) − log π_ref(v)) from the logits (exact, no sampling)
 ``<name>+``            value of ``<name>``, gradient of ``k2`` (straight-through)
 =====================  =========================================================
 
 Where rlplat departs from verl: every registered name has a working ``+`` variant (verl's ``k3+`` falls
 through to NotImplementedError), and ``k3`` clamps Δ to [−20, 20] before exponentiating so that a
-far-off token yields the clamped value 10 instead of ``inf``.
+far-off token yields the clamped value 10 instead of ``inf``. There is no exact ("full") estimator over the
+vocabulary: the roles exchange per-token log-probs, never ``[batch, response_len, vocab]`` logits.
 
 The estimate is used either in the reward (r_t − β·KL_t, see :func:`kl_penalized_rewards`) or in the loss
 (β·aggregate(KL)); β comes from a :class:`FixedKLController` or an :class:`AdaptiveKLController`.
@@ -38,16 +38,10 @@ STRAIGHT_THROUGH_SUFFIX = "+"
 
 @dataclass
 class KLInput:
-    """Inputs of a KL estimator.
-
-    log_prob, ref_log_prob: ``[batch, response_len]`` log-probabilities of the sampled tokens.
-    logits, ref_logits: ``[batch, response_len, vocab]``, needed only by ``full``.
-    """
+    """Inputs of a KL estimator: ``[batch, response_len]`` log-probabilities of the sampled tokens."""
 
     log_prob: torch.Tensor
     ref_log_prob: torch.Tensor
-    logits: torch.Tensor | None = None
-    ref_logits: torch.Tensor | None = None
 
 
 KLEstimator = Callable[[KLInput], torch.Tensor]
@@ -81,18 +75,6 @@ def k3(inp: KLInput) -> torch.Tensor:
     """k3 = exp(−Δ) + Δ − 1 ≥ 0: unbiased and low variance; clamped to [−10, 10]."""
     delta = _delta(inp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return (torch.exp(-delta) + delta - 1).clamp(-K3_CLAMP, K3_CLAMP)
-
-
-@KL_ESTIMATORS.register("full")
-def full_kl(inp: KLInput) -> torch.Tensor:
-    """Exact KL(π_θ ‖ π_ref) over the vocabulary at each position: ``[B, T, V] -> [B, T]``."""
-    if inp.logits is None or inp.ref_logits is None:
-        raise ValueError("KL estimator 'full' needs KLInput.logits and .ref_logits [batch, response_len, vocab]")
-    # bf16 logits are upcast: the sum over a large vocabulary is too lossy in 8 bits of mantissa.
-    dtype = torch.promote_types(inp.logits.dtype, torch.float32)
-    logp = torch.log_softmax(inp.logits.to(dtype), dim=-1)
-    ref_logp = torch.log_softmax(inp.ref_logits.to(dtype), dim=-1)
-    return (logp.exp() * (logp - ref_logp)).sum(-1)
 
 
 # The names used by verl and the k-notation name the same estimators.
@@ -193,6 +175,7 @@ KL_CONTROLLERS.add("fixed", FixedKLController)
 KL_CONTROLLERS.add("adaptive", AdaptiveKLController)
 
 
-def make_kl_controller(kind: str, coef: float, target: float = 0.1, horizon: float = 10000) -> KLController:
-    """``kind``: ``fixed`` or ``adaptive`` (target KL and horizon used only by ``adaptive``)."""
+def make_kl_controller(kind: str, coef: float, target: float, horizon: float) -> KLController:
+    """``kind``: ``fixed`` or ``adaptive`` (target KL and horizon used only by ``adaptive``); the defaults
+    are the schema's ``algorithm.kl_ctrl``."""
     return KL_CONTROLLERS.get(kind).from_options(coef, target, horizon)

@@ -80,6 +80,18 @@ class PolicyLossConfig:
                 raise ValueError(message)
 
 
+def policy_loss_config(algo) -> PolicyLossConfig:
+    """The policy losses' options from the ``algorithm`` config section: ``clip_ratio_*`` and the mapping
+    ``policy_loss_options``. Raises ValueError naming the first bad option."""
+    options = algo.policy_loss_options
+    return PolicyLossConfig(
+        clip_ratio_low=algo.clip_ratio_low,
+        clip_ratio_high=algo.clip_ratio_high,
+        clip_ratio_c=algo.clip_ratio_c,
+        **{key: options[key] for key in options},
+    )
+
+
 @dataclass
 class PolicyLossInput:
     log_prob: torch.Tensor  # [batch, response_len] current policy (requires grad)

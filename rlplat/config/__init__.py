@@ -1,7 +1,9 @@
 """Configuration: the dataclass schema (source of truth), YAML presets, loading and validation."""
 
-from rlplat.config.loader import ConfigError, compose_config, group_options, load_config
+from rlplat.config.errors import ConfigError
+from rlplat.config.loader import compose_config, group_options, load_config
+from rlplat.config.plan import RunPlan
 from rlplat.config.schema import RLPlatConfig
-from rlplat.config.validate import RunPlan, validate
+from rlplat.config.validate import validate
 
 __all__ = ["ConfigError", "RLPlatConfig", "RunPlan", "compose_config", "group_options", "load_config", "validate"]

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from rlplat.config.loader import ConfigError
+from rlplat.config.errors import ConfigError
 
 
 def _path_entry(module) -> str | None:

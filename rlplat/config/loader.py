@@ -19,18 +19,16 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlplat.config.derive import derive_batch_sizes
+from rlplat.config.errors import ConfigError
+from rlplat.config.imports import import_user_modules
+from rlplat.config.plan import RunPlan
 from rlplat.config.schema import RLPlatConfig, register_schema
-
-if typing.TYPE_CHECKING:
-    from rlplat.config.validate import RunPlan
+from rlplat.config.validate import validate
 
 CONFIG_DIR = Path(__file__).resolve().parent
 CONFIG_NAME = "trainer"
 GROUPS = ("algorithm", "actor", "rollout")
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the full key path and what was expected."""
 
 
 def group_options(group: str) -> tuple[str, ...]:
@@ -110,8 +108,6 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
 
 
 def _derive(cfg: DictConfig) -> None:
-    from rlplat.config.derive import derive_batch_sizes
-
     try:
         derive_batch_sizes(cfg)
     except (TypeError, ZeroDivisionError):  # a non-positive size: validation names the key
@@ -120,9 +116,6 @@ def _derive(cfg: DictConfig) -> None:
 
 def load_config(overrides: list[str] | None = None) -> tuple[DictConfig, RunPlan]:
     """Compose, resolve interpolations, validate and freeze the config; also return its RunPlan."""
-    from rlplat.config.imports import import_user_modules
-    from rlplat.config.validate import validate
-
     cfg = compose_config(overrides)
     try:
         OmegaConf.resolve(cfg)

@@ -14,10 +14,28 @@ workers, ``*_per_worker`` sizes are what one worker holds at a time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
+
+
+def count(default: int | None):
+    """A field that counts something (a batch size, a length, a number of steps or workers): validation
+    requires it to be >= 1 once the config is composed (None defaults are derived first, see derive.py)."""
+    return field(default=default, metadata={"count": True})
+
+
+def count_keys(cls: type | None = None, prefix: str = "") -> list[str]:
+    """The dotted keys of every :func:`count` field, found by walking the schema."""
+    cls = cls or RLPlatConfig
+    hints, keys = get_type_hints(cls), []
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            keys += count_keys(hints[f.name], f"{prefix}{f.name}.")
+        elif f.metadata.get("count"):
+            keys.append(f"{prefix}{f.name}")
+    return keys
 
 
 @dataclass
@@ -34,10 +52,10 @@ class DataConfig:
     # One path or a list: parquet files, or builtin:<task> for a generated built-in task.
     train_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])
     val_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])  # validation prompts, same forms
-    train_batch_size_prompts: int = 64  # prompts per training step, global (sequences = this x rollout.n)
-    val_batch_size_prompts: int = 256  # prompts per validation generation call, global
-    max_prompt_length: int = 128  # tokens, after the chat template
-    max_response_length: int = 8  # tokens generated per response (the one source for max_new_tokens)
+    train_batch_size_prompts: int = count(64)  # prompts per training step, global (sequences = this x rollout.n)
+    val_batch_size_prompts: int = count(256)  # prompts per validation generation call, global
+    max_prompt_length: int = count(128)  # tokens, after the chat template
+    max_response_length: int = count(8)  # tokens generated per response (the one source for max_new_tokens)
     truncation: str = "error"  # over-long prompt: error | left | right | filter
     apply_chat_template: bool = True  # format prompts with the tokenizer's chat template
     shuffle: bool = True  # reshuffle the prompts every epoch
@@ -69,12 +87,12 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch);
     # None = the largest divisor of data.train_batch_size_prompts that is <= 16
-    mini_batch_size_prompts: Optional[int] = None
+    mini_batch_size_prompts: Optional[int] = count(None)
     # sequences per forward/backward on one worker (gradient accumulation); None = the largest divisor of
     # the per-worker mini-batch (mini_batch_size_prompts x rollout.n / workers) that is <= 128
-    micro_batch_size_seqs_per_worker: Optional[int] = None
-    log_prob_micro_batch_size_seqs_per_worker: int = 128  # sequences per log-prob forward on one worker
-    ppo_epochs: int = 1  # passes over each step's batch
+    micro_batch_size_seqs_per_worker: Optional[int] = count(None)
+    log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per log-prob forward on one worker
+    ppo_epochs: int = count(1)  # passes over each step's batch
     shuffle: bool = True  # shuffle sequences before splitting them into mini-batches
     entropy_coeff: float = 0.0  # entropy bonus in the actor loss
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
@@ -82,17 +100,17 @@ class ActorConfig:
 
 @dataclass
 class HFRolloutConfig:
-    batch_size_seqs_per_worker: int = 256  # sequences per generate() call on one worker
+    batch_size_seqs_per_worker: int = count(256)  # sequences per generate() call on one worker
     use_model_generation_config: bool = False  # let the model's generation_config.json add sampling settings
 
 
 @dataclass
 class VLLMRolloutConfig:
-    tensor_parallel_size: int = 1  # GPUs one engine spans (1 = one engine per worker)
+    tensor_parallel_size: int = count(1)  # GPUs one engine spans (1 = one engine per worker)
     gpu_memory_utilization: float = 0.5  # GPU: fraction of device memory vLLM takes (weights + KV cache)
     kv_cache_gb: Optional[float] = None  # KV cache size; None = from gpu_memory_utilization on GPU, 1 GiB on CPU
     max_model_len: Optional[int] = None  # None = data.max_prompt_length + data.max_response_length
-    max_num_seqs: int = 256  # sequences vLLM schedules at once
+    max_num_seqs: int = count(256)  # sequences vLLM schedules at once
     load_format: str = "dummy"  # dummy = random init, the actor's weights arrive before generating | auto = read model.path
     enforce_eager: Optional[bool] = None  # no CUDA graphs / compilation; None = eager on CPU only
     enable_prefix_caching: bool = True  # share the KV cache of a prompt's n samples
@@ -101,7 +119,7 @@ class VLLMRolloutConfig:
 
 @dataclass
 class SGLangRolloutConfig:
-    tensor_parallel_size: int = 1  # GPUs one engine spans
+    tensor_parallel_size: int = count(1)  # GPUs one engine spans
     mem_fraction_static: float = 0.5  # fraction of GPU memory for weights + KV cache
     max_model_len: Optional[int] = None  # None = data.max_prompt_length + data.max_response_length
     load_format: str = "dummy"  # dummy = random init, the actor's weights arrive before generating | auto
@@ -118,15 +136,15 @@ class RolloutServerConfig:
 class RolloutConfig:
     name: str = "hf"  # rollout engine (registry): hf | vllm | sglang; settings in rollout.<name>.*
     mode: str = "colocated"  # colocated = an engine inside each training worker | server = rollout.server.url (vllm)
-    n: int = 8  # responses per prompt (group size)
+    n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)
     top_k: int = -1  # -1 = no top-k
     stop_token_ids: list[int] = field(default_factory=list)  # ids that end a response besides the tokenizer's EOS (e.g. <|im_end|>)
-    val_n: int = 4  # responses per validation prompt (mean@N, best@N, maj@N, pass@k)
+    val_n: int = count(4)  # responses per validation prompt (mean@N, best@N, maj@N, pass@k)
     val_temperature: float = 1.0  # 0 = greedy; 1.0 with val_n=4 = sampled pass@1 averaged over 4 (mean@4)
     dtype: str = "auto"  # generation dtype (weights are sent in it): auto = float32 on CPU, bfloat16 on GPU | float32 | bfloat16 | float16
-    weight_sync_bucket_mb: int = 512  # actor -> rollout weight transfer: one gather and one load per bucket of this size
+    weight_sync_bucket_mb: int = count(512)  # actor -> rollout weight transfer: one gather and one load per bucket of this size
     hf: HFRolloutConfig = field(default_factory=HFRolloutConfig)
     vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)
     sglang: SGLangRolloutConfig = field(default_factory=SGLangRolloutConfig)
@@ -204,8 +222,8 @@ class AlgorithmConfig:
 class RefConfig:
     enable: Optional[bool] = None  # None = whenever a KL term is used
     placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
-    workers_per_node: int = 1  # only for placement=separate
-    log_prob_micro_batch_size_seqs_per_worker: int = 128  # sequences per reference forward on one worker
+    workers_per_node: int = count(1)  # only for placement=separate
+    log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per reference forward on one worker
 
 
 @dataclass
@@ -214,9 +232,9 @@ class CriticConfig:
     # 1e-4 for the embedded model: a fresh value head reaches the mean-return predictor within ~10 steps
     # (explained variance -0.46 -> +0.02 over 30 steps); at 1e-5 it was still at -0.3 (docs/algorithms.md)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))
-    micro_batch_size_seqs_per_worker: Optional[int] = None  # sequences per forward/backward on one worker; None = the actor's value
+    micro_batch_size_seqs_per_worker: Optional[int] = count(None)  # sequences per forward/backward on one worker; None = the actor's value
     cliprange_value: float = 0.5  # epsilon_v of the clipped value loss
-    ppo_epochs: int = 1  # passes over each step's batch
+    ppo_epochs: int = count(1)  # passes over each step's batch
 
 
 @dataclass
@@ -237,7 +255,7 @@ class RewardConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 450  # training steps (one batch of data.train_batch_size_prompts prompts each)
+    total_steps: int = count(450)  # training steps (one batch of data.train_batch_size_prompts prompts each)
     output_dir: str = "outputs/${trainer.experiment_name}"  # metrics, checkpoints, summary, hf_export
     project_name: str = "rlplat"  # for loggers that group runs (wandb)
     experiment_name: str = "run"  # run name (and the default output directory)
@@ -248,8 +266,8 @@ class TrainerConfig:
     max_checkpoints: int = 3  # keep the newest N checkpoints; <= 0 = keep all
     nonfinite: str = "stop"  # a NaN/inf loss or grad norm: stop (one line, last checkpoint kept) | skip (warn, go on)
     save_on_signal: bool = True  # on SIGINT/SIGTERM, save a checkpoint after the current step before exiting
-    nnodes: int = 1  # Ray nodes to place workers on
-    workers_per_node: int = 1  # actor/rollout/ref workers (one per device) on each node
+    nnodes: int = count(1)  # Ray nodes to place workers on
+    workers_per_node: int = count(1)  # actor/rollout/ref workers (one per device) on each node
     device: str = "auto"  # auto | cpu | cuda
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console | jsonl | tensorboard | wandb
     seed: int = 42  # seeds model init, sampling and mini-batch shuffling

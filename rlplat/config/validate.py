@@ -1,7 +1,10 @@
-"""Start-up validation: every check of the composed config in one place, before anything starts.
+"""Start-up validation of the composed config, before anything starts.
 
-Names of plug-ins are checked against their registries (never against a hand-written list), cross-field
-rules (batch divisibility, group estimators need ``rollout.n >= 2``, ...) are checked here, and the
+Names of plug-ins are checked against their registries (never against a hand-written list), counts
+against the schema's ``count`` marks, cross-field rules (batch divisibility, group estimators need
+``rollout.n >= 2``, ...) here, and rules the runtime also needs through the one definition both import
+(e.g. the overlong buffer's bound is :class:`~rlplat.algorithms.OverlongShaping`'s). The engines check
+their own sections (``actor.fsdp``, ``rollout.<name>``): :mod:`rlplat.workers.engine_setup`. The
 values that follow from the config (world size, sequences per step, whether a critic is needed, ...)
 are computed into a separate :class:`RunPlan`: the config itself is never changed after this point.
 """
@@ -9,54 +12,27 @@ are computed into a separate :class:`RunPlan`: the config itself is never change
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from rlplat.config.loader import ConfigError
+from rlplat.algorithms import OverlongShaping, policy_loss_config
+from rlplat.algorithms.advantages import SCALES as ADV_SCALES
+from rlplat.config.errors import ConfigError
+from rlplat.config.plan import RunPlan
+from rlplat.config.schema import count_keys
 from rlplat.registry import Registry
+from rlplat.utils.tracking import LOGGERS
 
 ENUMS: dict[str, tuple[str, ...]] = {
     "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
     "rollout.mode": ("colocated", "server"),
-    "rollout.vllm.load_format": ("dummy", "auto"),
-    "rollout.sglang.load_format": ("dummy", "auto"),
     "data.truncation": ("error", "left", "right", "filter"),
-    "actor.optim.lr_schedule": ("constant", "linear", "cosine"),
-    "critic.optim.lr_schedule": ("constant", "linear", "cosine"),
-    "actor.fsdp.mixed_precision": ("auto", "none", "bf16"),
-    "algorithm.norm_adv_scale": ("group", "batch", "none"),
+    "algorithm.norm_adv_scale": ADV_SCALES,
     "ref.placement": ("colocated", "separate"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "reward.isolation": ("process", "inprocess"),
     "trainer.nonfinite": ("stop", "skip"),
 }
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
-POSITIVE_INTS = (
-    "data.train_batch_size_prompts", "data.val_batch_size_prompts", "data.max_prompt_length",
-    "data.max_response_length", "actor.mini_batch_size_prompts", "actor.micro_batch_size_seqs_per_worker",
-    "actor.log_prob_micro_batch_size_seqs_per_worker", "actor.ppo_epochs", "rollout.n", "rollout.val_n",
-    "rollout.hf.batch_size_seqs_per_worker", "rollout.weight_sync_bucket_mb", "rollout.vllm.tensor_parallel_size",
-    "rollout.vllm.max_num_seqs", "rollout.sglang.tensor_parallel_size", "ref.log_prob_micro_batch_size_seqs_per_worker",
-    "critic.micro_batch_size_seqs_per_worker", "critic.ppo_epochs", "trainer.total_steps", "trainer.nnodes",
-    "trainer.workers_per_node", "ref.workers_per_node",
-)
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """Values derived from a validated config (computed once, never stored back into it)."""
-
-    device: str  # "cpu" | "cuda"
-    world_size: int  # actor/rollout workers over all nodes
-    seqs_per_step: int  # data.train_batch_size_prompts x rollout.n
-    mini_batches_per_step: int
-    seqs_per_mini_batch_per_worker: int
-    needs_critic: bool
-    needs_ref: bool
-    loss_scale_factor: float  # for seq-mean-token-sum-norm
-    train_files: tuple[str, ...]
-    val_files: tuple[str, ...]
 
 
 def _get(cfg: DictConfig, key: str):
@@ -90,14 +66,7 @@ def _registries() -> list[tuple[str, Registry, Callable[[], Iterable[str]] | Non
         ("algorithm.kl_penalty", KL_ESTIMATORS, kl_estimator_names),
         ("algorithm.kl_loss_type", KL_ESTIMATORS, kl_estimator_names),
         ("algorithm.kl_ctrl.type", KL_CONTROLLERS, None),
-    ] + _engine_registries()
-
-
-def _engine_registries() -> list[tuple[str, Registry, None]]:
-    from rlplat.rollout import ROLLOUT_ENGINES
-    from rlplat.workers.engines import TRAINING_ENGINES
-
-    return [("actor.strategy", TRAINING_ENGINES, None), ("rollout.name", ROLLOUT_ENGINES, None)]
+    ]
 
 
 def _as_paths(cfg: DictConfig, key: str) -> tuple[str, ...]:
@@ -111,7 +80,7 @@ def _as_paths(cfg: DictConfig, key: str) -> tuple[str, ...]:
 
 
 def _check_values(cfg: DictConfig) -> None:
-    for key in POSITIVE_INTS:
+    for key in count_keys():
         _check(_get(cfg, key) >= 1, f"{key} must be >= 1, got {_get(cfg, key)}")
     for key, allowed in ENUMS.items():
         value = _get(cfg, key)
@@ -119,18 +88,11 @@ def _check_values(cfg: DictConfig) -> None:
     for name in _get(cfg, "trainer.logger"):
         _check(name in LOGGERS, f"trainer.logger entry {name!r} is not one of: {', '.join(LOGGERS)}")
     algo, rollout = cfg.algorithm, cfg.rollout
-    _check(algo.clip_ratio_c > 1.0, f"algorithm.clip_ratio_c must be > 1 (dual clip), got {algo.clip_ratio_c}")
-    _check(algo.clip_ratio_low >= 0 and algo.clip_ratio_high >= 0, "algorithm.clip_ratio_low/high must be >= 0")
     _check(0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1, "algorithm.gamma and algorithm.lam must be in [0, 1]")
     _check(rollout.temperature > 0, f"rollout.temperature must be > 0 for training, got {rollout.temperature}")
     _check(rollout.val_temperature >= 0, "rollout.val_temperature must be >= 0 (0 = greedy)")
     _check(0 < rollout.top_p <= 1, f"rollout.top_p must be in (0, 1], got {rollout.top_p}")
     _check(rollout.top_k == -1 or rollout.top_k > 0, f"rollout.top_k must be -1 or > 0, got {rollout.top_k}")
-    _check(rollout.vllm.sleep_level in (0, 1, 2), f"rollout.vllm.sleep_level must be 0, 1 or 2, got {rollout.vllm.sleep_level}")
-    for key in ("rollout.vllm.gpu_memory_utilization", "rollout.sglang.mem_fraction_static"):
-        _check(0 < _get(cfg, key) <= 1, f"{key} must be in (0, 1], got {_get(cfg, key)}")
-    _check(rollout.vllm.kv_cache_gb is None or rollout.vllm.kv_cache_gb > 0,
-           f"rollout.vllm.kv_cache_gb must be > 0 (or null), got {rollout.vllm.kv_cache_gb}")
     _check(algo.tis_cap is None or algo.tis_cap > 0, f"algorithm.tis_cap must be > 0 (or null = off), got {algo.tis_cap}")
     for section in ("actor", "critic"):
         optim = cfg[section].optim
@@ -140,10 +102,16 @@ def _check_values(cfg: DictConfig) -> None:
     _check(reward.timeout_s > 0, f"reward.timeout_s must be > 0 seconds, got {reward.timeout_s}")
     _check(reward.fail_fraction_to_stop > 0,
            f"reward.fail_fraction_to_stop must be > 0 (1 = stop when all calls fail), got {reward.fail_fraction_to_stop}")
-    _check(
-        len(reward.functions) == len(reward.weights),
-        f"reward.weights has {len(reward.weights)} entries but reward.functions has {len(reward.functions)}",
-    )
+    problem = reward_weights_problem(reward.functions, reward.weights)
+    _check(problem is None, problem or "")
+
+
+def reward_weights_problem(functions, weights) -> str | None:
+    """``reward.weights`` gives one weight per entry of ``reward.functions`` (also checked by the reward
+    manager when it is built from a config that skipped validation)."""
+    if len(functions) != len(weights):
+        return f"reward.weights has {len(weights)} entries but reward.functions has {len(functions)}"
+    return None
 
 
 def _check_batches(cfg: DictConfig, world: int) -> tuple[int, int]:
@@ -198,32 +166,26 @@ def _check_algorithm(cfg: DictConfig) -> None:
             f"estimator; algorithm.adv_estimator={algo.adv_estimator!r} is not one",
         )
     if algo.overlong_buffer.enable:
-        _check(
-            0 < algo.overlong_buffer.length < cfg.data.max_response_length,
-            f"algorithm.overlong_buffer.length={algo.overlong_buffer.length} must be in "
-            f"(0, data.max_response_length={cfg.data.max_response_length})",
-        )
-    for key in ("algorithm.kl_penalty", "algorithm.kl_loss_type"):
-        _check(
-            not _get(cfg, key).startswith("full"),
-            f"{key}={_get(cfg, key)!r}: the trainer passes per-token log-probs between roles, not "
-            f"vocabulary-sized logits; use k1, k2, k3 or low_var_kl (with '+' for straight-through)",
-        )
+        overlong = algo.overlong_buffer
+        try:
+            OverlongShaping(cfg.data.max_response_length, overlong.length, overlong.penalty_factor)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     if algo.loss_scale_factor is not None:
         _check(algo.loss_scale_factor > 0, f"algorithm.loss_scale_factor must be > 0, got {algo.loss_scale_factor}")
 
 
 def _check_policy_loss_options(cfg: DictConfig) -> None:
     """The losses' own checks (PolicyLossConfig), reported against the config keys."""
-    from rlplat.workers.actor_loss import policy_loss_config
-
     try:
         policy_loss_config(cfg.algorithm)
     except ValueError as err:
-        raise ConfigError(f"algorithm.clip_ratio_* / algorithm.policy_loss_options: {err}") from None
+        section = "algorithm" if str(err).startswith("clip_ratio") else "algorithm.policy_loss_options"
+        raise ConfigError(f"{section}.{err}") from None
 
 
-def _resolve_device(cfg: DictConfig) -> str:
+def resolve_device(cfg: DictConfig) -> str:
+    """``trainer.device`` with ``auto`` resolved to cuda when a GPU is visible, else cpu."""
     import torch
 
     device = cfg.trainer.device
@@ -233,31 +195,10 @@ def _resolve_device(cfg: DictConfig) -> str:
     return device
 
 
-def _check_placement(cfg: DictConfig, device: str, world: int) -> None:
-    fsdp = cfg.actor.fsdp
-    if device == "cpu":
-        _check(
-            not fsdp.param_offload,
-            "actor.fsdp.param_offload needs a GPU (trainer.device resolved to cpu)",
-        )
+def _check_placement(cfg: DictConfig, world: int) -> None:
     if cfg.trainer.ray_address == "inprocess":
         _check(world == 1, f"trainer.ray_address=inprocess runs one worker; got {world} (nnodes x workers_per_node)")
         _check(cfg.ref.placement == "colocated", "ref.placement=separate needs Ray (trainer.ray_address=inprocess)")
-
-
-def _check_rollout_engine(cfg: DictConfig) -> None:
-    """Colocated: the engine's package is installed (else one line naming the extra). Server: there is a
-    client for that engine's server and a URL to reach it."""
-    from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS
-
-    name = cfg.rollout.name
-    if cfg.rollout.mode == "server":
-        _check(name in ROLLOUT_SERVER_CLIENTS, f"rollout.mode=server works with rollout.name in "
-               f"{', '.join(ROLLOUT_SERVER_CLIENTS.names())}; got rollout.name={name!r}")
-        _check(bool(cfg.rollout.server.url), "rollout.mode=server needs rollout.server.url (e.g. http://HOST:8000)")
-        return
-    problem = ROLLOUT_ENGINES.missing_requirements(name)
-    _check(problem is None, f"rollout.name={name!r}: {problem}")
 
 
 def validate(cfg: DictConfig) -> RunPlan:
@@ -267,13 +208,12 @@ def validate(cfg: DictConfig) -> RunPlan:
     for key, registry, names in _registries():
         _check_name(cfg, key, registry, names() if names else None)
     _check_values(cfg)
-    _check_rollout_engine(cfg)
     train_files, val_files = _as_paths(cfg, "data.train_files"), _as_paths(cfg, "data.val_files")
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     _check_algorithm(cfg)
     mini_batches, per_worker = _check_batches(cfg, world)
-    device = _resolve_device(cfg)
-    _check_placement(cfg, device, world)
+    device = resolve_device(cfg)
+    _check_placement(cfg, world)
     algo = cfg.algorithm
     needs_kl = algo.use_kl_in_reward or algo.use_kl_loss
     needs_ref = needs_kl if cfg.ref.enable is None else bool(cfg.ref.enable)
@@ -281,7 +221,6 @@ def validate(cfg: DictConfig) -> RunPlan:
     return RunPlan(
         device=device,
         world_size=world,
-        seqs_per_step=cfg.data.train_batch_size_prompts * cfg.rollout.n,
         mini_batches_per_step=mini_batches,
         seqs_per_mini_batch_per_worker=per_worker,
         # the estimator declares it: a registered estimator that needs values gets a critic, whatever its name

@@ -1,66 +1,24 @@
 """How a call on a worker group reaches its workers and how their answers come back.
 
-A worker method declares its mode with ``@register(Dispatch.X)``; the WorkerGroup reads it, so the
-controller simply calls ``group.generate_sequences(batch)``:
-
-==================  ==========================================================================
-``ONE_TO_ALL``      every worker gets the same arguments; the list of their results comes back
-``RANK_ZERO``       only rank 0 is called; its result comes back (e.g. writing one file)
-``DP_SPLIT``        :class:`~rlplat.protocol.Batch` arguments are split into one equal chunk per
-                    data-parallel rank, padded first if the length does not divide (inference); the
-                    chunks' Batch results are concatenated and the padding removed ("collect")
-``DP_SPLIT_EXACT``  like DP_SPLIT but refuses to pad: for training, where a duplicated row would
-                    change the gradient; non-Batch results come back as a list, one per rank
-==================  ==========================================================================
+A worker method declares its mode with ``@register(Dispatch.X)`` (the modes are listed in
+:mod:`rlplat.workers.base`); the WorkerGroup reads it, so the controller simply calls
+``group.generate_sequences(batch)``: the arguments are split per rank here and the answers collected.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable
 from typing import Any
 
 from rlplat.protocol import Batch
-
-DISPATCH_ATTR = "__rlplat_dispatch__"
-
-
-class Dispatch(enum.Enum):
-    ONE_TO_ALL = "one_to_all"
-    RANK_ZERO = "rank_zero"
-    DP_SPLIT = "dp_split"
-    DP_SPLIT_EXACT = "dp_split_exact"
-
-
-def register(mode: Dispatch) -> Callable[[Callable], Callable]:
-    """Mark a worker method as callable from the controller, with its dispatch mode."""
-
-    def decorator(fn: Callable) -> Callable:
-        setattr(fn, DISPATCH_ATTR, mode)
-        return fn
-
-    return decorator
-
-
-def dispatch_mode(worker_cls: type, name: str) -> Dispatch:
-    fn = getattr(worker_cls, name, None)
-    mode = getattr(fn, DISPATCH_ATTR, None)
-    if mode is None:
-        exposed = sorted(n for n in dir(worker_cls) if getattr(getattr(worker_cls, n), DISPATCH_ATTR, None))
-        raise AttributeError(
-            f"{worker_cls.__name__}.{name} is not a worker method registered with @register(Dispatch...); "
-            f"exposed: {', '.join(exposed)}"
-        )
-    return mode
+from rlplat.workers.base import Dispatch
 
 
 def split_arguments(
     mode: Dispatch, world_size: int, args: tuple, kwargs: dict
 ) -> tuple[list[tuple[tuple, dict]], int]:
     """Per-rank (args, kwargs) and the number of padding rows added (0 if none)."""
-    if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
-        ranks = 1 if mode is Dispatch.RANK_ZERO else world_size
-        return [(args, kwargs)] * ranks, 0
+    if mode is Dispatch.ONE_TO_ALL:
+        return [(args, kwargs)] * world_size, 0
     batches = [a for a in (*args, *kwargs.values()) if isinstance(a, Batch)]
     if not batches:
         raise TypeError(f"{mode.name} dispatch needs at least one Batch argument")
@@ -89,8 +47,6 @@ def split_arguments(
 
 
 def collect_results(mode: Dispatch, results: list[Any], pad: int) -> Any:
-    if mode is Dispatch.RANK_ZERO:
-        return results[0]
     if mode is Dispatch.ONE_TO_ALL:
         return results
     if all(isinstance(r, Batch) for r in results):

@@ -15,36 +15,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from rlplat.controller.dispatch import Dispatch, collect_results, dispatch_mode, register, split_arguments
+from rlplat.controller.dispatch import collect_results, split_arguments
 from rlplat.controller.resource_pool import ResourcePool
 from rlplat.utils.errors import RunError
-from rlplat.workers.dist import DistContext, free_port, init_distributed, node_ip
-
-
-class Worker:
-    """Base of every role class. Subclasses receive their rank and world size and the role's kwargs;
-    heavy set-up belongs in a ``@register(Dispatch.ONE_TO_ALL)`` method the controller calls."""
-
-    def __init__(self, rank: int, world_size: int, device: str):
-        self.rank, self.world_size, self.device_type = rank, world_size, device
-        self.dist: DistContext | None = None
-
-    def master_address(self) -> tuple[str, int]:
-        return node_ip(), free_port()
-
-    def import_modules(self, modules: list[tuple[str, str | None]]) -> None:
-        """Import the user's plug-in modules (``trainer.imports``) so their registrations exist here too."""
-        from rlplat.config.imports import import_in_worker
-
-        import_in_worker(modules)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def setup_distributed(self, master_addr: str, master_port: int) -> int:
-        self.dist = init_distributed(self.rank, self.world_size, master_addr, master_port, self.device_type)
-        return self.rank
-
-    def close(self) -> None:
-        """Release what the worker holds before its process group is destroyed (no-op by default)."""
+from rlplat.workers.base import Worker, dispatch_mode
 
 
 class WorkerGroup(ABC):
@@ -85,7 +59,7 @@ class InProcessWorkerGroup(WorkerGroup):
         # Several in-process groups (actor, critic) share this process's world-size-1 process group;
         # the one that created it destroys it.
         self._owns_process_group = not dist.is_initialized()
-        self.worker.setup_distributed("127.0.0.1", free_port())
+        self.worker.setup_distributed(*self.worker.master_address())
 
     @property
     def world_size(self) -> int:
@@ -148,12 +122,6 @@ class RayWorkerGroup(WorkerGroup):
                                f"({cause}); its process exited (out of memory, a crash or a kill): see the Ray "
                                f"logs of that worker") from None
         return ray.get(refs)
-
-    def execute_all(self, fn_name: str, *args, **kwargs) -> list[Any]:
-        """Call a plain (unregistered) method on every actor, e.g. for tests and diagnostics."""
-        import ray
-
-        return ray.get([getattr(a, fn_name).remote(*args, **kwargs) for a in self.actors])
 
     def shutdown(self) -> None:
         import ray

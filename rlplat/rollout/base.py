@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
+from rlplat.config.errors import ConfigError
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 from rlplat.sequence import position_ids_from_mask
 
 WeightBucket = list[tuple[str, torch.Tensor]]  # (Hugging Face name, full tensor) pairs sent together
+LOAD_FORMATS = ("dummy", "auto")  # dummy = random init, the actor's weights arrive first | auto = read the model
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,11 @@ class RolloutEngine(ABC):
     @abstractmethod
     def __init__(self, setup: RolloutSetup, engine_cfg): ...
 
+    @classmethod
+    def check_config(cls, engine_cfg, key: str, device: str) -> None:
+        """Raise ConfigError, naming the key, for a value of the engine's own section ``key``
+        (``rollout.<name>``) that it cannot run with on ``device`` ("cpu" | "cuda"); called at start-up."""
+
     @abstractmethod
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Sample one response per row of ``batch`` (repeat rows first for n > 1)."""
@@ -96,6 +103,18 @@ class RolloutEngine(ABC):
 
     def close(self) -> None:
         """Release the engine (processes, process groups) before its worker goes away."""
+
+
+def check_load_format(engine_cfg, key: str) -> None:
+    """``load_format`` of the engines that can start from random weights (the actor's arrive before use)."""
+    if engine_cfg.load_format not in LOAD_FORMATS:
+        raise ConfigError(f"{key}.load_format={engine_cfg.load_format!r} is not one of: {', '.join(LOAD_FORMATS)}")
+
+
+def check_fraction(engine_cfg, key: str, name: str) -> None:
+    value = engine_cfg[name]
+    if not 0 < value <= 1:
+        raise ConfigError(f"{key}.{name} must be in (0, 1], got {value}")
 
 
 ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine")

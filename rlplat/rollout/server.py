@@ -21,12 +21,7 @@ from collections.abc import Iterable
 
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
-    RolloutEngine,
-    RolloutSetup,
-    SamplingParams,
-    WeightBucket,
-    assemble_rollout,
-    pad_responses,
+    RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, pad_responses,
     prompt_token_lists,
 )
 

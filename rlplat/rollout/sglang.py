@@ -12,20 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rlplat.config.errors import ConfigError
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
-    RolloutEngine,
-    RolloutSetup,
-    SamplingParams,
-    WeightBucket,
-    assemble_rollout,
-    pad_responses,
-    prompt_token_lists,
+    RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, check_fraction,
+    check_load_format, pad_responses, prompt_token_lists,
 )
 
 
-
 class SGLangRolloutEngine(RolloutEngine):
+    @classmethod
+    def check_config(cls, engine_cfg, key: str, device: str) -> None:
+        check_load_format(engine_cfg, key)
+        check_fraction(engine_cfg, key, "mem_fraction_static")
+        if device != "cuda":
+            raise ConfigError("rollout.name=sglang needs a CUDA device (SGLang has no CPU kernels); use vllm or hf")
+
     def __init__(self, setup: RolloutSetup, engine_cfg):
         import sglang
 
@@ -34,17 +36,19 @@ class SGLangRolloutEngine(RolloutEngine):
         self.setup, self.cfg = setup, engine_cfg
         self.needs_initial_weights = engine_cfg.load_format == "dummy"
         self.engine = sglang.Engine(
+            # rollout.sglang.*
+            tp_size=engine_cfg.tensor_parallel_size,
+            mem_fraction_static=engine_cfg.mem_fraction_static,
+            load_format=engine_cfg.load_format,
+            enable_memory_saver=engine_cfg.sleep,
+            context_length=engine_cfg.max_model_len or setup.max_model_len,
+            # the run's model and device
             model_path=setup.model_path,
             tokenizer_path=setup.tokenizer_path,
             dtype=setup.dtype_name,
-            random_seed=setup.seed + setup.rank,
             trust_remote_code=setup.trust_remote_code,
-            tp_size=engine_cfg.tensor_parallel_size,
-            mem_fraction_static=engine_cfg.mem_fraction_static,
-            context_length=engine_cfg.max_model_len or setup.max_model_len,
-            load_format=engine_cfg.load_format,
+            random_seed=setup.seed + setup.rank,
             base_gpu_id=setup.device.index or 0,
-            enable_memory_saver=engine_cfg.sleep,
             skip_tokenizer_init=True,  # rlplat sends and receives token ids
             log_level="error",
         )

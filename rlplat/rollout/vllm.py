@@ -25,15 +25,11 @@ from collections.abc import Iterable
 
 import torch
 
+from rlplat.config.errors import ConfigError
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
-    RolloutEngine,
-    RolloutSetup,
-    SamplingParams,
-    WeightBucket,
-    assemble_rollout,
-    pad_responses,
-    prompt_token_lists,
+    RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, check_fraction,
+    check_load_format, pad_responses, prompt_token_lists,
 )
 
 CPU_DEFAULT_KV_CACHE_GB = 1.0  # plenty for the embedded model; vLLM's own CPU default takes half the RAM
@@ -51,6 +47,15 @@ def _prepare_process_environment() -> None:
 
 
 class VLLMRolloutEngine(RolloutEngine):
+    @classmethod
+    def check_config(cls, engine_cfg, key: str, device: str) -> None:
+        check_load_format(engine_cfg, key)
+        check_fraction(engine_cfg, key, "gpu_memory_utilization")
+        if engine_cfg.sleep_level not in (0, 1, 2):
+            raise ConfigError(f"{key}.sleep_level must be 0, 1 or 2, got {engine_cfg.sleep_level}")
+        if engine_cfg.kv_cache_gb is not None and engine_cfg.kv_cache_gb <= 0:
+            raise ConfigError(f"{key}.kv_cache_gb must be > 0 (or null), got {engine_cfg.kv_cache_gb}")
+
     def __init__(self, setup: RolloutSetup, engine_cfg):
         _prepare_process_environment()
         from vllm import LLM

@@ -15,12 +15,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlplat.config.imports import import_user_modules
-from rlplat.config.validate import RunPlan
+from rlplat.config.plan import RunPlan
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
 from rlplat.protocol import Batch
 from rlplat.reward import RewardManager, ScoreResult, build_reward_manager
-from rlplat.utils.checkpoint import Checkpointer
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker
@@ -39,7 +38,7 @@ class Components:
     reward_train: RewardManager
     reward_val: RewardManager
     tracker: Tracker
-    checkpoints: Checkpointer
+    model_path: str  # the resolved model directory (what the hf_export copies its config from)
     pools: list[ResourcePool] = field(default_factory=list)
 
     def _batch(self, items: list[dict]) -> Batch:
@@ -163,10 +162,11 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
     overlong = cfg.algorithm.overlong_buffer
     reward_train = build_reward_manager(cfg.reward, overlong, data.max_response_length)
     reward_val = build_reward_manager(cfg.reward, None, data.max_response_length)
-    tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg))
+    tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg),
+                      project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name)
     actor, ref, critic, pools = _groups(cfg, plan, model_path)
     return Components(
         cfg=cfg, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
         val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,
-        checkpoints=Checkpointer(cfg, model_path), pools=pools,
+        model_path=model_path, pools=pools,
     )

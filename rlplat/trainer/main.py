@@ -38,8 +38,6 @@ def registered_names() -> dict[str, tuple[str, ...]]:
 
 
 def _names_help() -> str:
-    from rlplat.algorithms import ADVANTAGE_ESTIMATORS
-
     lines = [f"  {kind}: {' '.join(names)}" for kind, names in registered_names().items()]
     lines.append("  (every KL estimator also as NAME+: its value with the k2 gradient, straight-through)")
     return "\n".join(lines)
@@ -75,14 +73,15 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
     """Run the CLI; a recipe passes its trainer subclass as ``trainer_cls``."""
     from omegaconf import OmegaConf
 
-    from rlplat.config import ConfigError, load_config
+    from rlplat.config import ConfigError
+    from rlplat.trainer.run import load_run_config
 
     overrides, cfg_mode, show_help = parse_args(sys.argv[1:] if argv is None else argv)
     if show_help:
         print(_usage())
         return 0
     try:
-        cfg, plan = load_config(overrides)
+        cfg, plan = load_run_config(overrides)
     except ConfigError as err:
         print(f"rlplat: config error: {err}", file=sys.stderr)
         return 2

@@ -42,9 +42,10 @@ from rlplat.algorithms import (
     make_kl_controller,
     pf_ppo_resample,
 )
-from rlplat.config.validate import RunPlan
+from rlplat.config.plan import RunPlan
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
+from rlplat.trainer.checkpoint import Checkpointer
 from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import data_metrics, explained_variance, timed, validation_metrics
 from rlplat.trainer.signals import stop_on_signals
@@ -59,6 +60,7 @@ class PPOTrainer:
             cfg.algorithm.kl_ctrl.type, cfg.algorithm.kl_ctrl.coef, cfg.algorithm.kl_ctrl.target,
             cfg.algorithm.kl_ctrl.horizon,
         )
+        self.checkpoints = Checkpointer(cfg, components.model_path)
         self.step = 0
         self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
         self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes
@@ -73,6 +75,17 @@ class PPOTrainer:
         self.kl_ctrl.value = state["kl_coef"]
         self.prompts_seen = state["prompts_seen"]
         self.initial_val = state.get("initial_val") or {}
+
+    def save_checkpoint(self) -> None:
+        self.checkpoints.save(self.step, self.c, self.state_dict())
+
+    def resume(self) -> int:
+        """Restore the newest good checkpoint (per ``trainer.resume_mode``); the step to continue from."""
+        state = self.checkpoints.maybe_resume(self.c)
+        if state is None:
+            return 0
+        self.load_state_dict(state)
+        return int(state["step"])
 
     def tag_groups(self, prompts: Batch) -> Batch:
         """Give each prompt a uid; its n responses share it (the group of group estimators)."""
@@ -138,7 +151,7 @@ class PPOTrainer:
         cfg, c = self.cfg, self.c
         wall = time.perf_counter()
         with stop_on_signals() as stop:  # a signal stops the loop between steps (see rlplat.trainer.signals)
-            self.step = resumed = c.checkpoints.maybe_resume(self)
+            self.step = resumed = self.resume()
             saved = 0
             if self.step == 0:
                 self.initial_val = self.validate()
@@ -155,10 +168,10 @@ class PPOTrainer:
                 # between the two repeats step N after the resume, with the same metrics, rather than lose it).
                 c.tracker.log(metrics, self.step)
                 if cfg.trainer.save_freq > 0 and self.step % cfg.trainer.save_freq == 0 or last:
-                    c.checkpoints.save(self)
+                    self.save_checkpoint()
                     saved = self.step
             if stop.requested and cfg.trainer.save_on_signal and self.step > max(saved, resumed):
-                c.checkpoints.save(self)
+                self.save_checkpoint()
         if stop.requested:
             self.stopped_by_signal(stop)
         summary = self.summary(initial, last_val, time.perf_counter() - wall)
@@ -166,7 +179,7 @@ class PPOTrainer:
 
     def stopped_by_signal(self, stop) -> None:
         """Raise :class:`Interrupted` with one line saying where the run can be resumed from."""
-        root = self.c.checkpoints.root
+        root = self.checkpoints.root
         latest = root / "latest"
         where = (f"the newest checkpoint is {root / latest.read_text().strip()}; run the same command again to "
                  f"resume (trainer.resume_mode=auto)") if latest.exists() else "no checkpoint was saved"
@@ -351,7 +364,7 @@ class PPOTrainer:
         if self.cfg.trainer.nonfinite == "skip":
             print(f"[step {self.step}] warning: {shown}; the update was skipped (trainer.nonfinite=skip)", flush=True)
             return
-        latest = self.c.checkpoints.root / "latest"
+        latest = self.checkpoints.root / "latest"
         kept = f"the last checkpoint {latest.read_text().strip()} is intact" if latest.exists() else "nothing was saved"
         raise RunError(f"step {self.step}: {shown}; stopping (trainer.nonfinite=stop; {kept}). Lower the learning "
                        f"rate or check the rewards, or set trainer.nonfinite=skip to skip such steps")

@@ -7,7 +7,17 @@ import os
 
 from omegaconf import DictConfig
 
-from rlplat.config.validate import RunPlan
+from rlplat.config import load_config
+from rlplat.config.plan import RunPlan
+from rlplat.workers.engine_setup import check_engine_config
+
+
+def load_run_config(overrides: list[str] | None = None) -> tuple[DictConfig, RunPlan]:
+    """The whole start-up check of a run: :func:`rlplat.config.load_config` (schema, presets, cross-field
+    rules) and then the chosen engines' checks of their own sections. Raises ConfigError."""
+    cfg, plan = load_config(overrides)
+    check_engine_config(cfg, plan.device)
+    return cfg, plan
 
 
 def init_ray(cfg: DictConfig) -> bool:
@@ -28,7 +38,7 @@ def init_ray(cfg: DictConfig) -> bool:
 
 def resolve_model_path(cfg: DictConfig) -> str:
     if cfg.model.path == "embedded":
-        from rlplat.models.embedded import ensure_embedded_model
+        from rlplat.trainer.sft import ensure_embedded_model
 
         return str(ensure_embedded_model())
     return cfg.model.path
@@ -42,6 +52,7 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     from rlplat.trainer.preflight import preflight
 
     trainer_cls = trainer_cls or PPOTrainer
+    check_engine_config(cfg, plan.device)  # done by load_run_config already, unless a caller composed cfg itself
     preflight(cfg)  # output dir, model path, logger packages: one line each, before anything starts
     model_path = resolve_model_path(cfg)
     using_ray = init_ray(cfg)

@@ -5,21 +5,31 @@
 The target response of a row is ``extra_info["solution"]`` when present, else
 ``reward_model.ground_truth``, followed by EOS. The loss is the token-mean negative log-likelihood of the
 response tokens. The result is written as a Hugging Face model (safetensors + tokenizer) to ``--out``.
-This is how rlplat warm-starts its embedded tiny model before RL (RL from random init is slow).
+This is how rlplat warm-starts its embedded tiny model before RL (RL from random init is slow):
+:func:`ensure_embedded_model` builds it (:mod:`rlplat.models.embedded`), fine-tunes it here and caches it.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
+from rlplat.config import compose_config
+from rlplat.config.validate import resolve_device
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
+from rlplat.models.embedded import SPEC, WARM_START, embedded_model_dir
+from rlplat.models.tiny import build_tiny_model
 from rlplat.protocol import Batch
 from rlplat.rollout.base import assemble_rollout
+from rlplat.workers.roles import SFTWorker
 
 
 def sft_batch(items: list[dict], tokenizer, max_response_length: int) -> Batch:
@@ -43,26 +53,23 @@ def run_sft(
 ) -> dict[str, float]:
     from transformers import AutoTokenizer
 
-    from rlplat.config import load_config
-    from rlplat.workers.roles import ActorRolloutRefWorker
-
-    # The same schema and validation as RL; an estimator without groups lets rollout.n be 1.
-    cfg, plan = load_config([
-        f"model.path={model_path}", "trainer.ray_address=inprocess", f"trainer.seed={seed}",
-        "algorithm.adv_estimator=reinforce_pp", "rollout.n=1", f"data.train_batch_size_prompts={batch_size}",
-        f"actor.mini_batch_size_prompts={batch_size}", f"actor.micro_batch_size_seqs_per_worker={micro_batch_size}",
-        f"critic.micro_batch_size_seqs_per_worker={micro_batch_size}", f"actor.optim.lr={lr}",
-        f"trainer.total_steps={steps}", "actor.optim.lr_schedule=cosine", "actor.optim.min_lr_ratio=0.0",
-        f"actor.optim.warmup_steps={min(20, steps)}",
-        f"data.max_response_length={max_response_length}",
+    if min(steps, batch_size, micro_batch_size, max_response_length) < 1 or batch_size % micro_batch_size:
+        raise ValueError(f"sft: steps, batch sizes and max_response_length must be >= 1 and the micro-batch "
+                         f"({micro_batch_size}) must divide the batch ({batch_size})")
+    # The typed schema's model/actor sections (the RL run's own keys and defaults); only they are read.
+    cfg = compose_config([
+        f"model.path={model_path}", f"trainer.seed={seed}", f"actor.optim.lr={lr}",
+        "actor.optim.lr_schedule=cosine", "actor.optim.min_lr_ratio=0.0", f"actor.optim.warmup_steps={min(20, steps)}",
+        f"actor.micro_batch_size_seqs_per_worker={micro_batch_size}",
     ])
+    OmegaConf.resolve(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     data = RLDataset(resolve_files(data_files, "train"), tokenizer, cfg.data.max_prompt_length, "filter", True)
     sampler = PromptSampler(len(data), batch_size, shuffle=True, seed=seed)
-    group = InProcessWorkerGroup(ActorRolloutRefWorker, plan.device, cfg=cfg, plan=plan)
+    group = InProcessWorkerGroup(SFTWorker, resolve_device(cfg), cfg=cfg, total_steps=steps)
     metrics: dict[str, float] = {}
     try:
-        group.init_model(model_path, with_ref=False)
+        group.init_model(model_path)
         start = time.perf_counter()
         for step in range(1, steps + 1):
             batch = sft_batch([data[i] for i in sampler.next_batch()], tokenizer, max_response_length)
@@ -75,6 +82,26 @@ def run_sft(
     finally:
         group.shutdown()
     return metrics
+
+
+def ensure_embedded_model() -> Path:
+    """Return the warm-started embedded model's directory, building it on first use: the tiny model of
+    :data:`rlplat.models.embedded.SPEC`, fine-tuned per :data:`~rlplat.models.embedded.WARM_START`."""
+    target = embedded_model_dir()
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[embedded] building the tiny model and warm-starting it with SFT ({WARM_START['steps']} steps) "
+          f"-> {target}", flush=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        base = build_tiny_model(Path(tmp) / "init", SPEC, seed=WARM_START["seed"])
+        out = Path(tmp) / "sft"
+        run_sft(str(base), [WARM_START["data"]], str(out), WARM_START["steps"], WARM_START["batch_size"],
+                WARM_START["lr"], micro_batch_size=WARM_START["batch_size"], seed=WARM_START["seed"])
+        if target.exists():  # another process finished first
+            return target
+        shutil.move(str(out), str(target))
+    return target
 
 
 def main(argv: list[str] | None = None) -> int:

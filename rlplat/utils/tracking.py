@@ -14,6 +14,7 @@ from typing import Any
 
 from rlplat.utils.errors import RunError
 
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")  # the names trainer.logger accepts
 CONSOLE_KEYS = (
     "score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
     "val/accuracy", "timing/step_s",
@@ -25,8 +26,12 @@ def _short(value: float) -> str:
 
 
 class Tracker:
-    def __init__(self, loggers: list[str], output_dir: str | Path, config: dict[str, Any] | None = None):
+    def __init__(self, loggers: list[str], output_dir: str | Path, config: dict[str, Any] | None = None,
+                 project: str = "rlplat", run_name: str | None = None):
         self.loggers = list(loggers)
+        unknown = [name for name in self.loggers if name not in LOGGERS]
+        if unknown:
+            raise RunError(f"trainer.logger: unknown logger(s) {', '.join(unknown)}; known: {', '.join(LOGGERS)}")
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = (self.output_dir / "metrics.jsonl").open("a") if "jsonl" in self.loggers else None
@@ -42,7 +47,7 @@ class Tracker:
                 import wandb
             except ImportError as err:
                 raise RunError("trainer.logger includes 'wandb', but it cannot be imported: pip install wandb") from err
-            self._wandb = wandb.init(config=config, dir=str(self.output_dir))
+            self._wandb = wandb.init(project=project, name=run_name, config=config, dir=str(self.output_dir))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}

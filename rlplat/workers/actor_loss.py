@@ -20,26 +20,15 @@ from omegaconf import DictConfig
 from rlplat.algorithms import (
     KLInput,
     LossDenominators,
-    PolicyLossConfig,
     PolicyLossInput,
     aggregate_loss,
     get_policy_loss,
     kl_penalty,
+    policy_loss_config,
     value_loss,
 )
+from rlplat.engines.base import ForwardOutput
 from rlplat.protocol import Batch
-from rlplat.workers.engines.base import ForwardOutput
-
-
-def policy_loss_config(algo: DictConfig) -> PolicyLossConfig:
-    """The policy losses' options from ``algorithm.clip_ratio_*`` and ``algorithm.policy_loss_options``."""
-    options = algo.policy_loss_options
-    return PolicyLossConfig(
-        clip_ratio_low=algo.clip_ratio_low,
-        clip_ratio_high=algo.clip_ratio_high,
-        clip_ratio_c=algo.clip_ratio_c,
-        **{key: options[key] for key in options},
-    )
 
 
 def _weighted(metrics: dict[str, torch.Tensor], mask: torch.Tensor, denominators: LossDenominators) -> dict[str, float]:

@@ -4,9 +4,10 @@
   reference policy is colocated, a frozen reference engine, all on one device.
 * :class:`RefWorker`: the reference policy alone, for ``ref.placement=separate`` (its own pool).
 * :class:`CriticWorker`: the value model for PPO.
+* :class:`SFTWorker`: the training engine alone, for supervised fine-tuning (the embedded warm start).
 
 Methods the controller calls carry their dispatch mode (``@register``); see
-:mod:`rlplat.controller.dispatch`.
+:mod:`rlplat.workers.base`.
 """
 
 from __future__ import annotations
@@ -18,40 +19,13 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.algorithms import LossDenominators
-from rlplat.config.validate import RunPlan
-from rlplat.controller.dispatch import Dispatch, register
-from rlplat.controller.worker_group import Worker
+from rlplat.engines import TrainingEngine
+from rlplat.config.plan import RunPlan
 from rlplat.protocol import Batch
-from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup, SamplingParams
+from rlplat.rollout import SamplingParams
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
-from rlplat.workers.engines import TRAINING_ENGINES, TrainingEngine
-
-
-def resolve_rollout_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:
-    name = cfg.rollout.dtype
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
-def build_rollout_engine(cfg: DictConfig, model_path: str, tokenizer, ctx) -> RolloutEngine:
-    """The ``rollout.name`` engine, given the run's facts and its own section ``rollout.<name>``."""
-    setup = RolloutSetup(
-        model_path=model_path,
-        tokenizer_path=cfg.model.tokenizer_path or model_path,
-        device=ctx.device,
-        dtype=resolve_rollout_dtype(cfg, ctx.device),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-        seed=cfg.trainer.seed,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        trust_remote_code=cfg.model.trust_remote_code,
-    )
-    if cfg.rollout.mode == "server":
-        return ROLLOUT_SERVER_CLIENTS.get(cfg.rollout.name)(setup, cfg.rollout.server)
-    return ROLLOUT_ENGINES.get(cfg.rollout.name)(setup, cfg.rollout.get(cfg.rollout.name))
+from rlplat.workers.base import Dispatch, Worker, register
+from rlplat.workers.engine_setup import build_rollout_engine, build_training_engine, resolve_rollout_dtype
 
 
 def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str, model_cfg: DictConfig) -> None:
@@ -93,11 +67,15 @@ def reference_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -
     return Batch.from_dict({"ref_log_probs": out["log_probs"]})
 
 
-class _TrainingRole(Worker):
-    """Shared by roles that train an engine: mini-/micro-batch loop with global loss denominators."""
+class _Role(Worker):
+    """Shared by the roles: the run's config and plan, the mini-/micro-batch training loop with global loss
+    denominators, and the Hugging Face export of a trained engine."""
 
-    cfg: DictConfig
-    plan: RunPlan
+    trains = ""  # the attribute holding the engine this role trains and checkpoints ("actor", "critic")
+
+    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan | None = None):
+        super().__init__(rank, world_size, device)
+        self.cfg, self.plan = cfg, plan
 
     def _train(
         self, engine: TrainingEngine, batch: Batch, epochs: int, mini_size: int, micro_size: int, loss_fn
@@ -126,13 +104,28 @@ class _TrainingRole(Worker):
                 steps += 1
         return {k: v / steps for k, v in totals.items()}
 
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Write the trained engine's sharded state under ``path/<trains>`` (collective)."""
+        getattr(self, self.trains).save_checkpoint(f"{path}/{self.trains}")
 
-class ActorRolloutRefWorker(_TrainingRole):
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        getattr(self, self.trains).load_checkpoint(f"{path}/{self.trains}")
+
+    def _export_hf(self, engine: TrainingEngine, path: str, model_path: str) -> None:
+        weights = {name: tensor.detach().cpu() for name, tensor in engine.full_weights()}
+        if self.rank == 0:
+            export_hf_model(weights, path, model_path, self.cfg.model)
+
+
+class ActorRolloutRefWorker(_Role):
     """Actor (trained), rollout engine and (colocated) reference policy on one device."""
 
+    trains = "actor"
+
     def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
-        super().__init__(rank, world_size, device)
-        self.cfg, self.plan = cfg, plan
+        super().__init__(rank, world_size, device, cfg, plan)
         self.actor = self.rollout = self.ref = None
         self.weights_stale = False  # the actor changed since the rollout engine last received its weights
 
@@ -143,11 +136,10 @@ class ActorRolloutRefWorker(_TrainingRole):
         cfg, ctx = self.cfg, self.dist
         torch.manual_seed(cfg.trainer.seed + self.rank)
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
-        engine_cls = TRAINING_ENGINES.get(cfg.actor.strategy)
         total = cfg.trainer.total_steps * self.plan.mini_batches_per_step * cfg.actor.ppo_epochs
-        self.actor = engine_cls(model_path, cfg.model, cfg.actor.fsdp, ctx, cfg.actor.optim, total)
+        self.actor = build_training_engine(cfg, model_path, ctx, cfg.actor.optim, total)
         if with_ref:
-            self.ref = engine_cls(model_path, cfg.model, cfg.actor.fsdp, ctx)
+            self.ref = build_training_engine(cfg, model_path, ctx)
         self.rollout = build_rollout_engine(cfg, model_path, tokenizer, ctx)
         # The rollout engine holds the actor's weights unless it starts from a dummy initialisation.
         self.weights_stale = self.rollout.needs_initial_weights
@@ -231,33 +223,16 @@ class ActorRolloutRefWorker(_TrainingRole):
         self.weights_stale = True  # sent to the rollout engine at the next rollout
         return metrics
 
-    @register(Dispatch.DP_SPLIT_EXACT)
-    def update_sft(self, batch: Batch) -> dict[str, float]:
-        """One supervised step on teacher-forced responses: token-mean negative log-likelihood."""
-        def loss_fn(micro: Batch, denominators: LossDenominators):
-            fwd = self.actor.forward(micro, grad=True)
-            return sft_loss(fwd, micro, denominators)
-
-        metrics = self._train(self.actor, batch, 1, len(batch), self.cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
-        self.weights_stale = True
-        return metrics
-
-    @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.actor.save_checkpoint(f"{path}/actor")
-
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         """Restore the actor; the rollout engine receives the restored weights at the next rollout."""
-        self.actor.load_checkpoint(f"{path}/actor")
+        super().load_checkpoint(path)
         self.weights_stale = True
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str, model_path: str) -> None:
         """Write the actor as a Hugging Face model (safetensors + tokenizer) that from_pretrained loads."""
-        weights = {name: tensor.detach().cpu() for name, tensor in self.actor.full_weights()}
-        if self.rank == 0:
-            export_hf_model(weights, path, model_path, self.cfg.model)
+        self._export_hf(self.actor, path, model_path)
 
     @register(Dispatch.ONE_TO_ALL)
     def actor_weights(self, dtype: str | None = None, bucket_bytes: int = 512 * 2**20) -> dict[str, torch.Tensor]:
@@ -267,46 +242,33 @@ class ActorRolloutRefWorker(_TrainingRole):
         return {name: tensor.detach().cpu().clone() for bucket in buckets for name, tensor in bucket}
 
 
-class RefWorker(Worker):
+class RefWorker(_Role):
     """The reference policy on its own pool (``ref.placement=separate``)."""
 
-    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
-        super().__init__(rank, world_size, device)
-        self.cfg, self.plan, self.ref = cfg, plan, None
+    ref: TrainingEngine
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str) -> None:
-        self.ref = TRAINING_ENGINES.get(self.cfg.actor.strategy)(model_path, self.cfg.model, self.cfg.actor.fsdp, self.dist)
+        self.ref = build_training_engine(self.cfg, model_path, self.dist)
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         return reference_log_probs(self.ref, batch, self.cfg)
 
 
-class CriticWorker(_TrainingRole):
+class CriticWorker(_Role):
     """Value model (the policy's backbone with a 1-output head) trained with the clipped value loss."""
 
-    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
-        super().__init__(rank, world_size, device)
-        self.cfg, self.plan, self.critic = cfg, plan, None
+    trains = "critic"
+    critic: TrainingEngine
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.trainer.seed + self.rank)  # the value head is freshly initialised
         total = cfg.trainer.total_steps * self.plan.mini_batches_per_step * cfg.critic.ppo_epochs
-        self.critic = TRAINING_ENGINES.get(cfg.actor.strategy)(
-            cfg.critic.model_path or model_path, cfg.model, cfg.actor.fsdp, self.dist, cfg.critic.optim, total,
-            value_head=True,
-        )
-
-    @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.critic.save_checkpoint(f"{path}/critic")
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.critic.load_checkpoint(f"{path}/critic")
+        self.critic = build_training_engine(cfg, cfg.critic.model_path or model_path, self.dist, cfg.critic.optim,
+                                            total, value_head=True)
 
     @register(Dispatch.DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:
@@ -323,3 +285,32 @@ class CriticWorker(_TrainingRole):
 
         return self._train(self.critic, batch, cfg.critic.ppo_epochs, self.plan.seqs_per_mini_batch_per_worker,
                            cfg.critic.micro_batch_size_seqs_per_worker, loss_fn)
+
+
+class SFTWorker(_Role):
+    """Supervised fine-tuning (the embedded model's warm start): the training engine alone, no rollout
+    engine and no reference. Only the ``model``, ``actor`` and ``trainer.seed`` keys of ``cfg`` are read."""
+
+    trains = "actor"
+    actor: TrainingEngine
+
+    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, total_steps: int):
+        super().__init__(rank, world_size, device, cfg)
+        self.total_steps = total_steps
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, model_path: str) -> None:
+        torch.manual_seed(self.cfg.trainer.seed + self.rank)
+        self.actor = build_training_engine(self.cfg, model_path, self.dist, self.cfg.actor.optim, self.total_steps)
+
+    @register(Dispatch.DP_SPLIT_EXACT)
+    def update_sft(self, batch: Batch) -> dict[str, float]:
+        """One supervised step on teacher-forced responses: token-mean negative log-likelihood."""
+        def loss_fn(micro: Batch, denominators: LossDenominators):
+            return sft_loss(self.actor.forward(micro, grad=True), micro, denominators)
+
+        return self._train(self.actor, batch, 1, len(batch), self.cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str, model_path: str) -> None:
+        self._export_hf(self.actor, path, model_path)

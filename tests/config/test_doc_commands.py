@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlplat.config import ConfigError, load_config
+from rlplat.trainer.run import load_run_config
 from rlplat.trainer.main import USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,7 @@ def test_documented_command_validates(where, args, expected):
         pytest.skip(f"shows the error of a missing {optional.group(1)!r}, which is installed here")
     if expected is None:
         try:
-            load_config(args)
+            load_run_config(args)
         except ConfigError as err:
             missing = MISSING.search(str(err))
             if missing is None:
@@ -73,7 +74,7 @@ def test_documented_command_validates(where, args, expected):
             pytest.skip(f"needs the optional package {missing.group(1)!r}")
     else:
         with pytest.raises(ConfigError) as err:
-            load_config(args)
+            load_run_config(args)
         assert f"rlplat: config error: {err.value}".startswith(expected)
 
 

@@ -41,5 +41,5 @@ def test_knob_changes_the_loss(loss, key, value, base):
 
 
 def test_bad_knob_names_the_key():
-    with pytest.raises(ConfigError, match=r"^algorithm\.clip_ratio_\* / algorithm\.policy_loss_options: sapo_tau_pos/neg must be > 0"):
+    with pytest.raises(ConfigError, match=r"^algorithm\.policy_loss_options\.sapo_tau_pos/neg must be > 0"):
         load_config(["algorithm.policy_loss_options.sapo_tau_neg=0"])

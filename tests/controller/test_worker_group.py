@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlplat.controller import Dispatch, InProcessWorkerGroup, RayWorkerGroup, ResourcePool, Worker, register
+from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool
+from rlplat.workers.base import Dispatch, Worker, register
 from rlplat.protocol import Batch
 
 
@@ -27,10 +28,6 @@ class Probe(Worker):
         except ImportError:
             pass
         return self.rank, dist.get_world_size(), node, os.getpid()
-
-    @register(Dispatch.RANK_ZERO)
-    def leader(self):
-        return f"rank {self.rank}"
 
     @register(Dispatch.DP_SPLIT)
     def double(self, batch: Batch) -> Batch:
@@ -64,7 +61,6 @@ def check_dispatch(group, world):
     out = group.double(data(5))  # 5 rows over `world` workers: padded, then unpadded
     assert out.tensors["x2"].tolist() == [0, 2, 4, 6, 8]
     assert len(out) == 5 and sorted(set(out.tensors["rank"].tolist())) == list(range(world))
-    assert group.leader() == "rank 0"
     assert group.global_sum(data(4 * world)) == [float(sum(range(4 * world)))] * world
     info = group.where()
     assert [i[0] for i in info] == list(range(world)) and all(i[1] == world for i in info)

@@ -29,7 +29,7 @@ def read_rows(path: Path) -> list[dict]:
     """The rows as rlplat's dataset checks them (this also proves the schema is what the trainer reads)."""
     from transformers import AutoTokenizer
 
-    from rlplat.models.embedded import ensure_embedded_model
+    from rlplat.trainer.sft import ensure_embedded_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_embedded_model())
     data = RLDataset([str(path)], tokenizer, max_prompt_length=512, truncation="error", apply_chat_template=True)

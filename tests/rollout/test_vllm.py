@@ -10,8 +10,9 @@ from transformers import AutoModelForCausalLM
 
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.workers.roles import ActorRolloutRefWorker
-from workers.helpers import engine_config, prompt_batch, reference_log_probs, with_training_fields
-from workers.test_engines import check_rollout_layout
+from workers.helpers import (
+    check_rollout_layout, engine_config, prompt_batch, reference_log_probs, with_training_fields,
+)
 
 pytest.importorskip("vllm")
 

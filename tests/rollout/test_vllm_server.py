@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from rlplat.config import load_config
 from rlplat.rollout import ROLLOUT_SERVER_CLIENTS, RolloutSetup, SamplingParams
 from rlplat.trainer.run import run
-from rlplat.workers.dist import free_port
+from rlplat.engines.dist import free_port
 from workers.helpers import prompt_batch, reference_log_probs
 
 pytest.importorskip("vllm")

@@ -4,15 +4,14 @@ and refusing to resume under a changed run-defining config."""
 import errno
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from rlplat.config import load_config
 from rlplat.trainer.main import main
 from rlplat.trainer.run import run
-from rlplat.utils import checkpoint as ckpt
-from rlplat.utils.checkpoint import Checkpointer, verify
+from rlplat.trainer import checkpoint as ckpt
+from rlplat.trainer.checkpoint import Checkpointer, verify
 from rlplat.utils.errors import RunError
 
 

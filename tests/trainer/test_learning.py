@@ -53,7 +53,7 @@ def correct_answer_probability(model_dir: str, rows: list[dict]) -> float:
 def held_out(embedded_cache):
     from transformers import AutoTokenizer
 
-    from rlplat.models.embedded import ensure_embedded_model
+    from rlplat.trainer.sft import ensure_embedded_model
 
     model_dir = str(ensure_embedded_model())
     data = RLDataset(resolve_files(["builtin:arithmetic"], "test"), AutoTokenizer.from_pretrained(model_dir), 128,

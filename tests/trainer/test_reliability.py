@@ -89,7 +89,7 @@ def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cach
     ckpt = tmp_path / "out" / "checkpoints" / f"step_{step:06d}"
     assert last == (f"rlplat: stopped by {signal.Signals(signum).name} after step {step}; the newest checkpoint is "
                     f"{ckpt}; run the same command again to resume (trainer.resume_mode=auto)")
-    from rlplat.utils.checkpoint import verify
+    from rlplat.trainer.checkpoint import verify
 
     assert step >= 2 and verify(ckpt) is None
 
@@ -111,7 +111,7 @@ def test_a_nan_loss_stops_or_skips_naming_step_and_quantity(embedded_cache, smal
     code = main([*SMALL, f"data.val_files={small_val}", "trainer.total_steps=3", "trainer.save_freq=1",
                  f"trainer.nonfinite={mode}", f"trainer.output_dir={out}"], trainer_cls=PoisonedAdvantages)
     captured = capsys.readouterr()
-    from rlplat.utils.checkpoint import verify
+    from rlplat.trainer.checkpoint import verify
 
     if mode == "stop":
         err = captured.err.strip().splitlines()[-1]

@@ -10,7 +10,7 @@ from rlplat.config import load_config
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask, response_log_probs
 from rlplat.workers.actor_loss import actor_loss
-from rlplat.workers.engines.base import ForwardOutput
+from rlplat.engines.base import ForwardOutput
 
 PROMPTS = ["1+2=", "34+5=", "7+80=", "9+9=", "12+13=", "5+6=", "40+2=", "3+3="]
 
@@ -81,3 +81,17 @@ def with_training_fields(rollout: Batch, seed: int = 0) -> Batch:
         meta=dict(rollout.meta),
     )
     return rollout.union(extra)
+
+
+def check_rollout_layout(out, prompts, eos_id, pad_id, max_new_tokens):
+    t = out.tensors
+    b, p = prompts.tensors["prompts"].shape
+    assert t["responses"].shape == (b, max_new_tokens) and t["response_mask"].shape == (b, max_new_tokens)
+    assert t["input_ids"].shape == (b, p + max_new_tokens) == t["attention_mask"].shape
+    torch.testing.assert_close(t["input_ids"][:, :p], prompts.tensors["prompts"])
+    for row, mask in zip(t["responses"], t["response_mask"]):
+        length = int(mask.sum())
+        assert mask[:length].all() and not mask[length:].any()  # ones, then zeros
+        eos = (row[:length] == eos_id).nonzero()
+        assert len(eos) <= 1 and (len(eos) == 0 and length == max_new_tokens or eos[0, 0] == length - 1)
+        assert (row[length:] == pad_id).all()

@@ -9,7 +9,7 @@ from rlplat.algorithms import LossDenominators
 from rlplat.config.schema import AlgorithmConfig
 from rlplat.protocol import Batch
 from rlplat.workers.actor_loss import actor_loss, rollout_correction
-from rlplat.workers.engines.base import ForwardOutput
+from rlplat.engines.base import ForwardOutput
 
 
 def test_weights_and_mismatch_metrics_by_hand():

@@ -27,14 +27,11 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlplat.trainer.components import Components
 from rlplat.utils.errors import RunError
-
-if TYPE_CHECKING:
-    from rlplat.trainer.ppo import PPOTrainer
 
 STEP_DIR = re.compile(r"step_(\d+)")
 MANIFEST = "manifest.json"
@@ -131,12 +128,13 @@ class Checkpointer:
         return [p for _, p in sorted(found, reverse=True)]
 
     # ---------------------------------------------------------------- save
-    def save(self, trainer: PPOTrainer) -> Path:
-        """Write the checkpoint of ``trainer.step``; on failure nothing changes and :class:`RunError` says so."""
-        final = self.root / f"step_{trainer.step:06d}"
+    def save(self, step: int, c: Components, state: dict) -> Path:
+        """Write the checkpoint of ``step``: the workers' engines, the prompt sampler and the trainer's own
+        ``state``; on failure nothing changes and :class:`RunError` says so."""
+        final = self.root / f"step_{step:06d}"
         partial = self.root / f".{final.name}.partial"
         try:
-            self._write(trainer, partial)
+            self._write(c, {"step": step, "sampler": c.sampler.state_dict(), **state}, partial)
             if final.exists():  # the same step saved again (e.g. after a resume): replace it
                 shutil.rmtree(final)
             os.replace(partial, final)
@@ -146,26 +144,24 @@ class Checkpointer:
             previous = (self.root / "latest").read_text().strip() if (self.root / "latest").exists() else None
             kept = f"the previous checkpoint {self.root / previous} and checkpoints/latest are intact" if previous \
                 else "no earlier checkpoint exists"
-            raise RunError(f"saving the checkpoint of step {trainer.step} to {final} failed "
+            raise RunError(f"saving the checkpoint of step {step} to {final} failed "
                            f"({_reason(err)}); {kept}") from err
         self._prune()
         try:
-            trainer.c.actor.export_hf(str(Path(self.cfg.trainer.output_dir) / "hf_export"), self.model_path)
+            c.actor.export_hf(str(Path(self.cfg.trainer.output_dir) / "hf_export"), self.model_path)
         except Exception as err:
-            raise RunError(f"the checkpoint of step {trainer.step} is saved in {final}, but exporting the model to "
+            raise RunError(f"the checkpoint of step {step} is saved in {final}, but exporting the model to "
                            f"hf_export failed ({_reason(err)})") from err
-        print(f"[checkpoint] step {trainer.step} -> {final}", flush=True)
+        print(f"[checkpoint] step {step} -> {final}", flush=True)
         return final
 
-    def _write(self, trainer: PPOTrainer, path: Path) -> None:
+    def _write(self, c: Components, state: dict, path: Path) -> None:
         if path.exists():
             shutil.rmtree(path)
         path.mkdir(parents=True)
-        c = trainer.c
         c.actor.save_checkpoint(str(path))
         if c.critic is not None:
             c.critic.save_checkpoint(str(path))
-        state = {"step": trainer.step, "sampler": c.sampler.state_dict(), **trainer.state_dict()}
         _write_atomic(path / "trainer.json", json.dumps(state, indent=2))
         write_manifest(path, run_defining(self.cfg))  # last: its presence means the rest is complete
 
@@ -224,21 +220,20 @@ class Checkpointer:
                        f"settings, set trainer.resume_allow_config_change=true to continue anyway, or use another "
                        f"trainer.output_dir (or trainer.resume_mode=disable) to start a new run")
 
-    def maybe_resume(self, trainer: PPOTrainer) -> int:
-        """Restore the newest good checkpoint per ``trainer.resume_mode``; return the step to continue from."""
+    def maybe_resume(self, c: Components) -> dict | None:
+        """Restore the workers and the sampler from the newest good checkpoint per ``trainer.resume_mode``;
+        return its ``trainer.json`` state (``step`` and the trainer's own state), or None to start fresh."""
         path = self.resume_path()
         if path is None:
-            return 0
+            return None
         self.check_config(path)
         state = json.loads((path / "trainer.json").read_text())
-        c = trainer.c
         c.actor.load_checkpoint(str(path))
         if c.critic is not None:
             c.critic.load_checkpoint(str(path))
         c.sampler.load_state_dict(state["sampler"])
-        trainer.load_state_dict(state)
         print(f"[checkpoint] resumed from {path} at step {state['step']}", flush=True)
-        return int(state["step"])
+        return state
 
 
 def _reason(err: BaseException) -> str:

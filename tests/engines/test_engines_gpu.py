@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.workers.roles import ActorRolloutRefWorker
 
-from .helpers import engine_config, prompt_batch, reference_log_probs, with_training_fields
+from workers.helpers import engine_config, prompt_batch, reference_log_probs, with_training_fields
 
 pytestmark = pytest.mark.gpu
 

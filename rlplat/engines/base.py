@@ -8,14 +8,37 @@ for export). The loss itself is computed by the role that owns the engine (see
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from omegaconf import DictConfig
 
+from rlplat.config.errors import ConfigError
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
+
+LR_SCHEDULES = ("constant", "linear", "cosine")  # {actor,critic}.optim.lr_schedule, after the warmup
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float):
+    """LR multiplier per optimizer step: linear warmup to 1 over ``warmup_steps`` (the first step
+    already gets 1/warmup, never 0), then constant, linear or cosine decay to ``min_lr_ratio``."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown LR schedule {schedule!r}; known: {', '.join(LR_SCHEDULES)}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        decay = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+    return factor
 
 
 @dataclass
@@ -25,12 +48,20 @@ class ForwardOutput:
     log_probs: torch.Tensor | None = None  # log π(response token) with logits / temperature
     entropy: torch.Tensor | None = None  # entropy of π(· | prefix) at each response position
     values: torch.Tensor | None = None  # critic value V(prefix before the token)
-    logits: torch.Tensor | None = None  # [batch, response_len, vocab], only when asked (full KL)
     sum_pi_squared: torch.Tensor | None = None  # Σ_v π(v | prefix)² at each response position (optimal baselines)
 
 
 class TrainingEngine(ABC):
     """Interface of the training backends (registry: ``TRAINING_ENGINES``, key ``actor.strategy``)."""
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig, device: str) -> None:
+        """Raise ConfigError, naming the key, for a value of the sections this engine reads (its own
+        ``actor.<strategy>`` section, ``actor.optim``, ``critic.optim``) that it cannot run on ``device``."""
+        for section in ("actor", "critic"):
+            schedule = cfg[section].optim.lr_schedule
+            if schedule not in LR_SCHEDULES:
+                raise ConfigError(f"{section}.optim.lr_schedule={schedule!r} is not one of: {', '.join(LR_SCHEDULES)}")
 
     @abstractmethod
     def forward(
@@ -39,7 +70,6 @@ class TrainingEngine(ABC):
         *,
         temperature: float = 1.0,
         need_entropy: bool = False,
-        need_logits: bool = False,
         need_sum_pi_squared: bool = False,
         grad: bool = False,
     ) -> ForwardOutput:

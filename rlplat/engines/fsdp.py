@@ -12,31 +12,17 @@ therefore multiplies the loss by the data-parallel size.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import torch
 from omegaconf import DictConfig
 
+from rlplat.config.errors import ConfigError
+from rlplat.engines.base import TRAINING_ENGINES, ForwardOutput, TrainingEngine, lr_lambda
+from rlplat.engines.dist import DistContext
 from rlplat.protocol import Batch
 from rlplat.sequence import response_log_probs
-from rlplat.workers.dist import DistContext
-from rlplat.workers.engines.base import TRAINING_ENGINES, ForwardOutput, TrainingEngine
 
-
-def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float):
-    """LR multiplier per optimizer step: linear warmup to 1 over ``warmup_steps`` (the first step
-    already gets 1/warmup, never 0), then constant, linear or cosine decay to ``min_lr_ratio``."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        decay = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * decay
-
-    return factor
+MIXED_PRECISION = ("auto", "none", "bf16")  # actor.fsdp.mixed_precision: auto = bf16 compute on GPU
 
 
 def load_hf_model(path: str, model_cfg: DictConfig, value_head: bool = False) -> torch.nn.Module:
@@ -59,6 +45,16 @@ class FSDPEngine(TrainingEngine):
 
     ``optim_cfg=None`` builds a frozen engine (the reference policy): no optimizer, no gradients.
     """
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig, device: str) -> None:
+        super().check_config(cfg, device)
+        fsdp = cfg.actor.fsdp
+        if fsdp.mixed_precision not in MIXED_PRECISION:
+            raise ConfigError(f"actor.fsdp.mixed_precision={fsdp.mixed_precision!r} is not one of: "
+                              f"{', '.join(MIXED_PRECISION)}")
+        if fsdp.param_offload and device != "cuda":
+            raise ConfigError(f"actor.fsdp.param_offload needs a GPU (trainer.device resolved to {device})")
 
     def __init__(
         self,
@@ -114,8 +110,8 @@ class FSDPEngine(TrainingEngine):
     def model(self) -> torch.nn.Module:
         return self._model
 
-    def forward(self, micro: Batch, *, temperature=1.0, need_entropy=False, need_logits=False,
-                need_sum_pi_squared=False, grad=False):
+    def forward(self, micro: Batch, *, temperature=1.0, need_entropy=False, need_sum_pi_squared=False,
+                grad=False):
         from rlplat.algorithms import entropy_from_logits
 
         t = micro.tensors
@@ -137,7 +133,6 @@ class FSDPEngine(TrainingEngine):
             return ForwardOutput(
                 log_probs=log_probs,
                 entropy=entropy_from_logits(scaled) if need_entropy else None,
-                logits=scaled if need_logits else None,
                 sum_pi_squared=torch.softmax(scaled, dim=-1).square().sum(-1) if need_sum_pi_squared else None,
             )
 

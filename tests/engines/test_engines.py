@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker
 
-from .helpers import engine_config, prompt_batch, reference_log_probs, single_process_step, with_training_fields
+from workers.helpers import check_rollout_layout, engine_config, prompt_batch, reference_log_probs, single_process_step, with_training_fields
 
 
 @pytest.fixture
@@ -20,20 +20,6 @@ def inprocess_group(tiny_model_path):
     group.init_model(tiny_model_path, with_ref=True)
     yield group, cfg, plan
     group.shutdown()
-
-
-def check_rollout_layout(out, prompts, eos_id, pad_id, max_new_tokens):
-    t = out.tensors
-    b, p = prompts.tensors["prompts"].shape
-    assert t["responses"].shape == (b, max_new_tokens) and t["response_mask"].shape == (b, max_new_tokens)
-    assert t["input_ids"].shape == (b, p + max_new_tokens) == t["attention_mask"].shape
-    torch.testing.assert_close(t["input_ids"][:, :p], prompts.tensors["prompts"])
-    for row, mask in zip(t["responses"], t["response_mask"]):
-        length = int(mask.sum())
-        assert mask[:length].all() and not mask[length:].any()  # ones, then zeros
-        eos = (row[:length] == eos_id).nonzero()
-        assert len(eos) <= 1 and (len(eos) == 0 and length == max_new_tokens or eos[0, 0] == length - 1)
-        assert (row[length:] == pad_id).all()
 
 
 def test_inprocess_rollout_shapes_and_log_probs_match_training(inprocess_group, tiny_model_path):

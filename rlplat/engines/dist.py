@@ -40,10 +40,6 @@ class DistContext:
     def backend(self) -> str:
         return "nccl" if self.device.type == "cuda" else "gloo"
 
-    @property
-    def is_rank0(self) -> bool:
-        return self.rank == 0
-
     def mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
 

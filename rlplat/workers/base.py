@@ -1,0 +1,78 @@
+"""What every worker is: its rank, its place in the process group, and the methods the controller may call.
+
+A worker method declares how a call on its group reaches it with ``@register(Dispatch.X)``; the
+controller's worker groups (:mod:`rlplat.controller`) read that mark to split the arguments and collect
+the answers. The modes:
+
+==================  ==========================================================================
+``ONE_TO_ALL``      every worker gets the same arguments; the list of their results comes back
+``DP_SPLIT``        :class:`~rlplat.protocol.Batch` arguments are split into one equal chunk per
+                    data-parallel rank, padded first if the length does not divide (inference); the
+                    chunks' Batch results are concatenated and the padding removed ("collect")
+``DP_SPLIT_EXACT``  like DP_SPLIT but refuses to pad: for training, where a duplicated row would
+                    change the gradient; non-Batch results come back as a list, one per rank
+==================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from rlplat.engines.dist import DistContext, free_port, init_distributed, node_ip
+
+DISPATCH_ATTR = "__rlplat_dispatch__"
+
+
+class Dispatch(enum.Enum):
+    ONE_TO_ALL = "one_to_all"
+    DP_SPLIT = "dp_split"
+    DP_SPLIT_EXACT = "dp_split_exact"
+
+
+def register(mode: Dispatch) -> Callable[[Callable], Callable]:
+    """Mark a worker method as callable from the controller, with its dispatch mode."""
+
+    def decorator(fn: Callable) -> Callable:
+        setattr(fn, DISPATCH_ATTR, mode)
+        return fn
+
+    return decorator
+
+
+def dispatch_mode(worker_cls: type, name: str) -> Dispatch:
+    fn = getattr(worker_cls, name, None)
+    mode = getattr(fn, DISPATCH_ATTR, None)
+    if mode is None:
+        exposed = sorted(n for n in dir(worker_cls) if getattr(getattr(worker_cls, n), DISPATCH_ATTR, None))
+        raise AttributeError(
+            f"{worker_cls.__name__}.{name} is not a worker method registered with @register(Dispatch...); "
+            f"exposed: {', '.join(exposed)}"
+        )
+    return mode
+
+
+class Worker:
+    """Base of every role class. Subclasses receive their rank and world size and the role's kwargs;
+    heavy set-up belongs in a ``@register(Dispatch.ONE_TO_ALL)`` method the controller calls."""
+
+    def __init__(self, rank: int, world_size: int, device: str):
+        self.rank, self.world_size, self.device_type = rank, world_size, device
+        self.dist: DistContext | None = None
+
+    def master_address(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+    def import_modules(self, modules: list[tuple[str, str | None]]) -> None:
+        """Import the user's plug-in modules (``trainer.imports``) so their registrations exist here too."""
+        from rlplat.config.imports import import_in_worker
+
+        import_in_worker(modules)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def setup_distributed(self, master_addr: str, master_port: int) -> int:
+        self.dist = init_distributed(self.rank, self.world_size, master_addr, master_port, self.device_type)
+        return self.rank
+
+    def close(self) -> None:
+        """Release what the worker holds before its process group is destroyed (no-op by default)."""
