@@ -116,8 +116,8 @@ def verify(path: Path) -> str | None:
 
 
 class Checkpointer:
-    def __init__(self, cfg: DictConfig, model_path: str):
-        self.cfg, self.model_path = cfg, model_path
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
         self.root = Path(cfg.trainer.output_dir) / "checkpoints"
 
     def steps(self) -> list[Path]:
@@ -148,7 +148,7 @@ class Checkpointer:
                            f"({_reason(err)}); {kept}") from err
         self._prune()
         try:
-            c.actor.export_hf(str(Path(self.cfg.trainer.output_dir) / "hf_export"), self.model_path)
+            c.actor.export_hf(str(Path(self.cfg.trainer.output_dir) / "hf_export"), c.model_path)
         except Exception as err:
             raise RunError(f"the checkpoint of step {step} is saved in {final}, but exporting the model to "
                            f"hf_export failed ({_reason(err)})") from err

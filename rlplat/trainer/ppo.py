@@ -60,7 +60,7 @@ class PPOTrainer:
             cfg.algorithm.kl_ctrl.type, cfg.algorithm.kl_ctrl.coef, cfg.algorithm.kl_ctrl.target,
             cfg.algorithm.kl_ctrl.horizon,
         )
-        self.checkpoints = Checkpointer(cfg, components.model_path)
+        self.checkpoints = Checkpointer(cfg)
         self.step = 0
         self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
         self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes

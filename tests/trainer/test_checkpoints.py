@@ -38,7 +38,7 @@ def copy(trained, tmp_path):
 
 def checkpointer(out, small_val, *extra):
     cfg, _ = load_config(args(out, 3, small_val, *extra))
-    return Checkpointer(cfg, "unused")
+    return Checkpointer(cfg)
 
 
 def test_retention_and_manifest(trained):
