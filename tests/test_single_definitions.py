@@ -16,7 +16,7 @@ from rlplat.algorithms import OverlongShaping, make_kl_controller, policy_loss_c
 from rlplat.algorithms.advantages import SCALES
 from rlplat.config import ConfigError, load_config
 from rlplat.config.schema import RLPlatConfig, count_keys
-from rlplat.engines.base import LR_SCHEDULES, lr_lambda
+from rlplat.engines.optim import LR_SCHEDULES, lr_lambda
 from rlplat.reward import manager as reward_manager
 from rlplat.rollout.base import LOAD_FORMATS
 from rlplat.trainer.run import load_run_config

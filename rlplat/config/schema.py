@@ -83,7 +83,7 @@ class FSDPConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: str = "fsdp"  # training engine (registry): fsdp
+    strategy: str = "fsdp"  # training engine (registry): fsdp; each engine reads its own section (actor.fsdp)
     optim: OptimConfig = field(default_factory=OptimConfig)
     # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch);
     # None = the largest divisor of data.train_batch_size_prompts that is <= 16
@@ -221,6 +221,8 @@ class AlgorithmConfig:
 @dataclass
 class RefConfig:
     enable: Optional[bool] = None  # None = whenever a KL term is used
+    strategy: str = "${actor.strategy}"  # training engine (registry) holding the frozen reference policy
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # the reference's engine section when strategy=fsdp
     placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
     workers_per_node: int = count(1)  # only for placement=separate
     log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per reference forward on one worker
@@ -229,6 +231,8 @@ class RefConfig:
 @dataclass
 class CriticConfig:
     model_path: Optional[str] = None  # defaults to model.path (a value head is added)
+    strategy: str = "${actor.strategy}"  # training engine (registry) of the value model
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # the critic's engine section when strategy=fsdp
     # 1e-4 for the embedded model: a fresh value head reaches the mean-return predictor within ~10 steps
     # (explained variance -0.46 -> +0.02 over 30 steps); at 1e-5 it was still at -0.3 (docs/algorithms.md)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))

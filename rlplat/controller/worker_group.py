@@ -18,12 +18,14 @@ from typing import Any
 from rlplat.controller.dispatch import collect_results, split_arguments
 from rlplat.controller.resource_pool import ResourcePool
 from rlplat.utils.errors import RunError
-from rlplat.workers.base import Worker, dispatch_mode
+from rlplat.engines import ParallelLayout
+from rlplat.workers.base import Dispatch, Worker, dispatch_mode
 
 
 class WorkerGroup(ABC):
     def __init__(self, worker_cls: type[Worker]):
         self.worker_cls = worker_cls
+        self._layouts: list[ParallelLayout] | None = None
 
     @property
     @abstractmethod
@@ -35,8 +37,18 @@ class WorkerGroup(ABC):
 
     def call(self, name: str, *args, **kwargs) -> Any:
         mode = dispatch_mode(self.worker_cls, name)
-        per_rank, pad = split_arguments(mode, self.world_size, args, kwargs)
-        return collect_results(mode, self._run(name, per_rank), pad)
+        if mode is Dispatch.ONE_TO_ALL:
+            self._layouts = None  # e.g. init_model: the engine it builds decides the layout
+            return self._run(name, [(args, kwargs)] * self.world_size)
+        layouts = self.layouts()
+        per_worker, pad = split_arguments(mode, layouts, args, kwargs)
+        return collect_results(self._run(name, per_worker), pad, layouts)
+
+    def layouts(self) -> list[ParallelLayout]:
+        """Each worker's place among the data-parallel replicas (asked once after each set-up call)."""
+        if self._layouts is None:
+            self._layouts = self._run("parallel_layout", [((), {})] * self.world_size)
+        return self._layouts
 
     def __getattr__(self, name: str):
         if name.startswith("_"):

@@ -1,6 +1,6 @@
 """Training engines behind one ABC, chosen by ``actor.strategy`` through ``TRAINING_ENGINES``."""
 
-from rlplat.engines.base import TRAINING_ENGINES, ForwardOutput, TrainingEngine
+from rlplat.engines.base import TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine
 from rlplat.engines.fsdp import FSDPEngine
 
-__all__ = ["TRAINING_ENGINES", "FSDPEngine", "ForwardOutput", "TrainingEngine"]
+__all__ = ["TRAINING_ENGINES", "FSDPEngine", "ForwardOutput", "ParallelLayout", "TrainingEngine"]

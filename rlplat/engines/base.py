@@ -1,44 +1,35 @@
-"""The training-engine interface: one model on one worker, sharded over the data-parallel group.
+"""The training-engine interface: one model, spread over the workers of a group by the engine's own
+parallelism (FSDP shards it over data-parallel ranks; tensor/pipeline-parallel engines split it too).
 
-An engine turns a micro-batch into per-token log-probabilities (and entropy, or values for a critic),
-back-propagates a loss, steps the optimizer and hands out its full weights (for the rollout engine and
-for export). The loss itself is computed by the role that owns the engine (see
-:mod:`rlplat.workers.actor_loss`), so engines know nothing about RL algorithms.
+An engine owns the micro-batch loop: :meth:`TrainingEngine.infer` runs micro-batches forward and
+:meth:`TrainingEngine.train_mini_batch` runs them forward and backward through a loss function and
+steps the optimizer once (a pipeline-parallel schedule calls the loss itself, so the role cannot drive
+forward and backward). The loss is computed by the role that owns the engine
+(:mod:`rlplat.workers.actor_loss`), so engines know nothing about RL algorithms. Engines report where a
+worker sits in their layout (:class:`ParallelLayout`): the controller splits batches by data-parallel
+rank, replicates them across the model-parallel ranks of one replica, and collects one answer per replica.
 """
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
+from rlplat.engines.optim import LR_SCHEDULES
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 
-LR_SCHEDULES = ("constant", "linear", "cosine")  # {actor,critic}.optim.lr_schedule, after the warmup
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Where one worker sits among its engine's model replicas."""
 
-
-def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float):
-    """LR multiplier per optimizer step: linear warmup to 1 over ``warmup_steps`` (the first step
-    already gets 1/warmup, never 0), then constant, linear or cosine decay to ``min_lr_ratio``."""
-    if schedule not in LR_SCHEDULES:
-        raise ValueError(f"unknown LR schedule {schedule!r}; known: {', '.join(LR_SCHEDULES)}")
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        decay = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * decay
-
-    return factor
+    dp_rank: int  # which data-parallel replica this worker belongs to
+    dp_size: int  # how many replicas (the batch is split into this many chunks)
+    collects: bool = True  # this worker's answer is its replica's (exactly one worker per replica)
 
 
 @dataclass
@@ -51,38 +42,48 @@ class ForwardOutput:
     sum_pi_squared: torch.Tensor | None = None  # Σ_v π(v | prefix)² at each response position (optimal baselines)
 
 
+#: what ``train_mini_batch`` calls per micro-batch: ``loss_fn(fwd, micro) -> (scalar loss, {metric: value})``
+LossFn = Callable[[ForwardOutput, Batch], tuple[torch.Tensor, dict[str, float]]]
+
+
 class TrainingEngine(ABC):
     """Interface of the training backends (registry: ``TRAINING_ENGINES``, key ``actor.strategy``)."""
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, device: str) -> None:
-        """Raise ConfigError, naming the key, for a value of the sections this engine reads (its own
-        ``actor.<strategy>`` section, ``actor.optim``, ``critic.optim``) that it cannot run on ``device``."""
-        for section in ("actor", "critic"):
-            schedule = cfg[section].optim.lr_schedule
-            if schedule not in LR_SCHEDULES:
-                raise ConfigError(f"{section}.optim.lr_schedule={schedule!r} is not one of: {', '.join(LR_SCHEDULES)}")
+    def check_config(cls, engine_cfg, key: str, device: str, optim_cfg=None, optim_key: str = "") -> None:
+        """Raise ConfigError, naming the key, for a value this engine cannot run with on ``device``: of
+        its own section ``key`` (``<role>.<strategy>``) and, for a trained engine, of ``optim_key``."""
+        if optim_cfg is not None and optim_cfg.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"{optim_key}.lr_schedule={optim_cfg.lr_schedule!r} is not one of: "
+                              f"{', '.join(LR_SCHEDULES)}")
+
+    @property
+    @abstractmethod
+    def layout(self) -> ParallelLayout:
+        """This worker's place among the model replicas (see :class:`ParallelLayout`)."""
 
     @abstractmethod
-    def forward(
-        self,
-        micro: Batch,
-        *,
-        temperature: float = 1.0,
-        need_entropy: bool = False,
+    def all_reduce_dp(self, values: list[float]) -> list[float]:
+        """Sum a few Python numbers over the data-parallel replicas (e.g. a mini-batch's token count)."""
+
+    @abstractmethod
+    def infer(
+        self, micro_batches: Iterable[Batch], *, temperature: float = 1.0, need_entropy: bool = False,
         need_sum_pi_squared: bool = False,
-        grad: bool = False,
-    ) -> ForwardOutput:
-        """Run the model on ``micro`` (fields ``input_ids``, ``attention_mask``, ``position_ids``,
-        ``responses``) and return the response-part outputs. ``grad=False`` runs under no_grad."""
+    ) -> dict[str, torch.Tensor]:
+        """No-grad forward over the micro-batches (fields ``input_ids``, ``attention_mask``,
+        ``position_ids``, ``responses``); the non-empty :class:`ForwardOutput` fields, concatenated over
+        the micro-batches as float32 CPU tensors ``[rows, response_len]`` by name."""
 
     @abstractmethod
-    def backward(self, loss: torch.Tensor) -> None:
-        """Accumulate gradients of ``loss`` (already scaled with the global denominators)."""
-
-    @abstractmethod
-    def optimizer_step(self) -> dict[str, float]:
-        """Clip, step, zero grads, advance the LR schedule; return ``grad_norm`` and ``lr``."""
+    def train_mini_batch(
+        self, micro_batches: Iterable[Batch], loss_fn: LossFn, *, temperature: float = 1.0,
+        need_entropy: bool = False,
+    ) -> dict[str, float]:
+        """Forward and backward every micro-batch through ``loss_fn`` (its losses already scaled with the
+        mini-batch's global denominators, so they add up to the mini-batch loss), then one optimizer step.
+        Returns the loss functions' metrics summed over micro-batches and data-parallel replicas, plus
+        ``grad_norm`` and ``lr``."""
 
     @abstractmethod
     def export_weights(

@@ -2,11 +2,12 @@
 
 fp32 everywhere on CPU (bf16 matmuls are ~80x slower on our AVX2 machines); on GPU fp32 master weights
 with bf16 compute and fp32 gradient reduction (``MixedPrecisionPolicy``), optional CPU offload of
-parameters and optimizer state. The optimizer is AdamW with a warmup + constant/linear/cosine schedule.
+parameters and optimizer state. The optimizer is :class:`rlplat.engines.optim.Optimizer`. Every worker
+is its own data-parallel replica.
 
 Gradients: FSDP averages gradients over the data-parallel ranks, while rlplat's losses are normalised by
-global (whole mini-batch) denominators and must be *summed* over ranks; :meth:`FSDPEngine.backward`
-therefore multiplies the loss by the data-parallel size.
+global (whole mini-batch) denominators and must be *summed* over ranks;
+:meth:`FSDPEngine.train_mini_batch` therefore multiplies the loss by the data-parallel size.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.engines.base import TRAINING_ENGINES, ForwardOutput, TrainingEngine, lr_lambda
+from rlplat.engines.base import TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine
 from rlplat.engines.dist import DistContext
+from rlplat.engines.optim import Optimizer
 from rlplat.protocol import Batch
 from rlplat.sequence import response_log_probs
 
@@ -47,14 +49,13 @@ class FSDPEngine(TrainingEngine):
     """
 
     @classmethod
-    def check_config(cls, cfg: DictConfig, device: str) -> None:
-        super().check_config(cfg, device)
-        fsdp = cfg.actor.fsdp
-        if fsdp.mixed_precision not in MIXED_PRECISION:
-            raise ConfigError(f"actor.fsdp.mixed_precision={fsdp.mixed_precision!r} is not one of: "
+    def check_config(cls, engine_cfg, key, device, optim_cfg=None, optim_key=""):
+        super().check_config(engine_cfg, key, device, optim_cfg, optim_key)
+        if engine_cfg.mixed_precision not in MIXED_PRECISION:
+            raise ConfigError(f"{key}.mixed_precision={engine_cfg.mixed_precision!r} is not one of: "
                               f"{', '.join(MIXED_PRECISION)}")
-        if fsdp.param_offload and device != "cuda":
-            raise ConfigError(f"actor.fsdp.param_offload needs a GPU (trainer.device resolved to {device})")
+        if engine_cfg.param_offload and device != "cuda":
+            raise ConfigError(f"{key}.param_offload needs a GPU (trainer.device resolved to {device})")
 
     def __init__(
         self,
@@ -66,26 +67,14 @@ class FSDPEngine(TrainingEngine):
         total_optimizer_steps: int = 1,
         value_head: bool = False,
     ):
-        self.ctx, self.value_head, self.optim_cfg = dist_ctx, value_head, optim_cfg
+        self.ctx, self.value_head = dist_ctx, value_head
         module = load_hf_model(model_path, model_cfg, value_head)
         if model_cfg.gradient_checkpointing and optim_cfg is not None:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if optim_cfg is None:
             module.requires_grad_(False)
         self._model = self._shard(module, fsdp_cfg)
-        self.optimizer = self.scheduler = None
-        if optim_cfg is not None:
-            self.optimizer = torch.optim.AdamW(
-                [p for p in self._model.parameters() if p.requires_grad],
-                lr=optim_cfg.lr,
-                betas=tuple(optim_cfg.betas),
-                eps=optim_cfg.eps,
-                weight_decay=optim_cfg.weight_decay,
-            )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-                self.optimizer,
-                lr_lambda(optim_cfg.lr_schedule, optim_cfg.warmup_steps, total_optimizer_steps, optim_cfg.min_lr_ratio),
-            )
+        self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps) if optim_cfg else None
 
     def _shard(self, module: torch.nn.Module, fsdp_cfg: DictConfig) -> torch.nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -136,44 +125,62 @@ class FSDPEngine(TrainingEngine):
                 sum_pi_squared=torch.softmax(scaled, dim=-1).square().sum(-1) if need_sum_pi_squared else None,
             )
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (loss * self.ctx.world_size).backward()
+    @property
+    def layout(self) -> ParallelLayout:
+        return ParallelLayout(dp_rank=self.ctx.rank, dp_size=self.ctx.world_size)  # every rank is a replica
 
-    def optimizer_step(self) -> dict[str, float]:
-        if self.optimizer is None:
+    def all_reduce_dp(self, values: list[float]) -> list[float]:
+        return self.ctx.all_reduce_sum(values)
+
+    def infer(self, micro_batches, *, temperature=1.0, need_entropy=False, need_sum_pi_squared=False):
+        outputs: dict[str, list[torch.Tensor]] = {}
+        for micro in micro_batches:
+            fwd = self.forward(micro, temperature=temperature, need_entropy=need_entropy,
+                               need_sum_pi_squared=need_sum_pi_squared)
+            for name in ("log_probs", "entropy", "values", "sum_pi_squared"):
+                value = getattr(fwd, name)
+                if value is not None:
+                    outputs.setdefault(name, []).append(value.float().cpu())
+        return {name: torch.cat(parts) for name, parts in outputs.items()}
+
+    def train_mini_batch(self, micro_batches, loss_fn, *, temperature=1.0, need_entropy=False):
+        if self.optim is None:
             raise RuntimeError("this engine is frozen (built without an optimizer)")
-        params = [p for p in self._model.parameters() if p.requires_grad]
-        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        lr = self.scheduler.get_last_lr()[0]
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return {"grad_norm": float(grad_norm), "lr": lr}
+        metrics: dict[str, float] = {}
+        for micro in micro_batches:
+            loss, micro_metrics = loss_fn(self.forward(micro, temperature=temperature, need_entropy=need_entropy,
+                                                       grad=True), micro)
+            # FSDP averages gradients over the ranks; the losses are normalised by global denominators and
+            # must be summed over ranks instead.
+            (loss * self.ctx.world_size).backward()
+            for k, v in micro_metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        keys = sorted(metrics)
+        summed = dict(zip(keys, self.all_reduce_dp([metrics[k] for k in keys])))
+        summed.update(self.optim.step())
+        return summed
 
     def save_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optim_state = get_state_dict(self._model, [self.optimizer] if self.optimizer else [])
+        model_state, optim_state = get_state_dict(self._model, [self.optim.optimizer] if self.optim else [])
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
-        extra = {"rng": _rng_state(), "scheduler": self.scheduler.state_dict() if self.scheduler else None}
+        extra = {"rng": _rng_state(), "scheduler": self.optim.scheduler.state_dict() if self.optim else None}
         torch.save(extra, f"{path}/extra_rank{self.ctx.rank}.pt")
 
     def load_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        optimizers = [self.optimizer] if self.optimizer else []
+        optimizers = [self.optim.optimizer] if self.optim else []
         model_state, optim_state = get_state_dict(self._model, optimizers)
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self._model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = torch.load(f"{path}/extra_rank{self.ctx.rank}.pt", weights_only=False)
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(extra["scheduler"])
+        if self.optim is not None:
+            self.optim.scheduler.load_state_dict(extra["scheduler"])
         _set_rng_state(extra["rng"])
 
     def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):

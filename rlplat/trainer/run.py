@@ -16,7 +16,7 @@ def load_run_config(overrides: list[str] | None = None) -> tuple[DictConfig, Run
     """The whole start-up check of a run: :func:`rlplat.config.load_config` (schema, presets, cross-field
     rules) and then the chosen engines' checks of their own sections. Raises ConfigError."""
     cfg, plan = load_config(overrides)
-    check_engine_config(cfg, plan.device)
+    check_engine_config(cfg, plan)
     return cfg, plan
 
 
@@ -52,7 +52,7 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     from rlplat.trainer.preflight import preflight
 
     trainer_cls = trainer_cls or PPOTrainer
-    check_engine_config(cfg, plan.device)  # done by load_run_config already, unless a caller composed cfg itself
+    check_engine_config(cfg, plan)  # done by load_run_config already, unless a caller composed cfg itself
     preflight(cfg)  # output dir, model path, logger packages: one line each, before anything starts
     model_path = resolve_model_path(cfg)
     using_ray = init_ray(cfg)

@@ -7,11 +7,16 @@ the answers. The modes:
 ==================  ==========================================================================
 ``ONE_TO_ALL``      every worker gets the same arguments; the list of their results comes back
 ``DP_SPLIT``        :class:`~rlplat.protocol.Batch` arguments are split into one equal chunk per
-                    data-parallel rank, padded first if the length does not divide (inference); the
-                    chunks' Batch results are concatenated and the padding removed ("collect")
+                    data-parallel replica, padded first if the length does not divide (inference);
+                    the workers of one replica (tensor/pipeline ranks) get the same chunk; the
+                    collecting worker of each replica answers, and the chunks' Batch results are
+                    concatenated and the padding removed ("collect")
 ``DP_SPLIT_EXACT``  like DP_SPLIT but refuses to pad: for training, where a duplicated row would
                     change the gradient; non-Batch results come back as a list, one per rank
 ==================  ==========================================================================
+
+Where a worker sits among the replicas comes from :meth:`Worker.parallel_layout` (every worker its own
+replica unless its engine says otherwise, see :class:`rlplat.engines.ParallelLayout`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
+from rlplat.engines.base import ParallelLayout
 from rlplat.engines.dist import DistContext, free_port, init_distributed, node_ip
 
 DISPATCH_ATTR = "__rlplat_dispatch__"
@@ -73,6 +79,11 @@ class Worker:
     def setup_distributed(self, master_addr: str, master_port: int) -> int:
         self.dist = init_distributed(self.rank, self.world_size, master_addr, master_port, self.device_type)
         return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def parallel_layout(self) -> ParallelLayout:
+        """This worker's data-parallel replica; by default every worker is one."""
+        return ParallelLayout(dp_rank=self.rank, dp_size=self.world_size)
 
     def close(self) -> None:
         """Release what the worker holds before its process group is destroyed (no-op by default)."""

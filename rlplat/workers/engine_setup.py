@@ -12,6 +12,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
+from rlplat.config.plan import RunPlan
 from rlplat.engines import TRAINING_ENGINES, TrainingEngine
 from rlplat.registry import Registry
 from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup
@@ -23,9 +24,14 @@ def _registered(registry: Registry, key: str, name: str) -> type:
     return registry.get(name)
 
 
-def check_engine_config(cfg: DictConfig, device: str) -> None:
-    """Raise ConfigError (one line naming the key) if the run's engines cannot be built on ``device``."""
-    _registered(TRAINING_ENGINES, "actor.strategy", cfg.actor.strategy).check_config(cfg, device)
+def check_engine_config(cfg: DictConfig, plan: RunPlan) -> None:
+    """Raise ConfigError (one line naming the key) if the run's engines cannot be built on its device."""
+    roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref}  # the engines this run builds
+    for role in (role for role, built in roles.items() if built):
+        strategy, trained = cfg[role].strategy, role != "ref"
+        engine_cls = _registered(TRAINING_ENGINES, f"{role}.strategy", strategy)
+        engine_cls.check_config(cfg[role].get(strategy), f"{role}.{strategy}", plan.device,
+                                cfg[role].optim if trained else None, f"{role}.optim")
     rollout, name = cfg.rollout, cfg.rollout.name
     if rollout.mode == "server":
         if name not in ROLLOUT_SERVER_CLIENTS:
@@ -36,7 +42,7 @@ def check_engine_config(cfg: DictConfig, device: str) -> None:
         return
     if problem := ROLLOUT_ENGINES.missing_requirements(name):
         raise ConfigError(f"rollout.name={name!r}: {problem}")
-    _registered(ROLLOUT_ENGINES, "rollout.name", name).check_config(rollout.get(name), f"rollout.{name}", device)
+    _registered(ROLLOUT_ENGINES, "rollout.name", name).check_config(rollout.get(name), f"rollout.{name}", plan.device)
 
 
 def resolve_rollout_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:
@@ -66,11 +72,12 @@ def build_rollout_engine(cfg: DictConfig, model_path: str, tokenizer, ctx) -> Ro
     return ROLLOUT_ENGINES.get(cfg.rollout.name)(setup, cfg.rollout.get(cfg.rollout.name))
 
 
-def build_training_engine(cfg: DictConfig, model_path: str, ctx, optim: DictConfig | None = None,
+def build_training_engine(cfg: DictConfig, role: str, model_path: str, ctx, optim: DictConfig | None = None,
                           total_steps: int = 0, value_head: bool = False) -> TrainingEngine:
-    """The ``actor.strategy`` engine on ``model_path``: trainable with ``optim`` over ``total_steps``
-    optimizer steps, or frozen (the reference) without."""
-    engine_cls = TRAINING_ENGINES.get(cfg.actor.strategy)
+    """The ``<role>.strategy`` engine (reading its section ``<role>.<strategy>``) on ``model_path``:
+    trainable with ``optim`` over ``total_steps`` optimizer steps, or frozen (the reference) without."""
+    strategy = cfg[role].strategy
+    engine_cls, engine_cfg = TRAINING_ENGINES.get(strategy), cfg[role].get(strategy)
     if optim is None:
-        return engine_cls(model_path, cfg.model, cfg.actor.fsdp, ctx)
-    return engine_cls(model_path, cfg.model, cfg.actor.fsdp, ctx, optim, total_steps, value_head=value_head)
+        return engine_cls(model_path, cfg.model, engine_cfg, ctx)
+    return engine_cls(model_path, cfg.model, engine_cfg, ctx, optim, total_steps, value_head=value_head)

@@ -19,8 +19,8 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.algorithms import LossDenominators
-from rlplat.engines import TrainingEngine
 from rlplat.config.plan import RunPlan
+from rlplat.engines import ParallelLayout, TrainingEngine
 from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
@@ -50,21 +50,9 @@ def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str
     os.replace(tmp, path)
 
 
-def batched_forward(engine: TrainingEngine, batch: Batch, micro_size: int, temperature: float, **kw) -> dict:
-    """No-grad forward over ``batch`` in micro-batches; concatenated ``[B, R]`` outputs by name."""
-    outputs: dict[str, list[torch.Tensor]] = {}
-    for micro in batch.split(micro_size):
-        fwd = engine.forward(micro, temperature=temperature, grad=False, **kw)
-        for name in ("log_probs", "entropy", "values", "sum_pi_squared"):
-            value = getattr(fwd, name)
-            if value is not None:
-                outputs.setdefault(name, []).append(value.float().cpu())
-    return {name: torch.cat(parts) for name, parts in outputs.items()}
-
-
 def reference_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -> Batch:
-    out = batched_forward(engine, batch, cfg.ref.log_prob_micro_batch_size_seqs_per_worker, batch.meta["temperature"])
-    return Batch.from_dict({"ref_log_probs": out["log_probs"]})
+    micro = batch.split(cfg.ref.log_prob_micro_batch_size_seqs_per_worker)
+    return Batch.from_dict({"ref_log_probs": engine.infer(micro, temperature=batch.meta["temperature"])["log_probs"]})
 
 
 class _Role(Worker):
@@ -77,11 +65,11 @@ class _Role(Worker):
         super().__init__(rank, world_size, device)
         self.cfg, self.plan = cfg, plan
 
-    def _train(
-        self, engine: TrainingEngine, batch: Batch, epochs: int, mini_size: int, micro_size: int, loss_fn
-    ) -> dict[str, float]:
+    def _train(self, engine: TrainingEngine, batch: Batch, epochs: int, mini_size: int, micro_size: int, loss_fn,
+               **forward) -> dict[str, float]:
         """``epochs`` passes of mini-batches of ``mini_size`` rows (this worker's share), each split in
-        micro-batches of ``micro_size``; one optimizer step per mini-batch. Returns mean metrics."""
+        micro-batches of ``micro_size``; one optimizer step per mini-batch. ``loss_fn(fwd, micro,
+        denominators)`` gets the mini-batch's global token and sequence counts. Returns mean metrics."""
         totals: dict[str, float] = {}
         steps = 0
         gen = torch.Generator().manual_seed(self.cfg.trainer.seed + batch.meta.get("step", 0) + self.rank)
@@ -89,20 +77,20 @@ class _Role(Worker):
             data = batch[torch.randperm(len(batch), generator=gen)] if self.cfg.actor.shuffle else batch
             for mini in data.split(mini_size):
                 local = LossDenominators.from_mask(mini.tensors["response_mask"])
-                denominators = LossDenominators(*self.dist.all_reduce_sum([local.num_tokens, local.num_seqs]))
-                metrics: dict[str, float] = {}
-                for micro in mini.split(micro_size):
-                    loss, micro_metrics = loss_fn(micro, denominators)
-                    engine.backward(loss)
-                    for k, v in micro_metrics.items():
-                        metrics[k] = metrics.get(k, 0.0) + v
-                keys = sorted(metrics)
-                summed = dict(zip(keys, self.dist.all_reduce_sum([metrics[k] for k in keys])))
-                summed.update(engine.optimizer_step())
-                for k, v in summed.items():
+                denominators = LossDenominators(*engine.all_reduce_dp([local.num_tokens, local.num_seqs]))
+                metrics = engine.train_mini_batch(
+                    mini.split(micro_size), lambda fwd, micro: loss_fn(fwd, micro, denominators), **forward)
+                for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
         return {k: v / steps for k, v in totals.items()}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def parallel_layout(self) -> ParallelLayout:
+        """Where this worker sits among the replicas of the engine it trains (read by the worker group
+        to split batches by data-parallel rank)."""
+        engine = getattr(self, self.trains, None)
+        return engine.layout if engine is not None else super().parallel_layout()
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -137,9 +125,9 @@ class ActorRolloutRefWorker(_Role):
         torch.manual_seed(cfg.trainer.seed + self.rank)
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
         total = cfg.trainer.total_steps * self.plan.mini_batches_per_step * cfg.actor.ppo_epochs
-        self.actor = build_training_engine(cfg, model_path, ctx, cfg.actor.optim, total)
+        self.actor = build_training_engine(cfg, "actor", model_path, ctx, cfg.actor.optim, total)
         if with_ref:
-            self.ref = build_training_engine(cfg, model_path, ctx)
+            self.ref = build_training_engine(cfg, "ref", model_path, ctx)
         self.rollout = build_rollout_engine(cfg, model_path, tokenizer, ctx)
         # The rollout engine holds the actor's weights unless it starts from a dummy initialisation.
         self.weights_stale = self.rollout.needs_initial_weights
@@ -196,10 +184,9 @@ class ActorRolloutRefWorker(_Role):
         from rlplat.algorithms import get_advantage_estimator
 
         estimator = get_advantage_estimator(self.cfg.algorithm.adv_estimator)
-        out = batched_forward(
-            self.actor, batch, self.cfg.actor.log_prob_micro_batch_size_seqs_per_worker,
-            batch.meta["temperature"], need_entropy=True,
-            need_sum_pi_squared=getattr(estimator, "needs_sum_pi_squared", False),
+        out = self.actor.infer(
+            batch.split(self.cfg.actor.log_prob_micro_batch_size_seqs_per_worker), temperature=batch.meta["temperature"],
+            need_entropy=True, need_sum_pi_squared=getattr(estimator, "needs_sum_pi_squared", False),
         )
         out["old_log_probs"] = out.pop("log_probs")
         return Batch.from_dict(out)
@@ -212,14 +199,14 @@ class ActorRolloutRefWorker(_Role):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO-style update over ``actor.ppo_epochs`` x mini-batches; returns mini-batch-mean metrics."""
         cfg = self.cfg
-        need_entropy = True  # the entropy metric is always reported; it gets a gradient only with a coeff
 
-        def loss_fn(micro: Batch, denominators: LossDenominators):
-            fwd = self.actor.forward(micro, temperature=batch.meta["temperature"], need_entropy=need_entropy, grad=True)
+        def loss_fn(fwd, micro: Batch, denominators: LossDenominators):
             return actor_loss(fwd, micro, cfg.algorithm, denominators, self.plan.loss_scale_factor, cfg.actor.entropy_coeff)
 
+        # the entropy metric is always reported; it gets a gradient only with a coefficient
         metrics = self._train(self.actor, batch, cfg.actor.ppo_epochs, self.plan.seqs_per_mini_batch_per_worker,
-                              cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
+                              cfg.actor.micro_batch_size_seqs_per_worker, loss_fn,
+                              temperature=batch.meta["temperature"], need_entropy=True)
         self.weights_stale = True  # sent to the rollout engine at the next rollout
         return metrics
 
@@ -249,7 +236,7 @@ class RefWorker(_Role):
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str) -> None:
-        self.ref = build_training_engine(self.cfg, model_path, self.dist)
+        self.ref = build_training_engine(self.cfg, "ref", model_path, self.dist)
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
@@ -267,20 +254,19 @@ class CriticWorker(_Role):
         cfg = self.cfg
         torch.manual_seed(cfg.trainer.seed + self.rank)  # the value head is freshly initialised
         total = cfg.trainer.total_steps * self.plan.mini_batches_per_step * cfg.critic.ppo_epochs
-        self.critic = build_training_engine(cfg, cfg.critic.model_path or model_path, self.dist, cfg.critic.optim,
-                                            total, value_head=True)
+        self.critic = build_training_engine(cfg, "critic", cfg.critic.model_path or model_path, self.dist,
+                                            cfg.critic.optim, total, value_head=True)
 
     @register(Dispatch.DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:
-        out = batched_forward(self.critic, batch, self.cfg.critic.micro_batch_size_seqs_per_worker, 1.0)
+        out = self.critic.infer(batch.split(self.cfg.critic.micro_batch_size_seqs_per_worker))
         return Batch.from_dict({"values": out["values"] * batch.tensors["response_mask"]})
 
     @register(Dispatch.DP_SPLIT_EXACT)
     def update_critic(self, batch: Batch) -> dict[str, float]:
         cfg = self.cfg
 
-        def loss_fn(micro: Batch, denominators: LossDenominators):
-            fwd = self.critic.forward(micro, grad=True)
+        def loss_fn(fwd, micro: Batch, denominators: LossDenominators):
             return critic_loss(fwd, micro, cfg.algorithm, cfg.critic.cliprange_value, denominators, self.plan.loss_scale_factor)
 
         return self._train(self.critic, batch, cfg.critic.ppo_epochs, self.plan.seqs_per_mini_batch_per_worker,
@@ -301,15 +287,13 @@ class SFTWorker(_Role):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str) -> None:
         torch.manual_seed(self.cfg.trainer.seed + self.rank)
-        self.actor = build_training_engine(self.cfg, model_path, self.dist, self.cfg.actor.optim, self.total_steps)
+        self.actor = build_training_engine(self.cfg, "actor", model_path, self.dist, self.cfg.actor.optim,
+                                           self.total_steps)
 
     @register(Dispatch.DP_SPLIT_EXACT)
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised step on teacher-forced responses: token-mean negative log-likelihood."""
-        def loss_fn(micro: Batch, denominators: LossDenominators):
-            return sft_loss(self.actor.forward(micro, grad=True), micro, denominators)
-
-        return self._train(self.actor, batch, 1, len(batch), self.cfg.actor.micro_batch_size_seqs_per_worker, loss_fn)
+        return self._train(self.actor, batch, 1, len(batch), self.cfg.actor.micro_batch_size_seqs_per_worker, sft_loss)
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str, model_path: str) -> None:

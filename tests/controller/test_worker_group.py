@@ -7,8 +7,10 @@ import torch
 import torch.distributed as dist
 
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool
-from rlplat.workers.base import Dispatch, Worker, register
+from rlplat.controller.dispatch import collect_results, split_arguments
+from rlplat.engines import ParallelLayout
 from rlplat.protocol import Batch
+from rlplat.workers.base import Dispatch, Worker, register
 
 
 class Probe(Worker):
@@ -53,6 +55,23 @@ class Probe(Worker):
         return 1
 
 
+class TensorParallelProbe(Probe):
+    """Two workers per model replica, as tensor-parallel ranks would be; rank 0 of each pair answers."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def parallel_layout(self):
+        return ParallelLayout(dp_rank=self.rank // 2, dp_size=self.world_size // 2, collects=self.rank % 2 == 0)
+
+    @register(Dispatch.DP_SPLIT)
+    def double(self, batch: Batch) -> Batch:
+        self.seen = batch.tensors["x"].tolist()
+        return super().double(batch)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def last_seen(self):
+        return self.seen
+
+
 def data(n):
     return Batch.from_dict({"x": torch.arange(n)}, {"uid": [str(i) for i in range(n)]})
 
@@ -93,7 +112,7 @@ def test_two_ray_workers(ray_cluster, by_value):
     try:
         info = check_dispatch(group, 2)
         assert info[0][3] != info[1][3]  # two processes
-        with pytest.raises(ValueError, match="does not split evenly over 2 workers"):
+        with pytest.raises(ValueError, match="does not split evenly over 2 data-parallel replicas"):
             group.global_sum(data(5))
     finally:
         group.shutdown()
@@ -135,3 +154,46 @@ def test_two_node_cluster_places_one_worker_per_node(by_value):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def tensor_parallel_layouts(world: int) -> list[ParallelLayout]:
+    return [ParallelLayout(rank // 2, world // 2, rank % 2 == 0) for rank in range(world)]
+
+
+def test_replicas_share_a_chunk_and_one_worker_answers():
+    """4 workers as 2 replicas of 2 tensor-parallel ranks: ranks 0 and 1 get the first half, 2 and 3 the
+    second; the answers of ranks 0 and 2 come back, in replica order, with the padding removed."""
+    layouts = tensor_parallel_layouts(4)
+    per_worker, pad = split_arguments(Dispatch.DP_SPLIT, layouts, (data(5),), {})
+    assert pad == 1
+    chunks = [args[0].tensors["x"].tolist() for args, _ in per_worker]
+    assert chunks[0] == chunks[1] == [0, 1, 2] and chunks[2] == chunks[3] == [3, 4, 0]  # padded with row 0
+    answers = [Batch.from_dict({"x": args[0].tensors["x"], "rank": torch.full((3,), r)})
+               for r, (args, _) in enumerate(per_worker)]
+    merged = collect_results(answers, pad, layouts)
+    assert merged.tensors["x"].tolist() == [0, 1, 2, 3, 4] and merged.tensors["rank"].tolist() == [0, 0, 0, 2, 2]
+    assert collect_results(["a", "b", "c", "d"], 0, layouts) == ["a", "c"]  # one answer per replica
+
+
+@pytest.mark.parametrize("layouts", [
+    [ParallelLayout(0, 2), ParallelLayout(1, 1)],  # the workers disagree on the number of replicas
+    [ParallelLayout(0, 1, True), ParallelLayout(0, 1, True)],  # two answers for one replica
+    [ParallelLayout(0, 2, False), ParallelLayout(1, 2, True)],  # none for replica 0
+])
+def test_inconsistent_layouts_are_refused(layouts):
+    with pytest.raises(RuntimeError, match="inconsistent parallel layout"):
+        split_arguments(Dispatch.DP_SPLIT, layouts, (data(4),), {})
+
+
+@pytest.mark.slow
+def test_two_ray_workers_of_one_replica_get_the_same_data(ray_cluster, by_value):
+    """2 workers, tp=2, dp=1: both see the whole batch; the answer is rank 0's alone."""
+    pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
+    group = RayWorkerGroup(TensorParallelProbe, pool)
+    try:
+        out = group.double(data(5))
+        assert out.tensors["x2"].tolist() == [0, 2, 4, 6, 8] and out.tensors["rank"].tolist() == [0] * 5
+        assert group.last_seen() == [[0, 1, 2, 3, 4]] * 2
+    finally:
+        group.shutdown()
+        pool.release()

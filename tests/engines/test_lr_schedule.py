@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from rlplat.engines.base import lr_lambda
+from rlplat.engines.optim import lr_lambda
 
 
 def test_warmup_then_constant_linear_cosine():

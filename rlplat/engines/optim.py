@@ -1,0 +1,61 @@
+"""The optimizer and learning-rate schedule every training engine uses (``actor.optim``, ``critic.optim``).
+
+AdamW with decoupled weight decay, a linear warmup and then a constant, linear or cosine schedule down to
+``min_lr_ratio``; gradients are clipped to ``grad_clip`` (global norm) and a step whose gradient norm is
+not finite is skipped (the optimizer state stays as it was; the trainer decides whether to stop).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from omegaconf import DictConfig
+
+LR_SCHEDULES = ("constant", "linear", "cosine")  # {actor,critic}.optim.lr_schedule, after the warmup
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float):
+    """LR multiplier per optimizer step: linear warmup to 1 over ``warmup_steps`` (the first step
+    already gets 1/warmup, never 0), then constant, linear or cosine decay to ``min_lr_ratio``."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown LR schedule {schedule!r}; known: {', '.join(LR_SCHEDULES)}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        decay = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+    return factor
+
+
+class Optimizer:
+    """AdamW + LR schedule + clipping over ``params``, for ``total_steps`` optimizer steps."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], optim_cfg: DictConfig, total_steps: int):
+        self.params = [p for p in params if p.requires_grad]
+        self.grad_clip = optim_cfg.grad_clip
+        self.optimizer = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
+                                           eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_lambda(optim_cfg.lr_schedule, optim_cfg.warmup_steps, total_steps, optim_cfg.min_lr_ratio),
+        )
+
+    def step(self) -> dict[str, float]:
+        """Clip, step (unless the gradient norm is not finite), zero the gradients, advance the schedule;
+        return ``grad_norm`` and the ``lr`` this step used."""
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # DTensor
+        lr = self.scheduler.get_last_lr()[0]
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return {"grad_norm": float(grad_norm), "lr": lr}
