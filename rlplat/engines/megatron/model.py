@@ -1,0 +1,50 @@
+"""A Megatron-Core ``GPTModel`` with the architecture of a Hugging Face Qwen2 / Llama config.
+
+Needs ``megatron-core`` (``pip install -e '.[megatron]'``) and an initialised model-parallel state
+(``megatron.core.parallel_state.initialize_model_parallel``). Uses the local layer spec (plain torch
+modules, RMSNorm, SwiGLU, rotary embeddings), so TransformerEngine is optional.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlplat.engines.megatron.convert import GPTShape
+
+
+def transformer_config(hf_config, params_dtype: torch.dtype = torch.float32, **parallel):
+    """Megatron's ``TransformerConfig`` for ``hf_config``; ``parallel`` passes parallel sizes and switches
+    (``tensor_model_parallel_size``, ``sequence_parallel``, ``recompute_granularity``, ...)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    shape = GPTShape.from_hf_config(hf_config)
+    return TransformerConfig(
+        num_layers=shape.num_layers, hidden_size=shape.hidden_size, num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads, ffn_hidden_size=shape.intermediate_size,
+        kv_channels=shape.head_dim, normalization="RMSNorm", layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu, add_bias_linear=False,
+        add_qkv_bias=hf_config.model_type == "qwen2", hidden_dropout=0.0, attention_dropout=0.0,
+        params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16, use_cpu_initialization=True,
+        # the fused kernels are CUDA-only; the plain torch paths are exact
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
+        **parallel,
+    )
+
+
+def build_gpt_model(hf_config, params_dtype: torch.dtype = torch.float32, **parallel):
+    """The (this rank's shard of the) ``GPTModel`` for ``hf_config``, randomly initialised: load weights
+    with :func:`rlplat.engines.megatron.convert.hf_to_megatron`."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    shape = GPTShape.from_hf_config(hf_config)
+    config = transformer_config(hf_config, params_dtype, **parallel)
+    rope = getattr(hf_config, "rope_parameters", None) or {"rope_theta": getattr(hf_config, "rope_theta", 10000.0)}
+    return GPTModel(
+        config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=shape.padded_vocab_size(config.tensor_model_parallel_size),
+        max_sequence_length=hf_config.max_position_embeddings,
+        share_embeddings_and_output_weights=shape.tied_embeddings, position_embedding_type="rope",
+        rotary_base=rope["rope_theta"],
+    )
