@@ -12,7 +12,6 @@ class RunPlan:
     device: str  # "cpu" | "cuda"
     world_size: int  # actor/rollout workers over all nodes
     mini_batches_per_step: int
-    seqs_per_mini_batch_per_worker: int
     needs_critic: bool
     needs_ref: bool
     loss_scale_factor: float  # for seq-mean-token-sum-norm

@@ -82,8 +82,15 @@ class FSDPConfig:
 
 
 @dataclass
+class MegatronConfig:
+    tensor_model_parallel_size: int = count(1)  # workers one model replica is split over (must divide the heads)
+    pipeline_model_parallel_size: int = count(1)  # stages of layers (only 1 for now)
+    recompute_activations: bool = False  # recompute each layer's activations in backward (saves memory)
+
+
+@dataclass
 class ActorConfig:
-    strategy: str = "fsdp"  # training engine (registry): fsdp; each engine reads its own section (actor.fsdp)
+    strategy: str = "fsdp"  # training engine (registry): fsdp | megatron; each reads its own section (actor.fsdp, ...)
     optim: OptimConfig = field(default_factory=OptimConfig)
     # prompts per optimizer step, global (data.train_batch_size_prompts / this = updates per epoch);
     # None = the largest divisor of data.train_batch_size_prompts that is <= 16
@@ -96,6 +103,7 @@ class ActorConfig:
     shuffle: bool = True  # shuffle sequences before splitting them into mini-batches
     entropy_coeff: float = 0.0  # entropy bonus in the actor loss
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
 @dataclass
@@ -223,6 +231,10 @@ class RefConfig:
     enable: Optional[bool] = None  # None = whenever a KL term is used
     strategy: str = "${actor.strategy}"  # training engine (registry) holding the frozen reference policy
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # the reference's engine section when strategy=fsdp
+    # ... when strategy=megatron; a colocated reference shares the actor's parallel layout
+    megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(
+        tensor_model_parallel_size="${actor.megatron.tensor_model_parallel_size}",
+        pipeline_model_parallel_size="${actor.megatron.pipeline_model_parallel_size}"))
     placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
     workers_per_node: int = count(1)  # only for placement=separate
     log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per reference forward on one worker
@@ -233,6 +245,7 @@ class CriticConfig:
     model_path: Optional[str] = None  # defaults to model.path (a value head is added)
     strategy: str = "${actor.strategy}"  # training engine (registry) of the value model
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # the critic's engine section when strategy=fsdp
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # ... when strategy=megatron (not yet)
     # 1e-4 for the embedded model: a fresh value head reaches the mean-return predictor within ~10 steps
     # (explained variance -0.46 -> +0.02 over 30 steps); at 1e-5 it was still at -0.3 (docs/algorithms.md)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))

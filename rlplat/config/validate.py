@@ -114,7 +114,7 @@ def reward_weights_problem(functions, weights) -> str | None:
     return None
 
 
-def _check_batches(cfg: DictConfig, world: int) -> tuple[int, int]:
+def _check_batches(cfg: DictConfig, world: int) -> int:
     data, actor, n = cfg.data, cfg.actor, cfg.rollout.n
     step, mini = data.train_batch_size_prompts, actor.mini_batch_size_prompts
     _check(
@@ -135,7 +135,7 @@ def _check_batches(cfg: DictConfig, world: int) -> tuple[int, int]:
             f"{key}={micro} must divide the {per_worker} sequences each worker holds per mini-batch "
             f"(actor.mini_batch_size_prompts x rollout.n / workers)",
         )
-    return step // mini, per_worker
+    return step // mini
 
 
 def _check_algorithm(cfg: DictConfig) -> None:
@@ -211,7 +211,7 @@ def validate(cfg: DictConfig) -> RunPlan:
     train_files, val_files = _as_paths(cfg, "data.train_files"), _as_paths(cfg, "data.val_files")
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     _check_algorithm(cfg)
-    mini_batches, per_worker = _check_batches(cfg, world)
+    mini_batches = _check_batches(cfg, world)
     device = resolve_device(cfg)
     _check_placement(cfg, world)
     algo = cfg.algorithm
@@ -222,7 +222,6 @@ def validate(cfg: DictConfig) -> RunPlan:
         device=device,
         world_size=world,
         mini_batches_per_step=mini_batches,
-        seqs_per_mini_batch_per_worker=per_worker,
         # the estimator declares it: a registered estimator that needs values gets a critic, whatever its name
         needs_critic=bool(getattr(get_advantage_estimator(algo.adv_estimator), "needs_values", False)),
         needs_ref=needs_ref,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rlplat.config.errors import ConfigError
-from rlplat.engines.optim import LR_SCHEDULES
+from rlplat.engines.optim import LR_SCHEDULES, Optimizer
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 
@@ -47,14 +47,17 @@ LossFn = Callable[[ForwardOutput, Batch], tuple[torch.Tensor, dict[str, float]]]
 
 
 class TrainingEngine(ABC):
-    """Interface of the training backends (registry: ``TRAINING_ENGINES``, key ``actor.strategy``)."""
+    """Interface of the training backends (registry: ``TRAINING_ENGINES``, key ``<role>.strategy``)."""
+
+    optim: Optimizer | None  # None for a frozen engine (the reference policy)
 
     @classmethod
-    def check_config(cls, engine_cfg, key: str, device: str, optim_cfg=None, optim_key: str = "") -> None:
-        """Raise ConfigError, naming the key, for a value this engine cannot run with on ``device``: of
-        its own section ``key`` (``<role>.<strategy>``) and, for a trained engine, of ``optim_key``."""
-        if optim_cfg is not None and optim_cfg.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"{optim_key}.lr_schedule={optim_cfg.lr_schedule!r} is not one of: "
+    def check_config(cls, cfg, role: str, world_size: int, device: str) -> None:
+        """Raise ConfigError, naming the key, for a setting this engine cannot run with as ``role``
+        ("actor", "critic", "ref") on ``world_size`` workers of ``device``: its own section
+        ``<role>.<strategy>`` and, for a trained role, ``<role>.optim``. Called at start-up."""
+        if role != "ref" and cfg[role].optim.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"{role}.optim.lr_schedule={cfg[role].optim.lr_schedule!r} is not one of: "
                               f"{', '.join(LR_SCHEDULES)}")
 
     @property
@@ -67,23 +70,58 @@ class TrainingEngine(ABC):
         """Sum a few Python numbers over the data-parallel replicas (e.g. a mini-batch's token count)."""
 
     @abstractmethod
+    def forward(self, micro: Batch, *, temperature: float = 1.0, need_entropy: bool = False,
+                need_sum_pi_squared: bool = False, grad: bool = False) -> ForwardOutput:
+        """The response-part outputs of one micro-batch (fields ``input_ids``, ``attention_mask``,
+        ``position_ids``, ``responses``); ``grad=False`` runs without autograd."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradients of one micro-batch's ``loss`` (already scaled with the global
+        denominators; summed over replicas by :meth:`reduce_gradients` or by the engine's wrapper)."""
+        loss.backward()
+
+    def reduce_gradients(self) -> None:
+        """After the last micro-batch: make the gradients the sum over the data-parallel replicas (an
+        engine whose wrapper already did, such as FSDP's, keeps this no-op)."""
+
     def infer(
         self, micro_batches: Iterable[Batch], *, temperature: float = 1.0, need_entropy: bool = False,
         need_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """No-grad forward over the micro-batches (fields ``input_ids``, ``attention_mask``,
-        ``position_ids``, ``responses``); the non-empty :class:`ForwardOutput` fields, concatenated over
-        the micro-batches as float32 CPU tensors ``[rows, response_len]`` by name."""
+        """No-grad forward over the micro-batches; the non-empty :class:`ForwardOutput` fields,
+        concatenated over the micro-batches as float32 CPU tensors ``[rows, response_len]`` by name."""
+        outputs: dict[str, list[torch.Tensor]] = {}
+        for micro in micro_batches:
+            fwd = self.forward(micro, temperature=temperature, need_entropy=need_entropy,
+                               need_sum_pi_squared=need_sum_pi_squared)
+            for name in ("log_probs", "entropy", "values", "sum_pi_squared"):
+                if (value := getattr(fwd, name)) is not None:
+                    outputs.setdefault(name, []).append(value.float().cpu())
+        return {name: torch.cat(parts) for name, parts in outputs.items()}
 
-    @abstractmethod
     def train_mini_batch(
         self, micro_batches: Iterable[Batch], loss_fn: LossFn, *, temperature: float = 1.0,
         need_entropy: bool = False,
     ) -> dict[str, float]:
         """Forward and backward every micro-batch through ``loss_fn`` (its losses already scaled with the
-        mini-batch's global denominators, so they add up to the mini-batch loss), then one optimizer step.
-        Returns the loss functions' metrics summed over micro-batches and data-parallel replicas, plus
-        ``grad_norm`` and ``lr``."""
+        mini-batch's global denominators, so they add up to the mini-batch loss), then one optimizer step
+        (``self.optim``, an :class:`~rlplat.engines.optim.Optimizer`; None = frozen engine). Returns the
+        loss functions' metrics summed over micro-batches and data-parallel replicas, plus ``grad_norm``
+        and ``lr``. A pipeline-parallel engine overrides this with its schedule."""
+        if self.optim is None:
+            raise RuntimeError("this engine is frozen (built without an optimizer)")
+        metrics: dict[str, float] = {}
+        for micro in micro_batches:
+            fwd = self.forward(micro, temperature=temperature, need_entropy=need_entropy, grad=True)
+            loss, micro_metrics = loss_fn(fwd, micro)
+            self.backward(loss)
+            for k, v in micro_metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        self.reduce_gradients()
+        keys = sorted(metrics)
+        summed = dict(zip(keys, self.all_reduce_dp([metrics[k] for k in keys])))
+        summed.update(self.optim.step())
+        return summed
 
     @abstractmethod
     def export_weights(

@@ -49,8 +49,9 @@ class FSDPEngine(TrainingEngine):
     """
 
     @classmethod
-    def check_config(cls, engine_cfg, key, device, optim_cfg=None, optim_key=""):
-        super().check_config(engine_cfg, key, device, optim_cfg, optim_key)
+    def check_config(cls, cfg, role, world_size, device):
+        super().check_config(cfg, role, world_size, device)
+        engine_cfg, key = cfg[role].fsdp, f"{role}.fsdp"
         if engine_cfg.mixed_precision not in MIXED_PRECISION:
             raise ConfigError(f"{key}.mixed_precision={engine_cfg.mixed_precision!r} is not one of: "
                               f"{', '.join(MIXED_PRECISION)}")
@@ -132,33 +133,10 @@ class FSDPEngine(TrainingEngine):
     def all_reduce_dp(self, values: list[float]) -> list[float]:
         return self.ctx.all_reduce_sum(values)
 
-    def infer(self, micro_batches, *, temperature=1.0, need_entropy=False, need_sum_pi_squared=False):
-        outputs: dict[str, list[torch.Tensor]] = {}
-        for micro in micro_batches:
-            fwd = self.forward(micro, temperature=temperature, need_entropy=need_entropy,
-                               need_sum_pi_squared=need_sum_pi_squared)
-            for name in ("log_probs", "entropy", "values", "sum_pi_squared"):
-                value = getattr(fwd, name)
-                if value is not None:
-                    outputs.setdefault(name, []).append(value.float().cpu())
-        return {name: torch.cat(parts) for name, parts in outputs.items()}
-
-    def train_mini_batch(self, micro_batches, loss_fn, *, temperature=1.0, need_entropy=False):
-        if self.optim is None:
-            raise RuntimeError("this engine is frozen (built without an optimizer)")
-        metrics: dict[str, float] = {}
-        for micro in micro_batches:
-            loss, micro_metrics = loss_fn(self.forward(micro, temperature=temperature, need_entropy=need_entropy,
-                                                       grad=True), micro)
-            # FSDP averages gradients over the ranks; the losses are normalised by global denominators and
-            # must be summed over ranks instead.
-            (loss * self.ctx.world_size).backward()
-            for k, v in micro_metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + v
-        keys = sorted(metrics)
-        summed = dict(zip(keys, self.all_reduce_dp([metrics[k] for k in keys])))
-        summed.update(self.optim.step())
-        return summed
+    def backward(self, loss: torch.Tensor) -> None:
+        # FSDP averages gradients over the ranks; the losses are normalised by global denominators and
+        # must be summed over ranks instead.
+        (loss * self.ctx.world_size).backward()
 
     def save_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp

@@ -8,7 +8,7 @@ not finite is skipped (the optimizer state stays as it was; the trainer decides 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from omegaconf import DictConfig
@@ -35,10 +35,14 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: 
 
 
 class Optimizer:
-    """AdamW + LR schedule + clipping over ``params``, for ``total_steps`` optimizer steps."""
+    """AdamW + LR schedule + clipping over ``params``, for ``total_steps`` optimizer steps. ``grad_norm``
+    computes the global gradient norm of ``params`` (default: over the local tensors, DTensors gathered);
+    a tensor-parallel engine passes one that counts each shard once."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], optim_cfg: DictConfig, total_steps: int):
+    def __init__(self, params: Iterable[torch.nn.Parameter], optim_cfg: DictConfig, total_steps: int,
+                 grad_norm: Callable[[list[torch.nn.Parameter]], torch.Tensor] | None = None):
         self.params = [p for p in params if p.requires_grad]
+        self.grad_norm = grad_norm or _local_grad_norm
         self.grad_clip = optim_cfg.grad_clip
         self.optimizer = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
                                            eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
@@ -50,12 +54,17 @@ class Optimizer:
     def step(self) -> dict[str, float]:
         """Clip, step (unless the gradient norm is not finite), zero the gradients, advance the schedule;
         return ``grad_norm`` and the ``lr`` this step used."""
-        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # DTensor
+        grad_norm = self.grad_norm(self.params)
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, grad_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
         lr = self.scheduler.get_last_lr()[0]
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return {"grad_norm": float(grad_norm), "lr": lr}
+
+
+def _local_grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])

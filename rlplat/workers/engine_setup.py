@@ -28,10 +28,12 @@ def check_engine_config(cfg: DictConfig, plan: RunPlan) -> None:
     """Raise ConfigError (one line naming the key) if the run's engines cannot be built on its device."""
     roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref}  # the engines this run builds
     for role in (role for role, built in roles.items() if built):
-        strategy, trained = cfg[role].strategy, role != "ref"
-        engine_cls = _registered(TRAINING_ENGINES, f"{role}.strategy", strategy)
-        engine_cls.check_config(cfg[role].get(strategy), f"{role}.{strategy}", plan.device,
-                                cfg[role].optim if trained else None, f"{role}.optim")
+        strategy = cfg[role].strategy
+        if problem := TRAINING_ENGINES.missing_requirements(strategy):
+            raise ConfigError(f"{role}.strategy={strategy!r}: {problem}")
+        separate_ref = role == "ref" and cfg.ref.placement == "separate"
+        world = cfg.trainer.nnodes * cfg.ref.workers_per_node if separate_ref else plan.world_size
+        _registered(TRAINING_ENGINES, f"{role}.strategy", strategy).check_config(cfg, role, world, plan.device)
     rollout, name = cfg.rollout, cfg.rollout.name
     if rollout.mode == "server":
         if name not in ROLLOUT_SERVER_CLIENTS:

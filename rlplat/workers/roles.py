@@ -72,7 +72,9 @@ class _Role(Worker):
         denominators)`` gets the mini-batch's global token and sequence counts. Returns mean metrics."""
         totals: dict[str, float] = {}
         steps = 0
-        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + batch.meta.get("step", 0) + self.rank)
+        # one permutation per replica: its tensor-parallel ranks must see the same rows in the same order
+        replica = engine.layout.dp_rank
+        gen = torch.Generator().manual_seed(self.cfg.trainer.seed + batch.meta.get("step", 0) + replica)
         for _ in range(epochs):
             data = batch[torch.randperm(len(batch), generator=gen)] if self.cfg.actor.shuffle else batch
             for mini in data.split(mini_size):
@@ -84,6 +86,14 @@ class _Role(Worker):
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
         return {k: v / steps for k, v in totals.items()}
+
+    def _mini_batch_rows(self, batch: Batch) -> int:
+        """This replica's rows per mini-batch: its share of the step, over the step's mini-batches (a
+        replica may span several workers, so this is not the step over the world size)."""
+        rows, mini_batches = len(batch), self.plan.mini_batches_per_step
+        if rows % mini_batches:
+            raise ValueError(f"{rows} rows do not split into {mini_batches} mini-batches")
+        return rows // mini_batches
 
     @register(Dispatch.ONE_TO_ALL)
     def parallel_layout(self) -> ParallelLayout:
@@ -204,7 +214,7 @@ class ActorRolloutRefWorker(_Role):
             return actor_loss(fwd, micro, cfg.algorithm, denominators, self.plan.loss_scale_factor, cfg.actor.entropy_coeff)
 
         # the entropy metric is always reported; it gets a gradient only with a coefficient
-        metrics = self._train(self.actor, batch, cfg.actor.ppo_epochs, self.plan.seqs_per_mini_batch_per_worker,
+        metrics = self._train(self.actor, batch, cfg.actor.ppo_epochs, self._mini_batch_rows(batch),
                               cfg.actor.micro_batch_size_seqs_per_worker, loss_fn,
                               temperature=batch.meta["temperature"], need_entropy=True)
         self.weights_stale = True  # sent to the rollout engine at the next rollout
@@ -269,7 +279,7 @@ class CriticWorker(_Role):
         def loss_fn(fwd, micro: Batch, denominators: LossDenominators):
             return critic_loss(fwd, micro, cfg.algorithm, cfg.critic.cliprange_value, denominators, self.plan.loss_scale_factor)
 
-        return self._train(self.critic, batch, cfg.critic.ppo_epochs, self.plan.seqs_per_mini_batch_per_worker,
+        return self._train(self.critic, batch, cfg.critic.ppo_epochs, self._mini_batch_rows(batch),
                            cfg.critic.micro_batch_size_seqs_per_worker, loss_fn)
 
 

@@ -43,7 +43,6 @@ def test_derived_plan_and_single_path():
     )
     assert plan.train_files == ("one.parquet",)
     assert (plan.world_size, plan.mini_batches_per_step) == (2, 2)
-    assert plan.seqs_per_mini_batch_per_worker == 16
     assert plan.loss_scale_factor == cfg.data.max_response_length
 
 

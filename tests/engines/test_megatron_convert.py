@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlplat.engines.dist import free_port
-from rlplat.engines.megatron.convert import GPTShape, hf_to_megatron, megatron_to_hf
+from rlplat.engines.megatron.convert import GPTShape, data_parallel_size, hf_to_megatron, megatron_to_hf
 from rlplat.models.tiny import TinyModelSpec, build_tiny_model
 
 
@@ -59,10 +59,10 @@ def test_tensor_parallel_size_must_divide_the_heads(hf_model_dir):
 def test_parallel_sizes_are_checked_against_the_model(hf_model_dir, world, tp, pp, problem):
     shape = GPTShape.from_hf_config(AutoConfig.from_pretrained(hf_model_dir))
     if problem is None:
-        assert shape.data_parallel_size(world, tp, pp) == world // (tp * pp)
+        assert data_parallel_size(world, tp, pp, shape) == world // (tp * pp)
         return
     with pytest.raises(ValueError) as err:
-        shape.data_parallel_size(world, tp, pp)
+        data_parallel_size(world, tp, pp, shape)
     assert str(err.value).startswith(problem)
 
 

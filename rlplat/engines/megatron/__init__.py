@@ -1,2 +1,2 @@
-"""Megatron-Core support: Hugging Face <-> Megatron ``GPTModel`` weight conversion with tensor-parallel
-sharding (:mod:`rlplat.engines.megatron.convert`), the base of the ``megatron`` training engine."""
+"""Megatron-Core training engine (``engine.py``), its ``GPTModel`` (``model.py``) and the Hugging Face <->
+Megatron weight conversion with tensor-parallel sharding (``convert.py``). See docs/megatron.md."""

@@ -68,15 +68,18 @@ class GPTShape:
         if self.intermediate_size % tp:
             raise ValueError(f"tensor parallel size {tp} must divide the MLP width {self.intermediate_size}")
 
-    def data_parallel_size(self, world: int, tp: int, pp: int) -> int:
-        """``world / (tp x pp)`` after checking that the sizes fit this model and ``world`` workers."""
-        if tp < 1 or pp < 1 or world % (tp * pp):
-            raise ValueError(f"tensor x pipeline parallel sizes {tp} x {pp} must divide the {world} workers "
-                             f"(the data-parallel size is what is left)")
-        self.check_tp(tp)
-        if self.num_layers % pp:
-            raise ValueError(f"pipeline parallel size {pp} must divide the {self.num_layers} layers")
-        return world // (tp * pp)
+
+def data_parallel_size(world: int, tp: int, pp: int, shape: GPTShape | None = None) -> int:
+    """``world / (tp x pp)`` after checking that the sizes fit ``world`` workers and the model (when its
+    ``shape`` is known)."""
+    if tp < 1 or pp < 1 or world % (tp * pp):
+        raise ValueError(f"tensor x pipeline parallel sizes {tp} x {pp} must divide the {world} workers "
+                         f"(the data-parallel size is what is left)")
+    if shape is not None:
+        shape.check_tp(tp)
+        if shape.num_layers % pp:
+            raise ValueError(f"pipeline parallel size {pp} must divide the {shape.num_layers} layers")
+    return world // (tp * pp)
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: GPTShape) -> torch.Tensor:
@@ -94,7 +97,9 @@ def _split_qkv(qkv: torch.Tensor, shape: GPTShape) -> tuple[torch.Tensor, torch.
 
 
 def _pad_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
-    return torch.cat([weight, weight.new_zeros(rows - weight.shape[0], *weight.shape[1:])]) if rows > len(weight) else weight
+    if rows == len(weight):
+        return weight
+    return torch.cat([weight, weight.new_zeros(rows - len(weight), *weight.shape[1:])])
 
 
 def hf_to_megatron(hf: Tensors, shape: GPTShape, tp: int = 1) -> list[dict[str, torch.Tensor]]:
