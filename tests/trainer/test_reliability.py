@@ -63,8 +63,9 @@ def test_a_hub_id_without_network_is_one_line(tmp_path):
         "rlplat: model.path='someorg/no-such-model' is not a local directory, and fetching it from the hub failed")
 
 
-def _start(tmp_path, small_val, *extra):
-    args = [sys.executable, "-m", "rlplat.trainer.main", *SMALL, f"data.val_files={small_val}",
+def _start(tmp_path, small_val, *extra, ray=False):
+    small = [arg for arg in SMALL if not (ray and arg.startswith("trainer.ray_address="))]
+    args = [sys.executable, "-m", "rlplat.trainer.main", *small, f"data.val_files={small_val}",
             "trainer.total_steps=200", f"trainer.output_dir={tmp_path}/out", *extra]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -77,9 +78,12 @@ def _wait_for_step(proc, step):
     raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()[-2000:]}")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cache, small_val, tmp_path, signum):
-    proc = _start(tmp_path, small_val)
+@pytest.mark.parametrize("signum, ray", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                         pytest.param(signal.SIGTERM, True, marks=pytest.mark.slow, id="SIGTERM-ray")])
+def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cache, small_val, tmp_path, signum, ray):
+    """In-process and with Ray worker groups (two workers): the run stops between steps, saves, shuts its
+    workers (and its Ray cluster) down and names the checkpoint to resume from."""
+    proc = _start(tmp_path, small_val, *(["trainer.workers_per_node=2"] if ray else []), ray=ray)
     _wait_for_step(proc, 2)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
@@ -92,6 +96,27 @@ def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cach
     from rlplat.trainer.checkpoint import verify
 
     assert step >= 2 and verify(ckpt) is None
+
+
+def test_a_second_signal_exits_at_once(tmp_path):
+    """Deterministic: the process signals itself, so both signals arrive where the script says. The first
+    only asks the loop to stop; the second exits at once with 128 + signum, whatever the code is doing."""
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "from rlplat.trainer.signals import stop_on_signals\n"
+        "with stop_on_signals() as stop:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    print('first: stop requested =', stop.requested, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(60)  # a long step or a checkpoint being written: never reached\n"
+        "    print('still running', flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 128 + signal.SIGINT
+    assert proc.stdout == "first: stop requested = True\n"
+    assert "SIGINT received: finishing the current step" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "rlplat: second SIGINT: exiting now"
 
 
 class PoisonedAdvantages(PPOTrainer):
