@@ -127,6 +127,10 @@ class RayWorkerGroup(WorkerGroup):
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 ray.get(done[0])
+            except ray.exceptions.RayTaskError as err:
+                if isinstance(err.cause, RunError):  # a worker's own one-line error: no Ray traceback around it
+                    raise err.cause from None
+                raise
             except ray.exceptions.RayActorError as err:
                 rank = refs.index(done[0])
                 cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -23,6 +23,7 @@ from rlplat.config.plan import RunPlan
 from rlplat.engines import ParallelLayout, TrainingEngine
 from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
+from rlplat.utils.errors import RunError
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
 from rlplat.workers.base import Dispatch, Worker, register
 from rlplat.workers.engine_setup import build_rollout_engine, build_training_engine, resolve_rollout_dtype
@@ -182,7 +183,17 @@ class ActorRolloutRefWorker(_Role):
             seed=self.cfg.trainer.seed + 7919 * (1 + self.rank) if validation else None,
         )
         with self.rollout_mode() as timings:
-            out = self.rollout.generate(prompts, params)
+            try:
+                out = self.rollout.generate(prompts, params)
+            except RuntimeError as err:  # torch.multinomial on NaN/inf probabilities
+                if "inf" not in str(err) or "nan" not in str(err):
+                    raise
+                step = prompts.meta.get("step", "?")
+                what = f"validation at step {step}" if validation else f"step {step}"
+                raise RunError(f"{what}: the rollout engine ({r.name}) was asked to sample from NaN/inf probabilities: "
+                               f"the policy's weights or logits are not finite (a diverged update, or a float16 "
+                               f"overflow); check model.path, lower actor.optim.lr, or resume from the last "
+                               f"checkpoint") from None
         out.meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
         out.meta["weight_sync_s"] = timings["weight_sync_s"]
         return out

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from rlplat.trainer.main import main
 from rlplat.trainer.ppo import PPOTrainer
@@ -61,6 +62,29 @@ def test_a_hub_id_without_network_is_one_line(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "rlplat: model.path='someorg/no-such-model' is not a local directory, and fetching it from the hub failed")
+
+
+@pytest.mark.parametrize("ray", [False, pytest.param(True, marks=pytest.mark.slow, id="ray")], ids=["inprocess", "ray"])
+def test_sampling_from_a_nan_model_is_one_line(tiny_model_path, small_val, tmp_path, ray):
+    """A policy whose logits are NaN (here: its weights) fails in the rollout's sampler: one line naming the
+    step and the cause, from the worker itself or through Ray, not a traceback."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    broken = tmp_path / "nan-model"
+    shutil.copytree(tiny_model_path, broken)
+    model = AutoModelForCausalLM.from_pretrained(broken)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    model.save_pretrained(broken)
+    small = [arg for arg in SMALL if not (ray and arg.startswith("trainer.ray_address="))]
+    proc = subprocess.run([sys.executable, "-m", "rlplat.trainer.main", *small, f"model.path={broken}",
+                           f"data.val_files={small_val}", f"trainer.output_dir={tmp_path}/out"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "rlplat: validation at step 0: the rollout engine (hf) was asked to sample from NaN/inf probabilities")
 
 
 def _start(tmp_path, small_val, *extra, ray=False):
