@@ -8,6 +8,9 @@ EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(dirname "$EXAMPLES_DIR")"
 
 ALGO=${ALGO:-grpo}                       # algorithm preset (rlplat/config/algorithm/*.yaml)
+ACTOR=${ACTOR:-fsdp}                     # training engine preset: fsdp | megatron
+ROLLOUT=${ROLLOUT:-hf}                   # rollout engine preset: hf | vllm | sglang
+TP=${TP:-1}                              # megatron: workers one model replica is split over
 MODEL=${MODEL:-embedded}                 # HF hub id or local directory; embedded = the tiny CPU model
 TRAIN_FILES=${TRAIN_FILES:-builtin:arithmetic}   # parquet file(s): one path or [a.parquet,b.parquet]
 VAL_FILES=${VAL_FILES:-builtin:arithmetic}
@@ -40,6 +43,9 @@ run_rlplat() {
     set -x
     "$PYTHON" -m rlplat.trainer.main \
         "algorithm=$ALGO" \
+        "actor=$ACTOR" \
+        "rollout=$ROLLOUT" \
+        "actor.megatron.tensor_model_parallel_size=$TP" \
         "model.path=$MODEL" \
         "data.train_files=$TRAIN_FILES" \
         "data.val_files=$VAL_FILES" \

@@ -18,12 +18,12 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[setup-vllm] installing $torch_spec, $vllm_spec and rlplat[test] into $venv"
+  echo "[setup-vllm] installing $torch_spec, $vllm_spec and rlplat[test,megatron] into $venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "$torch_spec"
   "$venv/bin/python" -m pip install -q "$vllm_spec"
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-  "$venv/bin/python" -m pip install -q -e ".[test]"
+  "$venv/bin/python" -m pip install -q -e ".[test,megatron]"  # megatron: the example scripts that pair it with vLLM
   echo "$want" > "$stamp"
 else
   echo "[setup-vllm] $venv is up to date"

@@ -3,6 +3,7 @@ script's command composes and validates (``--cfg job``)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,10 +58,16 @@ def test_cpu_script_default_runs_on_ray(embedded_cache, small_val, tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
 
 
+MISSING = re.compile(r"needs the package '([\w.]+)', which is not installed")
+
+
 def composed(script: Path, **knobs: str) -> dict:
     # DEVICE=cpu: validation checks that trainer.device=cuda has a visible GPU, which this machine lacks;
     # every other key, preset, batch-size rule and registered name is validated exactly as on a GPU.
     done = bash(script, script_env(DEVICE="cpu", **knobs), "--cfg", "job", "trainer.seed=5")
+    missing = MISSING.search(done.stderr)
+    if done.returncode == 2 and missing:  # the engines are checked last: everything else has passed
+        pytest.skip(f"the rollout or training engine's package {missing.group(1)!r} is not installed here")
     assert done.returncode == 0, done.stderr[-3000:]
     return yaml.safe_load(done.stdout)
 
@@ -68,9 +75,10 @@ def composed(script: Path, **knobs: str) -> dict:
 @pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: p.stem)
 def test_gpu_script_composes_and_validates(script):
     cfg = composed(script)
+    strategy, rollout = script.stem.split("_")[-2:] if "gpu" in str(script) else ("fsdp", "hf")
     assert cfg["model"]["path"].startswith("Qwen/Qwen2.5-")
     assert cfg["data"]["train_files"].endswith("/train.parquet")
-    assert cfg["trainer"]["seed"] == 5 and cfg["actor"]["strategy"] == "fsdp" and cfg["rollout"]["name"] == "hf"
+    assert cfg["trainer"]["seed"] == 5 and cfg["actor"]["strategy"] == strategy and cfg["rollout"]["name"] == rollout
     assert cfg["actor"]["optim"]["lr"] == 1e-6
     if "multinode" in str(script):
         assert cfg["trainer"]["nnodes"] == 2 and cfg["trainer"]["ray_address"] == "auto"
