@@ -53,14 +53,13 @@ class AdvantageOptions:
     lam: float = 1.0  # GAE lambda
     epsilon: float = 1e-6  # std epsilon of grpo-style normalisation
     scale: str = "group"  # grpo std: per group, over the whole batch, or none (mean is always per group)
-    norm_by_std: bool = True  # grpo_passk: divide by (std_g + epsilon)
     gpg_f_norm: float = 1.0  # gpg F_norm
 
     def __post_init__(self):
         if self.scale not in SCALES:
             raise ValueError(f"AdvantageOptions.scale={self.scale!r} is not one of {SCALES}")
         if not self.gpg_f_norm > 0:
-            raise ValueError(f"AdvantageOptions.gpg_f_norm must be > 0, got {self.gpg_f_norm}")
+            raise ValueError(f"gpg_f_norm must be > 0, got {self.gpg_f_norm}")
 
 
 @dataclass
@@ -278,8 +277,9 @@ def gpg(inp: AdvantageInput) -> AdvantageOutput:
 @estimator("grpo_passk", min_group_size=2)
 def grpo_passk(inp: AdvantageInput) -> AdvantageOutput:
     """Pass@k GRPO (2503.19595, as verl implements it): each group's best response (first on ties) gets
-    s_max − s_second, ÷ (std_g + ε) when ``options.norm_by_std``; the others get 0. Needs ``group_ids``
-    ``[batch]`` with >= 2 responses per prompt."""
+    s_max − s_second, ÷ (std + ε) with the std of ``options.scale`` (the group's, the batch's, or none:
+    verl's ``norm_adv_by_std_in_grpo=False``); the others get 0. Needs ``group_ids`` ``[batch]`` with >= 2
+    responses per prompt."""
     mask, scores, groups = _scored_groups(inp, "grpo_passk")
     if bool((groups.size < 2).any()):
         raise ValueError("grpo_passk needs at least 2 responses per prompt (a lone one has no second best)")
@@ -289,8 +289,10 @@ def grpo_passk(inp: AdvantageInput) -> AdvantageOutput:
     is_best = position == first_best
     second = _per_group(scores.masked_fill(is_best, -torch.inf), groups, "amax")
     gain = best - second
-    if inp.options.norm_by_std:
+    if inp.options.scale == "group":
         gain = gain / (groups.std + inp.options.epsilon)
+    elif inp.options.scale == "batch":
+        gain = gain / (scores.std() + inp.options.epsilon)
     return _broadcast(gain.masked_fill(~is_best, 0.0), mask, groups)
 
 

@@ -55,3 +55,27 @@ def import_in_worker(modules: Iterable[tuple[str, str | None]]) -> None:
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)
         importlib.import_module(name)
+
+
+def load_callable(key: str, spec: str):
+    """The function a config key names as ``"pkg.module:function"`` or ``"path/to/file.py:function"``;
+    any failure is a :class:`ConfigError` naming the key and the cause."""
+    import importlib.util
+
+    target, _, name = spec.rpartition(":")
+    try:
+        if target.endswith(".py"):
+            file = Path(target)
+            if not file.is_file():
+                raise FileNotFoundError(f"no such file (resolved to {file.resolve()})")
+            module_spec = importlib.util.spec_from_file_location(f"rlplat_user_{file.stem}", file)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+        fn = getattr(module, name)
+    except Exception as err:  # a user's module can fail in any way; report it as one line
+        raise ConfigError(f"{key}={spec!r}: cannot load it: {type(err).__name__}: {err}") from None
+    if not callable(fn):
+        raise ConfigError(f"{key}={spec!r} is not callable (it is a {type(fn).__name__})")
+    return fn

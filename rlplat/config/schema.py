@@ -60,6 +60,10 @@ class DataConfig:
     apply_chat_template: bool = True  # format prompts with the tokenizer's chat template
     shuffle: bool = True  # reshuffle the prompts every epoch
     seed: int = 1  # data order seed (trainer.seed seeds everything else)
+    # Curriculum / dynamic prompts: "pkg.module:function" or "path/to/file.py:function", called after each
+    # step with that step's samples; the dataset indices or rows it returns are the next prompts served
+    # (before the dataset's own order continues). See docs/options.md.
+    dynamic_prompts_fn: Optional[str] = None
 
 
 @dataclass
@@ -207,6 +211,7 @@ class AlgorithmConfig:
     lam: float = 1.0  # GAE lambda
     norm_adv_scale: str = "group"  # grpo std scaling: group | batch | none
     norm_adv_epsilon: float = 1e-6  # epsilon added to the std in grpo-style normalisation
+    gpg_f_norm: float = 1.0  # gpg: F_norm, the advantages are divided by it (2504.02546, eq. 9)
     policy_loss: str = "ppo"  # policy loss (registry)
     loss_agg_mode: str = "token-mean"  # loss aggregation mode (registry)
     loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm constant C; None = data.max_response_length
@@ -224,6 +229,11 @@ class AlgorithmConfig:
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
+    # Responses that hit data.max_response_length without a stop token: keep | mask (no loss on them,
+    # TRL/open-instruct mask_truncated_completions) | penalize (their score becomes truncated_penalty,
+    # open-instruct non_stop_penalty)
+    truncated_responses: str = "keep"
+    truncated_penalty: float = -1.0  # the score of a truncated response with truncated_responses=penalize
 
 
 @dataclass
@@ -238,6 +248,10 @@ class RefConfig:
     placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
     workers_per_node: int = count(1)  # only for placement=separate
     log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per reference forward on one worker
+    # 0 = a fixed reference (the initial model). N > 0: every N steps, reference <- alpha * actor +
+    # (1 - alpha) * reference (alpha = 1 copies the actor; < 1 is Polyak mixing, TRL's sync_ref_model)
+    sync_steps: int = 0
+    sync_alpha: float = 1.0  # alpha of the sync: 1 = copy the actor, < 1 = Polyak mixing (TRL ref_model_mixup_alpha)
 
 
 @dataclass
@@ -268,6 +282,9 @@ class RewardConfig:
     isolation: str = "process"  # process = run reward code in a worker process (timeout, crash-safe) | inprocess
     timeout_s: float = 30.0  # per reward call (isolation=process): a call still running then scores 0, counted
     fail_fraction_to_stop: float = 1.0  # stop when this share of a step's reward calls fail (1 = all; > 1 = never)
+    # Entries of reward.functions whose term counts only when the other functions judge the answer correct
+    # (e.g. [format]: open-instruct's non-additive format reward); [] = every term is added
+    only_when_correct: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -32,6 +32,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "reward.isolation": ("process", "inprocess"),
     "trainer.nonfinite": ("stop", "skip"),
+    "algorithm.truncated_responses": ("keep", "mask", "penalize"),
 }
 
 
@@ -104,6 +105,15 @@ def _check_values(cfg: DictConfig) -> None:
            f"reward.fail_fraction_to_stop must be > 0 (1 = stop when all calls fail), got {reward.fail_fraction_to_stop}")
     problem = reward_weights_problem(reward.functions, reward.weights)
     _check(problem is None, problem or "")
+    for name in reward.only_when_correct:
+        _check(name in reward.functions, f"reward.only_when_correct entry {name!r} is not in reward.functions "
+                                         f"{list(reward.functions)}")
+    ref = cfg.ref
+    _check(ref.sync_steps >= 0, f"ref.sync_steps must be >= 0 (0 = a fixed reference), got {ref.sync_steps}")
+    _check(0 < ref.sync_alpha <= 1, f"ref.sync_alpha must be in (0, 1] (1 = copy the actor), got {ref.sync_alpha}")
+    hook = cfg.data.dynamic_prompts_fn
+    _check(hook is None or (":" in hook and all(hook.rsplit(":", 1))),
+           f"data.dynamic_prompts_fn={hook!r}: expected 'pkg.module:function' or 'path/to/file.py:function'")
 
 
 def reward_weights_problem(functions, weights) -> str | None:
@@ -139,7 +149,7 @@ def _check_batches(cfg: DictConfig, world: int) -> int:
 
 
 def _check_algorithm(cfg: DictConfig) -> None:
-    from rlplat.algorithms import PF_PPO_METHODS, get_advantage_estimator
+    from rlplat.algorithms import PF_PPO_METHODS, AdvantageOptions, get_advantage_estimator
 
     algo = cfg.algorithm
     estimator = get_advantage_estimator(algo.adv_estimator)
@@ -149,6 +159,10 @@ def _check_algorithm(cfg: DictConfig) -> None:
         "so a KL in the reward would be lost; use algorithm.use_kl_loss=true for a KL term instead",
     )
     _check_policy_loss_options(cfg)
+    try:
+        AdvantageOptions(gpg_f_norm=algo.gpg_f_norm)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.{err}") from None
     pf_ppo = algo.pf_ppo
     _check(pf_ppo.reweight_method in PF_PPO_METHODS,
            f"algorithm.pf_ppo.reweight_method={pf_ppo.reweight_method!r} is not one of: {', '.join(PF_PPO_METHODS)}")
@@ -218,6 +232,8 @@ def validate(cfg: DictConfig) -> RunPlan:
     needs_kl = algo.use_kl_in_reward or algo.use_kl_loss
     needs_ref = needs_kl if cfg.ref.enable is None else bool(cfg.ref.enable)
     _check(not (needs_kl and not needs_ref), "a KL term is enabled (algorithm.use_kl_*) but ref.enable=false")
+    _check(not cfg.ref.sync_steps or needs_ref, f"ref.sync_steps={cfg.ref.sync_steps} syncs a reference policy, but "
+                                                f"this run has none (no KL term; set ref.enable=true to keep one)")
     return RunPlan(
         device=device,
         world_size=world,

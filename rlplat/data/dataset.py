@@ -138,34 +138,53 @@ class RLDataset:
             raise ValueError(f"data.truncation={truncation!r} is not one of {', '.join(TRUNCATION)}")
         if max_prompt_length < 1:
             raise ValueError(f"data.max_prompt_length must be positive, got {max_prompt_length}")
+        self.tokenizer, self.max_prompt_length = tokenizer, max_prompt_length
+        self.truncation, self.apply_chat_template = truncation, apply_chat_template
         rows = load_rows(files)
-        texts = [self._render(tokenizer, messages, apply_chat_template) for messages in rows["prompt"]]
-        # One batched call: the fast tokenizer splits 20,000 prompts in parallel instead of one by one.
-        all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-        self.items: list[dict] = []
-        self.num_filtered = 0
-        for row, ids in zip(rows.itertuples(index=False), all_ids):
-            where = f"{row.source_file} row {row.source_row}"
-            if not ids:
-                raise DataError(f"{where}: the prompt is empty after tokenisation")
-            if len(ids) > max_prompt_length:
-                if truncation == "error":
-                    raise DataError(
-                        f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={max_prompt_length}; set "
-                        f"data.truncation=left|right|filter or a larger data.max_prompt_length"
-                    )
-                if truncation == "filter":
-                    self.num_filtered += 1
-                    continue
-                ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
-            self.items.append({"prompt_ids": list(ids), "raw_prompt": row.prompt, "data_source": row.data_source,
-                               "ground_truth": row.ground_truth, "extra_info": row.extra_info})
+        encoded = self._encode(rows.to_dict("records"))
+        self.items: list[dict] = [item for item in encoded if item is not None]
+        self.num_filtered = len(encoded) - len(self.items)
         if self.num_filtered:
             print(f"[rlplat.data] dropped {self.num_filtered} of {len(rows)} prompts longer than "
                   f"data.max_prompt_length={max_prompt_length} tokens (data.truncation=filter)", flush=True)
         if not self.items:
             raise DataError(f"{', '.join(_paths(files))}: no usable prompt (the files "
                             f"have no rows, or every prompt was longer than data.max_prompt_length)")
+
+    def _encode(self, rows: list[dict]) -> list[dict | None]:
+        """Items of checked rows (None for a prompt dropped by ``truncation="filter"``)."""
+        texts = [self._render(self.tokenizer, row["prompt"], self.apply_chat_template) for row in rows]
+        # One batched call: the fast tokenizer splits 20,000 prompts in parallel instead of one by one.
+        all_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        items: list[dict | None] = []
+        limit = self.max_prompt_length
+        for row, ids in zip(rows, all_ids):
+            where = f"{row['source_file']} row {row['source_row']}"
+            if not ids:
+                raise DataError(f"{where}: the prompt is empty after tokenisation")
+            if len(ids) > limit:
+                if self.truncation == "error":
+                    raise DataError(f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={limit}; set "
+                                    f"data.truncation=left|right|filter or a larger data.max_prompt_length")
+                if self.truncation == "filter":
+                    items.append(None)
+                    continue
+                ids = ids[-limit:] if self.truncation == "left" else ids[:limit]
+            items.append({"prompt_ids": list(ids), "raw_prompt": row["prompt"], "data_source": row["data_source"],
+                          "ground_truth": row["ground_truth"], "extra_info": row["extra_info"]})
+        return items
+
+    def encode_rows(self, records: Sequence[Mapping], source: str) -> list[dict]:
+        """Items for rows given at run time (``data.dynamic_prompts_fn``), checked and tokenised as the
+        files' rows are; errors name ``source`` and the row. A prompt ``truncation="filter"`` drops is
+        left out."""
+        checked = []
+        for index, record in enumerate(records):
+            if not isinstance(record, Mapping) or any(key not in record for key in REQUIRED):
+                raise DataError(f"{source} row {index}: expected a dict with keys {list(REQUIRED)} (+ optional "
+                                f"extra_info), got {str(record)[:80]!r}")
+            checked.append(_check_row(dict(record), source, index))
+        return [item for item in self._encode(checked) if item is not None]
 
     @staticmethod
     def _render(tokenizer, messages: list[dict], apply_chat_template: bool) -> str:
@@ -231,11 +250,13 @@ class PromptSampler:
                 self._order = (epoch, list(range(self.size)))
         return self._order[1]
 
-    def next_batch(self) -> list[int]:
-        if self.position + self.batch_size > self.size:
+    def next_batch(self, count: int | None = None) -> list[int]:
+        """The next ``count`` indices (default ``batch_size``); an epoch's rest shorter than that is skipped."""
+        count = self.batch_size if count is None else count
+        if self.position + count > self.size:
             self.epoch, self.position = self.epoch + 1, 0
-        batch = self.order(self.epoch)[self.position : self.position + self.batch_size]
-        self.position += self.batch_size
+        batch = self.order(self.epoch)[self.position : self.position + count]
+        self.position += count
         return batch
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -131,6 +131,12 @@ class TrainingEngine(ABC):
         trained), in buckets of about ``bucket_bytes``: one collective per bucket, and no rank ever holds
         more than one bucket of full weights. Collective: every rank must iterate to the end."""
 
+    @abstractmethod
+    def blend_weights(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], alpha: float) -> None:
+        """Every weight <- alpha * given + (1 - alpha) * weight (alpha = 1 copies), from full tensors in
+        Hugging Face naming as :meth:`export_weights` yields them (e.g. the actor's, into the reference).
+        Each rank updates its own shard; every weight of this model must be given."""
+
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every (name, full tensor), as trained (for export and checks). Collective."""
         for bucket in self.export_weights():
@@ -148,6 +154,22 @@ class TrainingEngine(ABC):
     @property
     @abstractmethod
     def model(self) -> torch.nn.Module: ...
+
+
+def blend_(target: torch.Tensor, source: torch.Tensor, alpha: float) -> None:
+    """``target <- alpha * source + (1 - alpha) * target`` in place; alpha = 1 is an exact copy."""
+    if alpha == 1.0:
+        target.copy_(source)
+    else:
+        target.mul_(1.0 - alpha).add_(source.to(target.dtype), alpha=alpha)
+
+
+def check_blended(given: set[str], expected: Iterable[str]) -> None:
+    """:meth:`TrainingEngine.blend_weights` must receive every weight of the model, and nothing else."""
+    expected = set(expected)
+    if given != expected:
+        raise ValueError(f"blend_weights: the given weights do not match this model (missing "
+                         f"{sorted(expected - given)[:4]}, unexpected {sorted(given - expected)[:4]})")
 
 
 TRAINING_ENGINES: Registry[type[TrainingEngine]] = Registry("training engine")

@@ -18,7 +18,9 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.engines.base import TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine
+from rlplat.engines.base import (
+    TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended,
+)
 from rlplat.engines.dist import DistContext
 from rlplat.engines.optim import Optimizer
 from rlplat.protocol import Batch
@@ -172,6 +174,31 @@ class FSDPEngine(TrainingEngine):
             size += nbytes
         if bucket:
             yield gather_bucket(bucket, dtype, self.ctx)
+
+
+    def blend_weights(self, buckets, alpha):
+        from torch.distributed.tensor import DTensor, Shard
+
+        params = self._model.state_dict()  # name -> this rank's Shard(0) piece (tied weights share one)
+        given, blended = set(), set()
+        with torch.no_grad():
+            for bucket in buckets:
+                for name, full in bucket:
+                    given.add(name)
+                    target = params.get(name)
+                    if target is None:
+                        continue  # reported by check_blended
+                    local = target.to_local() if isinstance(target, DTensor) else target
+                    if local.numel() and local.data_ptr() in blended:
+                        continue  # a tied weight (lm_head = embed_tokens), already blended once
+                    blended.add(local.data_ptr())
+                    piece = full.to(local.device)
+                    if isinstance(target, DTensor) and target.placements == (Shard(0),):
+                        rows = _dim0_shard_sizes(full.shape[0], self.ctx.world_size)
+                        start = sum(rows[: self.ctx.rank])
+                        piece = piece[start : start + rows[self.ctx.rank]]
+                    blend_(local, piece, alpha)
+        check_blended(given, params)
 
 
 def _dim0_shard_sizes(dim0: int, world: int) -> list[int]:

@@ -2,6 +2,8 @@
 
     texts, data_sources, ground_truths, extra_infos, response_lengths
       -> RewardManager.score: Σ_f weight_f · f(data_source, text, ground_truth, extra_info)   per sample
+                              (a function in ``only_when_correct`` counts only on samples the
+                              others judge correct, e.g. a format reward)
                               + OverlongShaping(response_length)                            (optional)
       -> token_level_scores: each score on its response's last valid token   [batch, response_len]
 
@@ -71,13 +73,22 @@ class RewardManager:
     ``num_errors``; the first such message of this manager is printed to stderr, later ones are only
     counted. ``UnknownDataSourceError`` propagates. ``isolation="process"`` runs the functions in a worker
     process with ``timeout_s`` per call; ``"inprocess"`` calls them directly (no timeout).
+
+    ``only_when_correct`` holds indices into ``functions`` whose value counts only on samples that the
+    other functions judge correct (:meth:`ScoreResult.correct` over them: their ``acc``, else their
+    weighted sum >= 1), as open-instruct's non-additive format reward; their ``per_function`` values are
+    the gated ones, so the terms still add up to the scores.
     """
 
     def __init__(self, functions: Sequence[tuple[Callable, float]], overlong: OverlongShaping | None = None,
-                 isolation: str = "inprocess", timeout_s: float = 30.0):
+                 isolation: str = "inprocess", timeout_s: float = 30.0, only_when_correct: Sequence[int] = ()):
         if not functions:
             raise ValueError("a RewardManager needs at least one reward function")
         self.functions = [(fn, float(weight)) for fn, weight in functions]
+        self.gated = frozenset(only_when_correct)
+        if len(self.gated) >= len(self.functions):
+            raise RewardConfigError("reward.only_when_correct names every reward function: none is left to judge "
+                                    "correctness")
         self.overlong = overlong
         self.names: list[str] = []  # the per_function keys, in order
         for fn, _ in self.functions:
@@ -111,7 +122,12 @@ class RewardManager:
                 raise ValueError(f"score() got {len(texts)} texts but {len(column)} {key}")
         result = ScoreResult(scores=[0.0] * len(texts), acc=[None] * len(texts))
         rows = list(zip(data_sources, texts, ground_truths, extra_infos))
-        for k, ((_, weight), name) in enumerate(zip(self.functions, self.names)):
+        correct: list[float] | None = None
+        ungated_first = sorted(range(len(self.functions)), key=lambda k: k in self.gated)
+        for k in ungated_first:
+            (_, weight), name = self.functions[k], self.names[k]
+            if k in self.gated and correct is None:
+                correct = result.correct()  # so far the scores hold only the ungated functions
             values = result.per_function[name] = []
             for i, outcome in enumerate(self.executor.run(k, rows)):
                 result.num_calls += 1
@@ -121,6 +137,8 @@ class RewardManager:
                     self._report(outcome.rstrip())
                     outcome = (0.0, None, {})
                 score, acc, extras = outcome
+                if correct is not None:
+                    score, acc = score * correct[i], None
                 values.append(score)
                 result.scores[i] += weight * score
                 if acc is not None and result.acc[i] is None:
@@ -130,6 +148,7 @@ class RewardManager:
         if self.overlong is not None:
             result.overlong = [self.overlong(int(n)) for n in response_lengths]
             result.scores = [s + o for s, o in zip(result.scores, result.overlong)]
+        result.per_function = {name: result.per_function[name] for name in self.names}
         return result
 
     def close(self) -> None:
@@ -208,5 +227,6 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
             raise RewardConfigError("algorithm.overlong_buffer.enable=true needs algorithm.overlong_buffer.length")
         overlong = OverlongShaping(int(max_response_length), int(length),
                                    float(_get(overlong_cfg, "penalty_factor", 1.0)))
+    gated = [i for i, name in enumerate(names) if name in set(_get(reward_cfg, "only_when_correct", []))]
     return RewardManager(functions, overlong, isolation=str(_get(reward_cfg, "isolation", "process")),
-                         timeout_s=float(_get(reward_cfg, "timeout_s", 30.0)))
+                         timeout_s=float(_get(reward_cfg, "timeout_s", 30.0)), only_when_correct=gated)

@@ -159,9 +159,8 @@ class Checkpointer:
         if path.exists():
             shutil.rmtree(path)
         path.mkdir(parents=True)
-        c.actor.save_checkpoint(str(path))
-        if c.critic is not None:
-            c.critic.save_checkpoint(str(path))
+        for group in c.checkpointed():
+            group.save_checkpoint(str(path))
         _write_atomic(path / "trainer.json", json.dumps(state, indent=2))
         write_manifest(path, run_defining(self.cfg))  # last: its presence means the rest is complete
 
@@ -228,9 +227,8 @@ class Checkpointer:
             return None
         self.check_config(path)
         state = json.loads((path / "trainer.json").read_text())
-        c.actor.load_checkpoint(str(path))
-        if c.critic is not None:
-            c.critic.load_checkpoint(str(path))
+        for group in c.checkpointed():
+            group.load_checkpoint(str(path))
         c.sampler.load_state_dict(state["sampler"])
         print(f"[checkpoint] resumed from {path} at step {state['step']}", flush=True)
         return state

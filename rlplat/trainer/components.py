@@ -7,10 +7,11 @@ calls the small methods below, so a test or recipe can swap any part.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -45,10 +46,23 @@ class Components:
         tensors, lists = collate(items, self.tokenizer.pad_token_id)
         return Batch.from_dict(tensors, non_tensors=lists)
 
-    def train_prompts(self, num_prompts: int) -> Batch:
-        indices = self.sampler.next_batch()
-        assert len(indices) == num_prompts, (len(indices), num_prompts)
-        return self._batch([self.train_data[i] for i in indices])
+    def train_prompts(self, num_prompts: int, queued: Sequence[int | Mapping] = ()) -> Batch:
+        """``num_prompts`` training prompts: the ``queued`` ones first (dataset indices, or rows in the
+        dataset schema, from ``data.dynamic_prompts_fn``), then the sampler's next. Non-tensor ``index``:
+        each prompt's dataset index (-1 for a queued row)."""
+        items, index = [], []
+        for entry in queued:
+            if isinstance(entry, Mapping):
+                new = self.train_data.encode_rows([entry], "data.dynamic_prompts_fn")
+                items += new
+                index += [-1] * len(new)
+            else:
+                items.append(self.train_data[entry])
+                index.append(entry)
+        fill = self.sampler.next_batch(num_prompts - len(items)) if len(items) < num_prompts else []
+        items += [self.train_data[i] for i in fill]
+        batch = self._batch(items)
+        return batch.union(Batch.from_dict(non_tensors={"index": np.array(index + fill, dtype=np.int64)}))
 
     def val_prompts(self) -> Iterator[Batch]:
         size = self.cfg.data.val_batch_size_prompts
@@ -56,11 +70,33 @@ class Components:
             yield self._batch([self.val_data[i] for i in range(start, min(start + size, len(self.val_data)))])
 
     def decode(self, batch: Batch) -> list[str]:
+        """The generated text of each response (its response part of ``attention_mask``: what was sampled,
+        also where ``algorithm.truncated_responses=mask`` cleared the trained tokens)."""
         t = batch.tensors
-        return [
-            self.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
-            for ids, mask in zip(t["responses"], t["response_mask"])
-        ]
+        generated = t["attention_mask"][:, -t["responses"].shape[1]:]
+        return [self.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+                for ids, mask in zip(t["responses"], generated)]
+
+    def checkpointed(self) -> list[WorkerGroup]:
+        """The groups a checkpoint saves: the actor (with a colocated reference once it is synced), the
+        critic, and a separate reference when ``ref.sync_steps`` makes it change."""
+        synced_ref = self.ref if self.cfg.ref.sync_steps > 0 else None
+        return [group for group in (self.actor, self.critic, synced_ref) if group is not None]
+
+    def sync_reference(self, alpha: float) -> None:
+        """Reference <- alpha * actor + (1 - alpha) * reference: inside each actor worker when colocated
+        (streamed in buckets); through the controller to a separate reference (one full copy)."""
+        if self.ref is None:
+            self.actor.sync_reference(alpha)
+            return
+        weights = self.actor.actor_weights(only_rank0=True)[0]
+        self.ref.blend_reference([list(weights.items())], alpha)
+
+    def truncated(self, batch: Batch) -> torch.Tensor:
+        """``[batch]`` bool: the responses that ended at ``data.max_response_length`` without EOS or any
+        ``rollout.stop_token_ids`` token (a response stops only at one of those, or at the limit)."""
+        stop = torch.tensor([self.tokenizer.eos_token_id, *self.cfg.rollout.stop_token_ids])
+        return ~torch.isin(batch.tensors["responses"], stop).any(-1)
 
     def score_result(self, batch: Batch, validation: bool = False) -> ScoreResult:
         """Score a generated batch; stop the run (:class:`RunError`) when at least

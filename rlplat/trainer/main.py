@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
 
     try:
         run(cfg, plan, trainer_cls)
-    except (DataError, RewardConfigError, RegistryError) as err:
+    except (ConfigError, DataError, RewardConfigError, RegistryError) as err:
         _debug_traceback()
         print(f"rlplat: {type(err).__name__}: {err}", file=sys.stderr)
         return 2

@@ -35,14 +35,15 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths of one training batch."""
     t = batch.tensors
-    mask = t["response_mask"].bool()
-    lengths = mask.sum(-1)
+    mask = t["response_mask"].bool()  # the trained tokens (algorithm.truncated_responses=mask clears some rows)
+    lengths = t["attention_mask"][:, -mask.shape[1]:].sum(-1)  # the generated tokens
+    truncated = t["truncated"] if "truncated" in t.keys() else lengths >= max_response_length
     out = {
         **_stats("score", t["token_level_scores"].sum(-1)),
         **_stats("reward", t["token_level_rewards"].sum(-1)),
         **_stats("advantages", t["advantages"][mask]),
         **_stats("response_length", lengths),
-        "response_length/truncation_ratio": float((lengths >= max_response_length).float().mean()),
+        "response_length/truncation_ratio": float(truncated.float().mean()),
     }
     if "returns" in t.keys():
         out.update(_stats("returns", t["returns"][mask]))

@@ -10,10 +10,13 @@
     reference     reference policy's log-probs (when a KL term is used)
     values        critic's values (when the estimator needs them, e.g. gae)
     advantages    controller: KL in reward (optional), advantage estimator (registry)
+    mask_truncated (algorithm.truncated_responses=mask only) no loss on truncated responses
     pf_ppo        (algorithm.pf_ppo.enable only) resample the batch by reward (PF-PPO)
     update_critic critic group: clipped value loss
     update_actor  actor group: policy loss + aggregation + KL loss; marks the rollout's weights stale
                   (they are sent actor -> rollout engine, in buckets, when the next generate starts)
+    sync_reference (ref.sync_steps > 0 only) every N steps: reference <- alpha actor + (1 - alpha) reference
+    dynamic_prompts (data.dynamic_prompts_fn only) the user's hook picks the next prompts
     then: validate every trainer.test_freq steps, checkpoint every trainer.save_freq, log metrics.
 
 Each stage is a method ``stage(batch, metrics) -> batch``; a recipe subclasses the trainer and overrides
@@ -25,6 +28,7 @@ branches on an algorithm's name.
 from __future__ import annotations
 
 import json
+import numbers
 import time
 from pathlib import Path
 
@@ -42,6 +46,7 @@ from rlplat.algorithms import (
     make_kl_controller,
     pf_ppo_resample,
 )
+from rlplat.config.imports import load_callable
 from rlplat.config.plan import RunPlan
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
@@ -65,16 +70,21 @@ class PPOTrainer:
         self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
         self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes
         self.initial_val: dict[str, float] = {}  # validation before the first step (kept across resumes)
+        hook = cfg.data.dynamic_prompts_fn
+        self.prompt_hook = load_callable("data.dynamic_prompts_fn", hook) if hook else None
+        self.queued_prompts: list[int | dict] = []  # the hook's picks, served before the dataset's order
         self.stages = self.build_stages()
 
     def state_dict(self) -> dict:
         """Controller-side state a checkpoint needs for an exact resume."""
-        return {"kl_coef": self.kl_ctrl.value, "prompts_seen": self.prompts_seen, "initial_val": self.initial_val}
+        return {"kl_coef": self.kl_ctrl.value, "prompts_seen": self.prompts_seen, "initial_val": self.initial_val,
+                "queued_prompts": self.queued_prompts}
 
     def load_state_dict(self, state: dict) -> None:
         self.kl_ctrl.value = state["kl_coef"]
         self.prompts_seen = state["prompts_seen"]
         self.initial_val = state.get("initial_val") or {}
+        self.queued_prompts = state.get("queued_prompts") or []
 
     def save_checkpoint(self) -> None:
         self.checkpoints.save(self.step, self.c, self.state_dict())
@@ -98,7 +108,7 @@ class PPOTrainer:
     # (or replaces the tuple); optional stages drop out at start-up when the config does not need them.
     stage_order: tuple[str, ...] = (
         "generate", "reward", "filter_groups", "old_log_probs", "reference", "values", "advantages",
-        "pf_ppo", "update_critic", "update_actor",
+        "mask_truncated", "pf_ppo", "update_critic", "update_actor", "sync_reference", "dynamic_prompts",
     )
 
     @classmethod
@@ -118,7 +128,10 @@ class PPOTrainer:
                     and not getattr(self.estimator, "needs_sum_pi_squared", False))  # reads old_log_probs
         wanted = {
             "filter_groups": cfg.algorithm.dynamic_sampling.enable,
+            "mask_truncated": cfg.algorithm.truncated_responses == "mask",
             "pf_ppo": cfg.algorithm.pf_ppo.enable,
+            "sync_reference": plan.needs_ref and cfg.ref.sync_steps > 0,
+            "dynamic_prompts": cfg.data.dynamic_prompts_fn is not None,
             "old_log_probs": not skip_old,
             "reference": plan.needs_ref,
             "values": plan.needs_critic,
@@ -203,7 +216,8 @@ class PPOTrainer:
 
     # ---------------------------------------------------------------- stages
     def next_prompts(self, num_prompts: int) -> Batch:
-        prompts = self.tag_groups(self.c.train_prompts(num_prompts))
+        queued, self.queued_prompts = self.queued_prompts[:num_prompts], self.queued_prompts[num_prompts:]
+        prompts = self.tag_groups(self.c.train_prompts(num_prompts, queued))
         prompts.meta.update(step=self.step, temperature=self.cfg.rollout.temperature)
         return prompts
 
@@ -211,7 +225,7 @@ class PPOTrainer:
         prompts = self.next_prompts(self.cfg.data.train_batch_size_prompts)
         out = self._rollout(prompts)
         metrics["timing/weight_sync_s"] = out.meta.pop("weight_sync_s", 0.0)
-        return out
+        return out.union(Batch.from_dict({"truncated": self.c.truncated(out)}))
 
     def _rollout(self, prompts: Batch) -> Batch:
         out = self.c.actor.generate_sequences(prompts.repeat(self.cfg.rollout.n, interleave=True))
@@ -226,6 +240,8 @@ class PPOTrainer:
     def reward(self, batch: Batch, metrics: dict) -> Batch:
         scores, terms, self.reward_term_weights, reward_metrics = self.c.score_terms(batch)
         metrics.update(reward_metrics)
+        if self.cfg.algorithm.truncated_responses == "penalize" and "truncated" in batch.tensors.keys():
+            scores = torch.where(batch.tensors["truncated"], self.cfg.algorithm.truncated_penalty, scores)
         token_scores = token_level_scores(scores, batch.tensors["response_mask"])
         return batch.union(Batch.from_dict({"token_level_scores": token_scores, "reward_terms": terms}))
 
@@ -305,7 +321,7 @@ class PPOTrainer:
                 old_log_probs=optional("old_log_probs"),
                 sum_pi_squared=optional("sum_pi_squared"),
                 options=AdvantageOptions(gamma=cfg.gamma, lam=cfg.lam, epsilon=cfg.norm_adv_epsilon,
-                                         scale=cfg.norm_adv_scale),
+                                         scale=cfg.norm_adv_scale, gpg_f_norm=cfg.gpg_f_norm),
             )
         )
         if "values" in present:  # before this step's critic update: how well the critic predicted
@@ -331,6 +347,15 @@ class PPOTrainer:
             weights = torch.cat([weights, weights.new_ones(1)])
         return terms, weights
 
+    def mask_truncated(self, batch: Batch, metrics: dict) -> Batch:
+        """Responses cut off at ``data.max_response_length`` get no loss: their response mask is cleared
+        after the advantages, so their scores still count in their groups' baselines and they drop out
+        of the loss and its token counts (TRL / open-instruct ``mask_truncated_completions``)."""
+        truncated = batch.tensors["truncated"]
+        metrics["batch/masked_truncated_frac"] = float(truncated.float().mean())
+        mask = batch.pop(["response_mask"]).tensors["response_mask"]
+        return batch.union(Batch.from_dict({"response_mask": mask * ~truncated[:, None]}))
+
     def pf_ppo(self, batch: Batch, metrics: dict) -> Batch:
         """PF-PPO (2409.06957, Sec. 4; as verl does it): resample the batch, with replacement and to its own
         size, with weights from the sequence scores (``algorithm.pf_ppo``; docs/algorithms.md)."""
@@ -352,6 +377,49 @@ class PPOTrainer:
         actor_metrics = {k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()}
         metrics.update(actor_metrics)
         self.check_finite(actor_metrics)
+        return batch
+
+    def sync_reference(self, batch: Batch, metrics: dict) -> Batch:
+        """Every ``ref.sync_steps`` steps: reference <- alpha * actor + (1 - alpha) * reference with alpha =
+        ``ref.sync_alpha`` (1 = copy: open-instruct's reference refresh; < 1 = Polyak mixing, TRL's
+        ``sync_ref_model`` with ``ref_model_mixup_alpha``)."""
+        if self.step % self.cfg.ref.sync_steps == 0:
+            self.c.sync_reference(self.cfg.ref.sync_alpha)
+            metrics["ref/synced"] = 1.0
+        return batch
+
+    def dynamic_prompts(self, batch: Batch, metrics: dict) -> Batch:
+        """Call ``data.dynamic_prompts_fn(step, samples)`` with one dict per response (``index``: its
+        prompt's dataset index, -1 for a row the hook added; ``prompt``, ``data_source``,
+        ``ground_truth``, ``extra_info``, ``completion``, ``score``). It returns None or a list of dataset
+        indices and/or rows in the dataset schema; those are the next prompts served, in order, before
+        the dataset's own order continues (TRL-style curriculum / dynamic prompts)."""
+        nt = batch.non_tensors
+        scores = batch.tensors["token_level_scores"].sum(-1).tolist()
+        samples = [{"index": int(i), "prompt": p, "data_source": d, "ground_truth": g, "extra_info": e,
+                    "completion": text, "score": s}
+                   for i, p, d, g, e, text, s in zip(nt["index"], nt["raw_prompt"], nt["data_source"],
+                                                     nt["ground_truth"], nt["extra_info"], self.c.decode(batch), scores)]
+        try:
+            picked = self.prompt_hook(self.step, samples)
+        except Exception as err:  # the user's code: one line, not a traceback
+            raise RunError(f"step {self.step}: data.dynamic_prompts_fn raised {type(err).__name__}: {err}") from err
+        picked = [] if picked is None else picked
+        expected = (f"expected None or a list of dataset indices in [0, {len(self.c.train_data)}) and/or rows "
+                    f"(JSON-able dicts with data_source, prompt, reward_model)")
+        if not isinstance(picked, (list, tuple)):
+            raise RunError(f"step {self.step}: data.dynamic_prompts_fn returned a {type(picked).__name__}; {expected}")
+        queued = []
+        for entry in picked:
+            if isinstance(entry, numbers.Integral) and not isinstance(entry, bool) and 0 <= entry < len(self.c.train_data):
+                queued.append(int(entry))
+            elif isinstance(entry, dict) and _json_able(entry):
+                self.c.train_data.encode_rows([entry], "data.dynamic_prompts_fn")  # a bad row fails now, not later
+                queued.append(entry)
+            else:
+                raise RunError(f"step {self.step}: data.dynamic_prompts_fn returned {str(entry)[:80]!r}; {expected}")
+        self.queued_prompts += queued
+        metrics["batch/queued_prompts"] = float(len(self.queued_prompts))
         return batch
 
     def check_finite(self, metrics: dict) -> None:
@@ -394,3 +462,12 @@ class PPOTrainer:
         print(f"[validate step {self.step}] accuracy={metrics['val/accuracy']:.3f} on {len(scores)} responses",
               flush=True)
         return metrics
+
+
+def _json_able(value) -> bool:
+    """Whether ``value`` survives the checkpoint's JSON (the trainer state holds the queued rows)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -103,14 +103,24 @@ class _Role(Worker):
         engine = getattr(self, self.trains, None)
         return engine.layout if engine is not None else super().parallel_layout()
 
+    def _checkpointed(self) -> list[str]:
+        """The engines a checkpoint holds: the trained one, and the reference once it is synced from the
+        actor (``ref.sync_steps``), since it then differs from the initial model."""
+        names = [self.trains] if self.trains else []
+        if self.cfg.ref.sync_steps > 0 and getattr(self, "ref", None) is not None:
+            names.append("ref")
+        return names
+
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        """Write the trained engine's sharded state under ``path/<trains>`` (collective)."""
-        getattr(self, self.trains).save_checkpoint(f"{path}/{self.trains}")
+        """Write each checkpointed engine's sharded state under ``path/<engine>`` (collective)."""
+        for name in self._checkpointed():
+            getattr(self, name).save_checkpoint(f"{path}/{name}")
 
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
-        getattr(self, self.trains).load_checkpoint(f"{path}/{self.trains}")
+        for name in self._checkpointed():
+            getattr(self, name).load_checkpoint(f"{path}/{name}")
 
     def _export_hf(self, engine: TrainingEngine, path: str, model_path: str) -> None:
         weights = {name: tensor.detach().cpu() for name, tensor in engine.full_weights()}
@@ -243,11 +253,19 @@ class ActorRolloutRefWorker(_Role):
         self._export_hf(self.actor, path, model_path)
 
     @register(Dispatch.ONE_TO_ALL)
-    def actor_weights(self, dtype: str | None = None, bucket_bytes: int = 512 * 2**20) -> dict[str, torch.Tensor]:
-        """Every rank's view of the full actor weights (CPU copies) as the rollout engine receives them,
-        for checks and debugging."""
+    def actor_weights(self, dtype: str | None = None, bucket_bytes: int = 512 * 2**20,
+                      only_rank0: bool = False) -> dict[str, torch.Tensor] | None:
+        """Every rank's view of the full actor weights (CPU copies) as the rollout engine receives them
+        (``only_rank0``: the other ranks take part in the gathers and return None)."""
         buckets = self.actor.export_weights(getattr(torch, dtype) if dtype else None, bucket_bytes)
-        return {name: tensor.detach().cpu().clone() for bucket in buckets for name, tensor in bucket}
+        weights = {name: tensor.detach().cpu().clone() for bucket in buckets for name, tensor in bucket}
+        return None if only_rank0 and self.rank != 0 else weights
+
+    @register(Dispatch.ONE_TO_ALL)
+    def sync_reference(self, alpha: float) -> None:
+        """The colocated reference <- alpha * actor + (1 - alpha) * reference, one bucket at a time."""
+        bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
+        self.ref.blend_weights(self.actor.export_weights(bucket_bytes=bucket_bytes), alpha)
 
 
 class RefWorker(_Role):
@@ -262,6 +280,11 @@ class RefWorker(_Role):
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         return reference_log_probs(self.ref, batch, self.cfg)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def blend_reference(self, buckets: list[list[tuple[str, torch.Tensor]]], alpha: float) -> None:
+        """reference <- alpha * weights + (1 - alpha) * reference, from the actor's full weights."""
+        self.ref.blend_weights(buckets, alpha)
 
 
 class CriticWorker(_Role):

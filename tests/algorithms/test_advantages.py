@@ -157,10 +157,14 @@ def test_grpo_passk_hand_values():
     # group 1 at positions 1, 3: scores 0, 4 -> only position 3 gets 4 - 0 = 4; std sqrt(8) = 2.82843
     # group 2: 5, 5 -> the first best gets 5 - 5 = 0, so all 0
     args = ([3, 0, 1, 4, 2, 5, 5], [1, 2, 3, 4, 1, 2, 3], [0, 1, 0, 1, 0, 2, 2])
-    out, mask = run("grpo_passk", *args, norm_by_std=False)
+    out, mask = run("grpo_passk", *args, scale="none")
     assert per_sequence(out, mask) == [1, 0, 0, 4, 0, 0, 0]
     out, mask = run("grpo_passk", *args)
     assert per_sequence(out, mask) == pytest.approx([1 / (1 + EPS), 0, 0, 4 / (math.sqrt(8) + EPS), 0, 0, 0])
+    # scale=batch: the unbiased std of all seven scores: squares 80 - 7 * (20/7)^2 = 160/7, over 6
+    out, mask = run("grpo_passk", *args, scale="batch")
+    batch_std = math.sqrt(160 / 7 / 6)
+    assert per_sequence(out, mask) == pytest.approx([1 / (batch_std + EPS), 0, 0, 4 / (batch_std + EPS), 0, 0, 0])
     with pytest.raises(ValueError, match="grpo_passk needs at least 2 responses per prompt"):
         run("grpo_passk", [1, 0, 2], [1, 1, 1], [0, 0, 1])
 

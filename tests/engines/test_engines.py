@@ -105,7 +105,7 @@ def test_two_ray_workers_fsdp_matches_unsharded(ray_cluster, tiny_model_path):
     pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
     group = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg, plan=plan)
     try:
-        group.init_model(tiny_model_path, with_ref=False)
+        group.init_model(tiny_model_path, with_ref=True)
         torch.manual_seed(0)
         out = group.generate_sequences(prompt_batch(tiny_model_path, temperature=1.0))
         assert len(out) == 8
@@ -132,6 +132,14 @@ def test_two_ray_workers_fsdp_matches_unsharded(ray_cluster, tiny_model_path):
             for name, tensor in per_rank[0].items():
                 assert bf16[rank][name].dtype == torch.bfloat16
                 torch.testing.assert_close(bf16[rank][name], tensor.to(torch.bfloat16), atol=0, rtol=0)
+        # ref.sync_steps: each rank blends its own shard of the colocated reference (Polyak 0.5): the
+        # reference's log-probs are those of a plain model holding the mixed weights
+        group.sync_reference(0.5)
+        plain.load_state_dict({name: 0.5 * t + 0.5 * per_rank[0][name] for name, t in plain.state_dict().items()})
+        with torch.no_grad():
+            expected = reference_log_probs(plain, out, 1.0)
+        got = group.compute_ref_log_probs(out).tensors["ref_log_probs"]
+        torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=0)
     finally:
         group.shutdown()
         pool.release()

@@ -56,6 +56,15 @@ def test_tp1_in_process_matches_unsharded(tiny_model_path):
         group.init_model(tiny_model_path, with_ref=True)
         assert type(group.worker.actor).__name__ == "MegatronEngine" == type(group.worker.ref).__name__
         check_matches_unsharded(group, cfg, plan, tiny_model_path, ranks=1)
+        # ref.sync_steps: the reference blends in the trained actor (Polyak 0.5, then an exact copy)
+        initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
+        trained = group.actor_weights()[0]
+        group.sync_reference(0.5)
+        mixed = dict(group.worker.ref.full_weights())
+        for name, tensor in trained.items():
+            torch.testing.assert_close(mixed[name], 0.5 * initial[name] + 0.5 * tensor, atol=1e-6, rtol=0)
+        group.sync_reference(1.0)
+        assert all(torch.equal(t, trained[name]) for name, t in group.worker.ref.full_weights())
     finally:
         group.shutdown()
 

@@ -172,6 +172,27 @@ def test_build_from_names_and_weights():
     assert result.scores == pytest.approx([1.2, 1.0, 0.3])
 
 
+def test_only_when_correct_gates_the_format_reward_on_the_answer():
+    # countdown: 1 for a correct expression, 0.1 for a well-formed wrong one; format: 1 for <think>/<answer>
+    texts = ["<think>x</think><answer>3*5+7</answer>", "3*5+7", "<think>x</think><answer>3+5+7</answer>"]
+    info = {"numbers": [3, 5, 7], "target": 22}
+
+    def score(**gate):
+        manager = build_reward_manager(reward_cfg(functions=["countdown", "format"], weights=[1.0, 0.2], **gate))
+        return manager.score(texts, ["rlplat/countdown"] * 3, ["22"] * 3, [info] * 3, [5] * 3)
+
+    additive, gated = score(), score(only_when_correct=["format"])
+    assert additive.scores == pytest.approx([1.2, 1.0, 0.3])  # the wrong answer still earns the format 0.2
+    assert gated.scores == pytest.approx([1.2, 1.0, 0.1])  # ... and here it does not
+    assert gated.per_function["format_reward"] == [1.0, 0.0, 0.0]  # terms @ weights == scores (gdpo)
+    assert list(gated.per_function) == ["countdown", "format_reward"]  # reward.functions order
+    # a reward function's own acc decides correctness when it gives one
+    manager = RewardManager([(lambda *a: {"score": 0.0, "acc": 1.0}, 1.0), (exact, 1.0)], only_when_correct=[1])
+    assert run(manager, ["a", "b"]).scores == [1.0, 0.0]
+    with pytest.raises(RewardConfigError, match="names every reward function"):
+        build_reward_manager(reward_cfg(functions=["format"], weights=[1.0], only_when_correct=["format"]))
+
+
 def test_build_from_the_schema_defaults():
     manager = build_reward_manager(OmegaConf.structured(RewardConfig()), OmegaConf.structured(OverlongBufferConfig()))
     assert manager.functions == [(REWARD_FUNCTIONS.get("auto"), 1.0)] and manager.overlong is None

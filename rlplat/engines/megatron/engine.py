@@ -20,7 +20,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.engines.base import ForwardOutput, ParallelLayout, TrainingEngine
+from rlplat.engines.base import ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended
 from rlplat.engines.dist import DistContext
 from rlplat.engines.megatron.convert import GPTShape, data_parallel_size, hf_to_megatron, megatron_to_hf
 from rlplat.engines.megatron.model import build_gpt_model
@@ -239,6 +239,17 @@ class MegatronEngine(TrainingEngine):
             size += tensor.numel() * tensor.element_size()
         if bucket:
             yield bucket
+
+    def blend_weights(self, buckets, alpha):
+        """Collects the full Hugging Face weights, converts them to this rank's tensor-parallel shard and
+        blends it (the conversion only moves and slices, so it commutes with the blend)."""
+        hf = {name: tensor for bucket in buckets for name, tensor in bucket}
+        check_blended(set(hf), self.hf_names)
+        shard = hf_to_megatron(hf, self.shape, self.tp)[self.tp_rank]
+        state = self._model.state_dict()
+        with torch.no_grad():
+            for name, tensor in shard.items():
+                blend_(state[name], tensor.to(self.device), alpha)
 
     def save_checkpoint(self, path: str) -> None:
         import os
