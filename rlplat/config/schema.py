@@ -206,6 +206,7 @@ class PolicyLossOptions:
 
 @dataclass
 class AlgorithmConfig:
+    preset: Optional[str] = None  # the algorithm=<preset> applied (each preset file names itself); None = none
     adv_estimator: str = "grpo"  # advantage estimator (registry)
     gamma: float = 1.0  # discount (gae, reinforce_pp, remax)
     lam: float = 1.0  # GAE lambda
@@ -304,6 +305,7 @@ class TrainerConfig:
     workers_per_node: int = count(1)  # actor/rollout/ref workers (one per device) on each node
     device: str = "auto"  # auto | cpu | cuda
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console | jsonl | tensorboard | wandb
+    val_samples: int = count(16)  # prompts per validation whose responses go to val_samples.jsonl (prompt, response, score)
     seed: int = 42  # seeds model init, sampling and mini-batch shuffling
     ray_address: Optional[str] = None  # None = RAY_ADDRESS or a local cluster; "inprocess" = no Ray (world size 1)
     # Your modules, imported (in the controller and every worker) before registered names are checked,

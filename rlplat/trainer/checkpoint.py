@@ -30,6 +30,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlplat.algorithms import get_advantage_estimator
 from rlplat.trainer.components import Components
 from rlplat.utils.errors import RunError
 
@@ -59,7 +60,7 @@ def _sha256(path: Path) -> str:
 def run_defining(cfg: DictConfig) -> dict:
     """The values of :data:`RUN_DEFINING` keys, flattened to ``{"key.path": value}``."""
     out = {}
-    critic = cfg.algorithm.adv_estimator == "gae"  # as RunPlan.needs_critic
+    critic = bool(getattr(get_advantage_estimator(cfg.algorithm.adv_estimator), "needs_values", False))  # as RunPlan
     constant = cfg.actor.optim.lr_schedule == "constant" and (not critic or cfg.critic.optim.lr_schedule == "constant")
     for key in RUN_DEFINING:
         if key == "trainer.total_steps" and constant:  # only a decaying schedule depends on it
@@ -162,6 +163,7 @@ class Checkpointer:
         for group in c.checkpointed():
             group.save_checkpoint(str(path))
         _write_atomic(path / "trainer.json", json.dumps(state, indent=2))
+        (path / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))  # what export reads
         write_manifest(path, run_defining(self.cfg))  # last: its presence means the rest is complete
 
     def _prune(self) -> None:

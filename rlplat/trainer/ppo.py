@@ -198,8 +198,15 @@ class PPOTrainer:
                  f"resume (trainer.resume_mode=auto)") if latest.exists() else "no checkpoint was saved"
         raise Interrupted(f"stopped by {stop.name} after step {self.step}; {where}", stop.signum)
 
+    def write_val_samples(self, samples: list[dict]) -> None:
+        """Append this validation's samples to ``val_samples.jsonl``: one line ``{"step", "samples"}``
+        (what ``python -m rlplat.tools.report`` shows as tables)."""
+        with (Path(self.cfg.trainer.output_dir) / "val_samples.jsonl").open("a") as f:
+            f.write(json.dumps({"step": self.step, "samples": samples}) + "\n")
+
     def summary(self, initial: dict, final: dict, wall_time_s: float) -> dict:
         out_dir = Path(self.cfg.trainer.output_dir)
+        algo = self.cfg.algorithm
         summary = {
             "initial_val_accuracy": initial.get("val/accuracy"),
             "final_val_accuracy": final.get("val/accuracy"),
@@ -210,6 +217,13 @@ class PPOTrainer:
             "final_val": final,
             # where val accuracy's "correct" comes from: the reward's acc field, or the score >= 1 rule
             "val_accuracy_source": getattr(self, "accuracy_source", None),
+            "preset": algo.preset,
+            "adv_estimator": algo.adv_estimator,
+            "policy_loss": algo.policy_loss,
+            "loss_agg_mode": algo.loss_agg_mode,
+            "kl": {"in_reward": algo.kl_penalty if algo.use_kl_in_reward else None,
+                   "loss": algo.kl_loss_type if algo.use_kl_loss else None},
+            "reward_functions": list(self.c.reward_train.names),
         }
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
@@ -442,6 +456,7 @@ class PPOTrainer:
         """Generate for every validation prompt (``rollout.val_n`` samples at ``rollout.val_temperature``)."""
         start = time.perf_counter()
         sources, pids, answers, scores, correct, errors, rules = [], [], [], [], [], 0, set()
+        shown: list[dict] = []  # the first trainer.val_samples prompts' responses, for val_samples.jsonl
         for prompts in self.c.val_prompts():
             pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
             prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
@@ -455,7 +470,9 @@ class PPOTrainer:
             correct += result.correct()
             errors += result.num_errors
             rules.add(result.accuracy_source)
+            shown += _samples(out, answers[-len(out):], result.scores, result.correct())
         metrics = validation_metrics(sources, pids, answers, scores, correct)
+        self.write_val_samples(shown[: self.cfg.trainer.val_samples * self.cfg.rollout.val_n])
         metrics["val/reward_num_errors"] = float(errors)
         self.accuracy_source = rules.pop() if len(rules) == 1 else "mixed"
         metrics["timing/validate_s"] = time.perf_counter() - start
@@ -471,3 +488,12 @@ def _json_able(value) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def _samples(batch: Batch, responses: list[str], scores: list[float], correct: list[float]) -> list[dict]:
+    """One dict per response of a validation batch: the prompt's last message, response, score, ..."""
+    nt = batch.non_tensors
+    return [{"prompt": prompt[-1]["content"], "response": response, "score": score, "correct": ok,
+             "ground_truth": truth, "data_source": source}
+            for prompt, response, score, ok, truth, source in zip(nt["raw_prompt"], responses, scores, correct,
+                                                                  nt["ground_truth"], nt["data_source"])]

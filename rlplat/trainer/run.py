@@ -44,6 +44,20 @@ def resolve_model_path(cfg: DictConfig) -> str:
     return cfg.model.path
 
 
+def record_run(cfg: DictConfig) -> None:
+    """The output directory explains itself: the resolved config (``config.yaml``) and the command line
+    (``command.txt``) of the latest start."""
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    out = Path(cfg.trainer.output_dir)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (out / "command.txt").write_text(shlex.join(sys.orig_argv) + "\n")  # as typed: python -m rlplat.trainer.main ...
+
+
 def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict:
     """Train and return the summary (also written to ``summary.json``)."""
     from rlplat.trainer.components import build_components
@@ -54,6 +68,7 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     trainer_cls = trainer_cls or PPOTrainer
     check_engine_config(cfg, plan)  # done by load_run_config already, unless a caller composed cfg itself
     preflight(cfg)  # output dir, model path, logger packages: one line each, before anything starts
+    record_run(cfg)
     model_path = resolve_model_path(cfg)
     using_ray = init_ray(cfg)
     try:
