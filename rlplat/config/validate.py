@@ -21,6 +21,7 @@ from rlplat.config.errors import ConfigError
 from rlplat.config.plan import RunPlan
 from rlplat.config.schema import count_keys
 from rlplat.registry import Registry
+from rlplat.utils.progress import MODES as PROGRESS_MODES
 from rlplat.utils.tracking import LOGGERS
 
 ENUMS: dict[str, tuple[str, ...]] = {
@@ -33,6 +34,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "reward.isolation": ("process", "inprocess"),
     "trainer.nonfinite": ("stop", "skip"),
     "algorithm.truncated_responses": ("keep", "mask", "penalize"),
+    "trainer.progress": PROGRESS_MODES,
 }
 
 

@@ -55,6 +55,7 @@ from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import data_metrics, explained_variance, timed, validation_metrics
 from rlplat.trainer.signals import stop_on_signals
 from rlplat.utils.errors import Interrupted, RunError
+from rlplat.utils.progress import Progress
 
 
 class PPOTrainer:
@@ -74,6 +75,7 @@ class PPOTrainer:
         self.prompt_hook = load_callable("data.dynamic_prompts_fn", hook) if hook else None
         self.queued_prompts: list[int | dict] = []  # the hook's picks, served before the dataset's order
         self.stages = self.build_stages()
+        self.progress = Progress("off", cfg.trainer.total_steps)  # fit() replaces it with trainer.progress's
 
     def state_dict(self) -> dict:
         """Controller-side state a checkpoint needs for an exact resume."""
@@ -151,6 +153,7 @@ class PPOTrainer:
         start = time.perf_counter()
         batch = None
         for name in self.stages:
+            self.progress.stage(name)
             with timed(metrics, name):
                 batch = getattr(self, name)(batch, metrics)
         metrics.update(data_metrics(batch, self.cfg.data.max_response_length))
@@ -161,34 +164,42 @@ class PPOTrainer:
 
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.total_steps`` (from the resumed step), validating and saving on schedule."""
-        cfg, c = self.cfg, self.c
+        cfg = self.cfg
         wall = time.perf_counter()
         with stop_on_signals() as stop:  # a signal stops the loop between steps (see rlplat.trainer.signals)
             self.step = resumed = self.resume()
-            saved = 0
-            if self.step == 0:
-                self.initial_val = self.validate()
-                c.tracker.log(self.initial_val, self.step)
-            initial = last_val = self.initial_val
-            while self.step < cfg.trainer.total_steps and not stop.requested:
-                self.step += 1
-                metrics = self.train_step()
-                last = self.step == cfg.trainer.total_steps
-                if cfg.trainer.test_freq > 0 and self.step % cfg.trainer.test_freq == 0 or last:
-                    last_val = self.validate()
-                    metrics.update(last_val)
-                # Logged before saving: a checkpoint of step N implies step N's metrics are on disk (a crash
-                # between the two repeats step N after the resume, with the same metrics, rather than lose it).
-                c.tracker.log(metrics, self.step)
-                if cfg.trainer.save_freq > 0 and self.step % cfg.trainer.save_freq == 0 or last:
-                    self.save_checkpoint()
-                    saved = self.step
+            self.progress = Progress(cfg.trainer.progress, cfg.trainer.total_steps, self.step)
+            with self.progress:
+                last_val, saved = self.train_loop(stop)
             if stop.requested and cfg.trainer.save_on_signal and self.step > max(saved, resumed):
                 self.save_checkpoint()
         if stop.requested:
             self.stopped_by_signal(stop)
-        summary = self.summary(initial, last_val, time.perf_counter() - wall)
-        return summary
+        return self.summary(self.initial_val, last_val, time.perf_counter() - wall)
+
+    def train_loop(self, stop) -> tuple[dict[str, float], int]:
+        """Steps until ``trainer.total_steps`` or a signal; returns the last validation and the last saved step."""
+        cfg, c = self.cfg, self.c
+        saved = 0
+        if self.step == 0:
+            self.initial_val = self.validate()
+            c.tracker.log(self.initial_val, self.step)
+        last_val = self.initial_val
+        while self.step < cfg.trainer.total_steps and not stop.requested:
+            self.step += 1
+            metrics = self.train_step()
+            last = self.step == cfg.trainer.total_steps
+            if cfg.trainer.test_freq > 0 and self.step % cfg.trainer.test_freq == 0 or last:
+                last_val = self.validate()
+                metrics.update(last_val)
+            # Logged before saving: a checkpoint of step N implies step N's metrics are on disk (a crash
+            # between the two repeats step N after the resume, with the same metrics, rather than lose it).
+            c.tracker.log(metrics, self.step)
+            self.progress.step_done(self.step, metrics)
+            if cfg.trainer.save_freq > 0 and self.step % cfg.trainer.save_freq == 0 or last:
+                self.save_checkpoint()
+                saved = self.step
+        return last_val, saved
 
     def stopped_by_signal(self, stop) -> None:
         """Raise :class:`Interrupted` with one line saying where the run can be resumed from."""
@@ -203,6 +214,7 @@ class PPOTrainer:
         (what ``python -m rlplat.tools.report`` shows as tables)."""
         with (Path(self.cfg.trainer.output_dir) / "val_samples.jsonl").open("a") as f:
             f.write(json.dumps({"step": self.step, "samples": samples}) + "\n")
+        self.c.tracker.log_samples(samples, self.step)
 
     def summary(self, initial: dict, final: dict, wall_time_s: float) -> dict:
         out_dir = Path(self.cfg.trainer.output_dir)
@@ -457,7 +469,8 @@ class PPOTrainer:
         start = time.perf_counter()
         sources, pids, answers, scores, correct, errors, rules = [], [], [], [], [], 0, set()
         shown: list[dict] = []  # the first trainer.val_samples prompts' responses, for val_samples.jsonl
-        for prompts in self.c.val_prompts():
+        batches = -(-len(self.c.val_data) // self.cfg.data.val_batch_size_prompts)
+        for done, prompts in enumerate(self.c.val_prompts(), start=1):
             pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
             prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
             prompts.meta.update(step=self.step, temperature=self.cfg.rollout.val_temperature, validation=True)
@@ -471,6 +484,7 @@ class PPOTrainer:
             errors += result.num_errors
             rules.add(result.accuracy_source)
             shown += _samples(out, answers[-len(out):], result.scores, result.correct())
+            self.progress.validating(done, batches)
         metrics = validation_metrics(sources, pids, answers, scores, correct)
         self.write_val_samples(shown[: self.cfg.trainer.val_samples * self.cfg.rollout.val_n])
         metrics["val/reward_num_errors"] = float(errors)

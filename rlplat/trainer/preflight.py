@@ -7,16 +7,15 @@ the output directory (a directory we can write), the model (a local Hugging Face
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from rlplat.algorithms import get_advantage_estimator
 from rlplat.utils.errors import RunError
-
-LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+from rlplat.utils.tracking import missing_logger_package
 
 
 def check_output_dir(path: str) -> None:
@@ -68,10 +67,8 @@ def check_model_path(path: str, key: str = "model.path") -> None:
 
 def check_loggers(loggers) -> None:
     for name in loggers:
-        package = LOGGER_PACKAGES.get(name)
-        if package and importlib.util.find_spec(package) is None:
-            raise RunError(f"trainer.logger includes {name!r}, but the {package} package is not installed: "
-                           f"pip install {package} (or remove it from trainer.logger)")
+        if problem := missing_logger_package(name):
+            raise RunError(problem)
 
 
 def preflight(cfg: DictConfig) -> None:
@@ -81,5 +78,5 @@ def preflight(cfg: DictConfig) -> None:
         check_model_path(cfg.model.path)
     if cfg.model.tokenizer_path:
         check_model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
-    if cfg.critic.model_path and cfg.algorithm.adv_estimator == "gae":
+    if cfg.critic.model_path and getattr(get_advantage_estimator(cfg.algorithm.adv_estimator), "needs_values", False):
         check_model_path(cfg.critic.model_path, "critic.model_path")

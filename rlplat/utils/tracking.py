@@ -1,11 +1,17 @@
-"""Metrics sinks: the console and ``metrics.jsonl`` (one JSON object per step) in the output dir.
+"""Metrics sinks (``trainer.logger``): console, ``metrics.jsonl`` in the output dir, tensorboard, wandb, mlflow.
 
-``trainer.logger`` picks the sinks; tensorboard and wandb are used only if their packages are installed
-(a clear error says which package to install otherwise).
+Every sink takes the step's metrics (:meth:`Tracker.log`) and each validation's samples
+(:meth:`Tracker.log_samples`: prompt, response, score, ...), which the trackers that have tables show as
+one (tensorboard as a markdown text table, wandb as a ``wandb.Table``, mlflow as a logged table).
+tensorboard, wandb and mlflow are optional packages (extras of the same name); a missing one is one line
+naming the extra. wandb follows ``WANDB_MODE`` (``offline`` writes the run under the output dir without
+network); mlflow follows ``MLFLOW_TRACKING_URI`` and otherwise keeps a local store (sqlite + artifacts)
+in ``<output_dir>/mlflow``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import time
@@ -14,15 +20,114 @@ from typing import Any
 
 from rlplat.utils.errors import RunError
 
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")  # the names trainer.logger accepts
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # the names trainer.logger accepts
+PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # logger -> module (= extra)
 CONSOLE_KEYS = (
     "score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
     "val/accuracy", "timing/step_s",
 )
+SAMPLE_COLUMNS = ("prompt", "response", "score", "correct", "ground_truth", "data_source")
+
+
+def missing_logger_package(name: str) -> str | None:
+    """One line saying how to install ``name``'s package, or None when it is importable (or built in)."""
+    package = PACKAGES.get(name)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return None
+    return (f"trainer.logger includes {name!r}, but the {package} package is not installed: "
+            f"pip install -e '.[{name}]' (or pip install {package}), or remove it from trainer.logger")
 
 
 def _short(value: float) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+class _TensorBoard:
+    def __init__(self, output_dir: Path, **_):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(output_dir / "tensorboard"))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def log_samples(self, samples: list[dict], step: int) -> None:
+        def cell(value: Any) -> str:
+            return str(value).replace("|", "\\|").replace("\n", " ")
+
+        rows = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + "---|" * len(SAMPLE_COLUMNS)]
+        rows += ["| " + " | ".join(cell(s.get(c, "")) for c in SAMPLE_COLUMNS) + " |" for s in samples]
+        self.writer.add_text("val/samples", "\n".join(rows), step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Wandb:
+    def __init__(self, output_dir: Path, config: dict | None, project: str, run_name: str | None):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(project=project, name=run_name, config=config, dir=str(output_dir))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def log_samples(self, samples: list[dict], step: int) -> None:
+        table = self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[s.get(c) for c in SAMPLE_COLUMNS] for s in samples])
+        self.run.log({"val/samples": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _MLflow:
+    def __init__(self, output_dir: Path, config: dict | None, project: str, run_name: str | None):
+        import os
+
+        import mlflow
+
+        self.mlflow = mlflow
+        local = output_dir.resolve() / "mlflow"
+        external = os.environ.get("MLFLOW_TRACKING_URI")  # read first: set_tracking_uri sets it
+        if not external:  # a local store (sqlite; mlflow's plain-file store is deprecated), artifacts beside it
+            local.mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(external or f"sqlite:///{local / 'mlflow.db'}")
+        if not external:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)  # so the next run in this process is not "external"
+        if mlflow.get_experiment_by_name(project) is None:
+            mlflow.create_experiment(project, artifact_location=None if external else (local / "artifacts").as_uri())
+        mlflow.set_experiment(project)
+        self.run = mlflow.start_run(run_name=run_name)
+        params = {key: str(value)[:500] for key, value in _flat(config or {}).items()}
+        for start in range(0, len(params), 100):  # mlflow takes at most 100 params per call
+            mlflow.log_params(dict(list(params.items())[start : start + 100]))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics(metrics, step=step)
+
+    def log_samples(self, samples: list[dict], step: int) -> None:
+        columns = {c: [s.get(c) for s in samples] for c in SAMPLE_COLUMNS}
+        self.mlflow.log_table(data=columns, artifact_file=f"val_samples/step_{step:06d}.json")
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+SINKS = {"tensorboard": _TensorBoard, "wandb": _Wandb, "mlflow": _MLflow}  # the optional trackers
 
 
 class Tracker:
@@ -32,22 +137,14 @@ class Tracker:
         unknown = [name for name in self.loggers if name not in LOGGERS]
         if unknown:
             raise RunError(f"trainer.logger: unknown logger(s) {', '.join(unknown)}; known: {', '.join(LOGGERS)}")
+        for name in self.loggers:
+            if problem := missing_logger_package(name):
+                raise RunError(problem)
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = (self.output_dir / "metrics.jsonl").open("a") if "jsonl" in self.loggers else None
-        self._tb = self._wandb = None
-        if "tensorboard" in self.loggers:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as err:
-                raise RunError("trainer.logger includes 'tensorboard', but it cannot be imported: pip install tensorboard") from err
-            self._tb = SummaryWriter(str(self.output_dir / "tensorboard"))
-        if "wandb" in self.loggers:
-            try:
-                import wandb
-            except ImportError as err:
-                raise RunError("trainer.logger includes 'wandb', but it cannot be imported: pip install wandb") from err
-            self._wandb = wandb.init(project=project, name=run_name, config=config, dir=str(self.output_dir))
+        self._sinks = [SINKS[name](output_dir=self.output_dir, config=config, project=project, run_name=run_name)
+                       for name in self.loggers if name in SINKS]
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
@@ -57,16 +154,17 @@ class Tracker:
         if self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
             self._jsonl.flush()
-        if self._tb is not None:
-            for k, v in clean.items():
-                self._tb.add_scalar(k, v, step)
-        if self._wandb is not None:
-            self._wandb.log(clean, step=step)
+        for sink in self._sinks:
+            sink.log(clean, step)
+
+    def log_samples(self, samples: list[dict], step: int) -> None:
+        """One validation's samples (dicts with :data:`SAMPLE_COLUMNS`) as a table, where a tracker has one."""
+        if samples:
+            for sink in self._sinks:
+                sink.log_samples(samples, step)
 
     def close(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        for sink in self._sinks:
+            sink.close()

@@ -1,0 +1,77 @@
+"""Each tracker really writes: tensorboard events read back with tensorboard's reader, an mlflow run listed
+by the mlflow client, a wandb offline run directory; a missing package is one line naming the extra."""
+
+import json
+
+import pytest
+
+from rlplat.trainer.preflight import check_loggers
+from rlplat.utils.errors import RunError
+from rlplat.utils.tracking import Tracker
+
+SAMPLES = [{"prompt": "1+2=", "response": "3", "score": 1.0, "correct": 1.0, "ground_truth": "3",
+            "data_source": "rlplat/arithmetic"},
+           {"prompt": "<b>|x</b>", "response": "4", "score": 0.0, "correct": 0.0, "ground_truth": "5",
+            "data_source": "rlplat/arithmetic"}]
+
+
+def track(tmp_path, name, **kwargs):
+    tracker = Tracker([name, "jsonl"], tmp_path, {"algorithm": {"adv_estimator": "grpo"}}, "rlplat-test", "run-1",
+                      **kwargs)
+    for step in (1, 2, 3):
+        tracker.log({"score/mean": 0.1 * step, "val/accuracy": float("nan")}, step)  # NaN is dropped
+    tracker.log_samples(SAMPLES, 3)
+    tracker.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and "val/accuracy" not in rows[0]
+
+
+def test_tensorboard_events_read_back(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    track(tmp_path, "tensorboard")
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+    scalars = events.Scalars("score/mean")
+    assert [e.step for e in scalars] == [1, 2, 3]
+    assert [round(e.value, 6) for e in scalars] == [0.1, 0.2, 0.3]
+    table = events.Tensors("val/samples/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| 1+2= | 3 | 1.0 |" in table and "\\|x" in table  # the samples table, its | escaped
+
+
+def test_mlflow_run_is_listed_by_the_client(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    track(tmp_path / "other", "mlflow")  # a second run in the same process keeps its own store
+    track(tmp_path, "mlflow")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve() / 'mlflow' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("rlplat-test")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "run-1" and run.data.params["algorithm.adv_estimator"] == "grpo"
+    history = client.get_metric_history(run.info.run_id, "score/mean")
+    assert [(m.step, round(m.value, 6)) for m in history] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    table = client.download_artifacts(run.info.run_id, "val_samples/step_000003.json", str(tmp_path / "dl"))
+    assert "1+2=" in open(table).read()
+
+
+def test_wandb_offline_writes_a_run_directory(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    track(tmp_path, "wandb")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    (data,) = runs[0].glob("*.wandb")
+    assert data.stat().st_size > 1000  # the metrics, config and the samples table
+
+
+def test_a_missing_tracker_package_is_one_line_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(RunError, match=r"^trainer.logger includes 'mlflow', but the mlflow package is not installed: "
+                                       r"pip install -e '.\[mlflow\]'"):
+        check_loggers(["console", "mlflow"])
