@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from rlplat.data import write_parquet  # atomic: readers never see a half-written file
 
 
 class PreprocessError(ValueError):
@@ -114,20 +114,6 @@ def convert(rows: Iterable[dict], origin: str, split: str, to_row: Callable[[dic
     return out
 
 
-def write_parquet_atomic(rows: list[dict], path: Path) -> None:
-    import pandas as pd
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pd.DataFrame(rows).to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def run(args: argparse.Namespace, to_row: Callable[[dict, str, str, int], dict],
         hub_splits: tuple[str, str] = ("train", "test"), hub_reader: Callable[..., list[dict]] = read_hub) -> int:
     """Read both splits, convert every row (all checked before anything is written), write both files."""
@@ -150,6 +136,6 @@ def run(args: argparse.Namespace, to_row: Callable[[dict, str, str, int], dict],
         return 2
     out = Path(args.out_dir)
     for split, rows in splits.items():
-        write_parquet_atomic(rows, out / f"{split}.parquet")
+        write_parquet(rows, out / f"{split}.parquet")
         print(f"wrote {len(rows)} rows to {out / f'{split}.parquet'}")
     return 0

@@ -198,6 +198,9 @@ def write_parquet(rows: list[dict], path: str | os.PathLike) -> Path:
     os.close(fd)
     try:
         pd.DataFrame(rows).to_parquet(tmp, index=False)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a plainly created file (mkstemp makes it private)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
