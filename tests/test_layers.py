@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rlplat"
 
 LAYERS = [
-    ("rlplat", "rlplat.algorithms", "rlplat.protocol", "rlplat.registry", "rlplat.sequence", "rlplat.utils"),
+    ("rlplat", "rlplat.algorithms", "rlplat.protocol", "rlplat.registry", "rlplat.sequence", "rlplat.utils",
+     "rlplat.tools"),  # tools/report.py reads a run's files only (the trainer writes it at the end)
     ("rlplat.config",),
     ("rlplat.data", "rlplat.reward", "rlplat.models"),
     ("rlplat.engines",),
@@ -22,6 +23,7 @@ LAYERS = [
     ("rlplat.workers",),
     ("rlplat.controller",),
     ("rlplat.trainer",),
+    ("rlplat.tools.export",),  # rebuilds a model from any checkpoint: over everything that writes one
 ]
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 from omegaconf import DictConfig
 
 from rlplat.config import load_config
 from rlplat.config.plan import RunPlan
+from rlplat.utils.quiet import quiet_third_party
 from rlplat.workers.engine_setup import check_engine_config
 
 
@@ -20,8 +22,9 @@ def load_run_config(overrides: list[str] | None = None) -> tuple[DictConfig, Run
     return cfg, plan
 
 
-def init_ray(cfg: DictConfig) -> bool:
-    """Connect to ``trainer.ray_address`` / ``RAY_ADDRESS``, or start a local cluster. False = in-process."""
+def init_ray(cfg: DictConfig, quiet_env: dict[str, str]) -> bool:
+    """Connect to ``trainer.ray_address`` / ``RAY_ADDRESS``, or start a local cluster. False = in-process.
+    The workers get ``quiet_env`` (see :mod:`rlplat.utils.quiet`)."""
     if cfg.trainer.ray_address == "inprocess":
         return False
     try:
@@ -31,8 +34,9 @@ def init_ray(cfg: DictConfig) -> bool:
     if not ray.is_initialized():
         address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
         # Workers import rlplat from the same checkout as the controller.
-        env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
-        ray.init(address=address, runtime_env=env, include_dashboard=False, log_to_driver=True)
+        env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", **quiet_env}}
+        ray.init(address=address, runtime_env=env, include_dashboard=False, log_to_driver=True,
+                 logging_level=logging.INFO if cfg.trainer.verbose else logging.ERROR)
     return True
 
 
@@ -69,8 +73,9 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     check_engine_config(cfg, plan)  # done by load_run_config already, unless a caller composed cfg itself
     preflight(cfg)  # output dir, model path, logger packages: one line each, before anything starts
     record_run(cfg)
+    quiet_env = quiet_third_party(cfg.trainer.verbose)
     model_path = resolve_model_path(cfg)
-    using_ray = init_ray(cfg)
+    using_ray = init_ray(cfg, quiet_env)
     try:
         components = build_components(cfg, plan, model_path)  # data and rewards are checked before workers start
         try:
@@ -85,4 +90,7 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     shown = {k: summary[k] for k in ("initial_val_accuracy", "final_val_accuracy", "steps", "wall_time_s")}
     print(f"rlplat: done. {json.dumps(shown)}", flush=True)
     print(f"rlplat: summary {summary['output_dir']}/summary.json, model {summary['hf_export']}", flush=True)
+    from rlplat.tools.report import write_report_after_run
+
+    write_report_after_run(summary["output_dir"])  # plots, samples, index.html; a failure only warns
     return summary
