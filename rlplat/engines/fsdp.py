@@ -74,6 +74,8 @@ class FSDPEngine(TrainingEngine):
         module = load_hf_model(model_path, model_cfg, value_head)
         if model_cfg.gradient_checkpointing and optim_cfg is not None:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            module.train()  # transformers recomputes only in training mode ...
+            _without_dropout(module)  # ... whose dropout stays off: updates see the log-probs the rollout had
         if optim_cfg is None:
             module.requires_grad_(False)
         self._model = self._shard(module, fsdp_cfg)
@@ -199,6 +201,15 @@ class FSDPEngine(TrainingEngine):
                         piece = piece[start : start + rows[self.ctx.rank]]
                     blend_(local, piece, alpha)
         check_blended(given, params)
+
+
+def _without_dropout(module: torch.nn.Module) -> None:
+    """Dropout off in training mode as in eval mode (rlplat trains without dropout, as verl does)."""
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.Dropout):
+            sub.p = 0.0
+        if isinstance(getattr(sub, "attention_dropout", None), float):  # attention's functional dropout
+            sub.attention_dropout = 0.0
 
 
 def _dim0_shard_sizes(dim0: int, world: int) -> list[int]:

@@ -32,7 +32,7 @@ def check_engine_config(cfg: DictConfig, plan: RunPlan) -> None:
         if problem := TRAINING_ENGINES.missing_requirements(strategy):
             raise ConfigError(f"{role}.strategy={strategy!r}: {problem}")
         separate_ref = role == "ref" and cfg.ref.placement == "separate"
-        world = cfg.trainer.nnodes * cfg.ref.workers_per_node if separate_ref else plan.world_size
+        world = cfg.ref.workers_per_node if separate_ref else plan.world_size  # the separate pool is one node
         _registered(TRAINING_ENGINES, f"{role}.strategy", strategy).check_config(cfg, role, world, plan.device)
     rollout, name = cfg.rollout, cfg.rollout.name
     if rollout.mode == "server":

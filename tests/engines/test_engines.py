@@ -143,3 +143,28 @@ def test_two_ray_workers_fsdp_matches_unsharded(ray_cluster, tiny_model_path):
     finally:
         group.shutdown()
         pool.release()
+
+
+def test_gradient_checkpointing_recomputes_and_changes_nothing_else(tiny_model_path):
+    """model.gradient_checkpointing=true: each decoder layer's MLP runs twice per micro-batch (forward and
+    the recompute in backward), and the update equals the one without it."""
+    weights, mlp_calls = {}, {}
+    for on in (False, True):
+        cfg, plan = engine_config(tiny_model_path, extra=[f"model.gradient_checkpointing={str(on).lower()}"])
+        group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+        try:
+            group.init_model(tiny_model_path, with_ref=False)
+            torch.manual_seed(0)
+            train = with_training_fields(group.generate_sequences(prompt_batch(tiny_model_path)))
+            mlp = group.worker.actor.model.model.layers[0].mlp
+            calls = []
+            handle = mlp.register_forward_pre_hook(lambda *_: calls.append(1))  # a recompute may stop early
+            group.update_actor(train)
+            handle.remove()
+            mlp_calls[on], weights[on] = len(calls), group.actor_weights()[0]
+        finally:
+            group.shutdown()
+    micro_batches = 8 // cfg.actor.micro_batch_size_seqs_per_worker
+    assert (mlp_calls[False], mlp_calls[True]) == (micro_batches, 2 * micro_batches)
+    for name, tensor in weights[False].items():
+        torch.testing.assert_close(weights[True][name], tensor, atol=1e-6, rtol=0)
