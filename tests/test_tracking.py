@@ -75,3 +75,11 @@ def test_a_missing_tracker_package_is_one_line_naming_the_extra(monkeypatch):
     with pytest.raises(RunError, match=r"^trainer.logger includes 'mlflow', but the mlflow package is not installed: "
                                        r"pip install -e '.\[mlflow\]'"):
         check_loggers(["console", "mlflow"])
+
+
+def test_a_tracker_that_fails_to_start_is_one_line(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/afile/mlflow.db")  # under a file
+    (tmp_path / "afile").write_text("not a directory")
+    with pytest.raises(RunError, match=r"^trainer.logger: mlflow failed to start \(\w+: .*\); fix its setup"):
+        Tracker(["console", "mlflow"], tmp_path / "out")

@@ -469,6 +469,7 @@ class PPOTrainer:
         start = time.perf_counter()
         sources, pids, answers, scores, correct, errors, rules = [], [], [], [], [], 0, set()
         shown: list[dict] = []  # the first trainer.val_samples prompts' responses, for val_samples.jsonl
+        keep = self.cfg.trainer.val_samples * self.cfg.rollout.val_n
         batches = -(-len(self.c.val_data) // self.cfg.data.val_batch_size_prompts)
         for done, prompts in enumerate(self.c.val_prompts(), start=1):
             pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
@@ -483,10 +484,11 @@ class PPOTrainer:
             correct += result.correct()
             errors += result.num_errors
             rules.add(result.accuracy_source)
-            shown += _samples(out, answers[-len(out):], result.scores, result.correct())
+            if len(shown) < keep:
+                shown += _samples(out, answers[-len(out):], result.scores, result.correct())
             self.progress.validating(done, batches)
         metrics = validation_metrics(sources, pids, answers, scores, correct)
-        self.write_val_samples(shown[: self.cfg.trainer.val_samples * self.cfg.rollout.val_n])
+        self.write_val_samples(shown[:keep])
         metrics["val/reward_num_errors"] = float(errors)
         self.accuracy_source = rules.pop() if len(rules) == 1 else "mixed"
         metrics["timing/validate_s"] = time.perf_counter() - start

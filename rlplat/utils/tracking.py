@@ -143,8 +143,16 @@ class Tracker:
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = (self.output_dir / "metrics.jsonl").open("a") if "jsonl" in self.loggers else None
-        self._sinks = [SINKS[name](output_dir=self.output_dir, config=config, project=project, run_name=run_name)
-                       for name in self.loggers if name in SINKS]
+        self._sinks = []
+        for name in (name for name in self.loggers if name in SINKS):
+            try:
+                self._sinks.append(SINKS[name](output_dir=self.output_dir, config=config, project=project,
+                                               run_name=run_name))
+            except Exception as err:  # no credentials, an unreachable server, a store it cannot write, ...
+                reason = (str(err).strip().splitlines() or [""])[0]
+                raise RunError(f"trainer.logger: {name} failed to start ({type(err).__name__}: {reason}); fix its "
+                               f"setup (e.g. WANDB_MODE=offline, MLFLOW_TRACKING_URI) or remove it from "
+                               f"trainer.logger") from None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}

@@ -258,8 +258,11 @@ class ActorRolloutRefWorker(_Role):
         """Every rank's view of the full actor weights (CPU copies) as the rollout engine receives them
         (``only_rank0``: the other ranks take part in the gathers and return None)."""
         buckets = self.actor.export_weights(getattr(torch, dtype) if dtype else None, bucket_bytes)
-        weights = {name: tensor.detach().cpu().clone() for bucket in buckets for name, tensor in bucket}
-        return None if only_rank0 and self.rank != 0 else weights
+        if only_rank0 and self.rank != 0:
+            for _ in buckets:  # the gathers are collective: take part, keep nothing
+                pass
+            return None
+        return {name: tensor.detach().cpu().clone() for bucket in buckets for name, tensor in bucket}
 
     @register(Dispatch.ONE_TO_ALL)
     def sync_reference(self, alpha: float) -> None:
