@@ -9,6 +9,7 @@ bash scripts/setup.sh
 venv="${RLPLAT_VENV:-.venv}"
 if [ $# -eq 0 ] && [ -z "${RLPLAT_SKIP_VLLM:-}" ]; then
   bash scripts/setup_vllm.sh
-  "${RLPLAT_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest tests/rollout tests/trainer/test_learning.py tests/examples/test_scripts.py -k vllm
+  "${RLPLAT_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest tests/rollout tests/trainer/test_learning.py tests/examples/test_scripts.py \
+    tests/tools/test_export.py -k vllm
 fi
 exec "$venv/bin/python" -m pytest "${@:-tests}"

@@ -29,9 +29,10 @@ from rlplat.workers.base import Dispatch, Worker, register
 from rlplat.workers.engine_setup import build_rollout_engine, build_training_engine, resolve_rollout_dtype
 
 
-def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str, model_cfg: DictConfig) -> None:
-    """Save ``weights`` with ``model_path``'s config and tokenizer as a Hugging Face model directory,
-    atomically: written to a sibling temp dir, then renamed over ``path``."""
+def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str, model_cfg: DictConfig,
+                    dtype: torch.dtype = torch.float32) -> None:
+    """Save ``weights`` (cast to ``dtype``) with ``model_path``'s config and tokenizer as a Hugging Face
+    model directory, atomically: written to a sibling temp dir, then renamed over ``path``."""
     import os
     import shutil
     import tempfile
@@ -41,6 +42,7 @@ def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                  trust_remote_code=model_cfg.trust_remote_code)
     model.load_state_dict(weights)
+    model.to(dtype)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".hf_export-", dir=parent)
