@@ -5,7 +5,8 @@ A checkpoint (``<output_dir>/checkpoints/step_NNNNNN``) is checked against its m
 ``config.yaml`` (the run's resolved config; older checkpoints: the run directory's) says how the actor was
 trained and from which model: FSDP checkpoints are torch.distributed.checkpoint shards of any world size,
 read without a process group; Megatron checkpoints are one file per rank, whose tensor-parallel shards of
-the first data-parallel replica are converted back to Hugging Face names. Every failure is one line.
+the first data-parallel replica are converted back to Hugging Face names. The model's config and tokenizer
+come from the run's ``model.path`` (and ``model.tokenizer_path``). Every failure is one line.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlplat.trainer.checkpoint import verify
+from rlplat.trainer.checkpoint import MANIFEST, STEP_DIR, verify
+from rlplat.trainer.main import debug_traceback
+from rlplat.trainer.preflight import check_model_path
 from rlplat.trainer.run import resolve_model_path
+from rlplat.utils.errors import RunError
 from rlplat.utils.quiet import quiet_third_party
 from rlplat.workers.roles import export_hf_model
 
@@ -29,17 +33,61 @@ class ExportError(ValueError):
     """The checkpoint or the destination cannot be used; the message says which and why."""
 
 
+def check_checkpoint(ckpt: Path) -> None:
+    """``ckpt`` is a complete, undamaged checkpoint; a run directory or its ``checkpoints/`` folder is
+    answered with the newest checkpoint in it."""
+    if not ckpt.is_dir():
+        raise ExportError(f"{ckpt}: no such checkpoint directory (expected <output_dir>/checkpoints/step_NNNNNN)")
+    if not (ckpt / MANIFEST).exists():
+        folder = ckpt / "checkpoints" if (ckpt / "checkpoints").is_dir() else ckpt
+        steps = {int(m.group(1)): p for p in folder.iterdir() if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()}
+        if steps:
+            raise ExportError(f"{ckpt} holds checkpoints but is not one; pass one of them, e.g. the newest: "
+                              f"{steps[max(steps)]}")
+    if problem := verify(ckpt):
+        raise ExportError(f"{ckpt} is not a usable checkpoint: {problem}")
+
+
+def check_out(out: Path, ckpt: Path) -> None:
+    """``out`` is replaced by the model: refuse anything whose loss would hurt (a file, a directory holding
+    something other than a model, the checkpoint's own run)."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file; give a directory to write the model into")
+    if out.resolve() in ckpt.resolve().parents:
+        raise ExportError(f"--out {out} contains the checkpoint {ckpt}; give a directory outside it")
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise ExportError(f"--out {out} is a non-empty directory without a model in it, and the export replaces "
+                          f"it; give a new or empty directory")
+
+
 def checkpoint_config(ckpt: Path) -> DictConfig:
     """The run config a checkpoint was written under."""
     for candidate in (ckpt / "config.yaml", ckpt.parent.parent / "config.yaml"):
         if candidate.is_file():
-            return OmegaConf.load(candidate)
+            cfg = OmegaConf.load(candidate)
+            missing = [key for key in ("actor.strategy", "model.path") if OmegaConf.select(cfg, key) is None]
+            if missing:
+                raise ExportError(f"{candidate} has no {' or '.join(missing)}; it is not an rlplat run config")
+            return cfg
     raise ExportError(f"{ckpt}: no config.yaml in the checkpoint or its run directory; cannot tell how it was "
                       f"trained")
 
 
-def fsdp_weights(actor_dir: Path) -> dict[str, torch.Tensor]:
-    """The full model of a torch.distributed.checkpoint directory, whatever world size wrote it."""
+def base_model(cfg: DictConfig) -> str:
+    """The run's model directory (or hub id), whose config and tokenizer the export copies."""
+    try:
+        if cfg.model.path != "embedded":
+            check_model_path(cfg.model.path)
+        if cfg.model.get("tokenizer_path"):
+            check_model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
+    except RunError as err:
+        raise ExportError(f"the run's model is needed for its config and tokenizer, but {err}") from None
+    return resolve_model_path(cfg)
+
+
+def fsdp_weights(actor_dir: Path, cfg: DictConfig, model_path: str) -> dict[str, torch.Tensor]:
+    """The full model of a torch.distributed.checkpoint directory, whatever world size wrote it (the
+    optimizer's entries are not read)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     return dict(_load_state_dict_from_keys(keys={"model"}, checkpoint_id=str(actor_dir))["model"])
@@ -47,7 +95,7 @@ def fsdp_weights(actor_dir: Path) -> dict[str, torch.Tensor]:
 
 def megatron_weights(actor_dir: Path, cfg: DictConfig, model_path: str) -> dict[str, torch.Tensor]:
     """Hugging Face weights from the first replica's tensor-parallel ranks (ranks 0..tp-1: Megatron puts the
-    tensor-parallel group innermost)."""
+    tensor-parallel group innermost; pipeline parallelism is refused at start-up, so one stage holds all)."""
     from transformers import AutoConfig
 
     from rlplat.engines.megatron.convert import GPTShape, megatron_to_hf
@@ -56,7 +104,8 @@ def megatron_weights(actor_dir: Path, cfg: DictConfig, model_path: str) -> dict[
     files = [actor_dir / f"megatron_rank{rank}.pt" for rank in range(tp)]
     if missing := [f.name for f in files if not f.is_file()]:
         raise ExportError(f"{actor_dir}: missing {', '.join(missing)} for tensor_model_parallel_size={tp}")
-    shards = [{name: t for name, t in torch.load(f, map_location="cpu", weights_only=False)["model"].items()
+    # mmap: only the model's tensors are read from disk, not the optimizer state saved beside them
+    shards = [{name: t for name, t in torch.load(f, map_location="cpu", mmap=True, weights_only=False)["model"].items()
                if not name.endswith("_extra_state")} for f in files]
     hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
     weights = megatron_to_hf(shards, GPTShape.from_hf_config(hf_config))
@@ -65,38 +114,43 @@ def megatron_weights(actor_dir: Path, cfg: DictConfig, model_path: str) -> dict[
     return weights
 
 
+# actor.strategy -> the reader of that engine's checkpoint files: (actor dir, run config, model path) -> weights
+READERS = {"fsdp": fsdp_weights, "megatron": megatron_weights}
+
+
 def export(ckpt: Path, out: Path, dtype: str = "float32") -> Path:
     """Write the checkpoint's actor to ``out`` as a Hugging Face model; return ``out``."""
-    if not ckpt.is_dir():
-        raise ExportError(f"{ckpt}: no such checkpoint directory (expected <output_dir>/checkpoints/step_NNNNNN)")
-    if problem := verify(ckpt):
-        raise ExportError(f"{ckpt} is not a usable checkpoint: {problem}")
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} is a file; give a directory to write the model into")
+    check_checkpoint(ckpt)
+    check_out(out, ckpt)
     cfg = checkpoint_config(ckpt)
-    model_path = resolve_model_path(cfg)
-    strategy = cfg.actor.strategy
-    if strategy == "fsdp":
-        weights = fsdp_weights(ckpt / "actor")
-    elif strategy == "megatron":
-        weights = megatron_weights(ckpt / "actor", cfg, model_path)
-    else:
-        raise ExportError(f"{ckpt}: actor.strategy={strategy!r} has no exporter (fsdp, megatron)")
+    read = READERS.get(cfg.actor.strategy)
+    if read is None:
+        raise ExportError(f"{ckpt}: actor.strategy={cfg.actor.strategy!r} has no exporter; known: "
+                          f"{', '.join(READERS)}")
+    model_path = base_model(cfg)
+    weights = read(ckpt / "actor", cfg, model_path)
     export_hf_model(weights, str(out), model_path, cfg.model, getattr(torch, dtype))
     return out
 
 
+def _one_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlplat.tools.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint directory, e.g. outputs/run/checkpoints/step_000100")
+    parser.add_argument("checkpoint", type=Path,
+                        help="a checkpoint directory, e.g. outputs/run/checkpoints/step_000100")
     parser.add_argument("--out", type=Path, required=True, help="directory to write the Hugging Face model into")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the saved weights")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the saved floating weights")
     args = parser.parse_args(argv)
     quiet_third_party(verbose=False)
     try:
         out = export(args.checkpoint, args.out, args.dtype)
     except (ExportError, OSError, RuntimeError, KeyError) as err:  # torch/transformers read errors too
-        print(f"rlplat: export: {err}", file=sys.stderr)
+        debug_traceback()
+        print(f"rlplat: export: {_one_line(err)}", file=sys.stderr)
         return 2
     print(f"rlplat: exported {args.checkpoint} to {out} ({args.dtype}); load it with "
           f"AutoModelForCausalLM.from_pretrained({str(out)!r})", flush=True)

@@ -98,21 +98,21 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
     try:
         run(cfg, plan, trainer_cls)
     except (ConfigError, DataError, RewardConfigError, RegistryError) as err:
-        _debug_traceback()
+        debug_traceback()
         print(f"rlplat: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before training started (model loading, worker start-up)
-        _debug_traceback()
+        debug_traceback()
         print("rlplat: interrupted before training started; nothing was saved", file=sys.stderr)
         return 130
     except RunError as err:
-        _debug_traceback()
+        debug_traceback()
         print(f"rlplat: {err}", file=sys.stderr)
         return err.exit_code
     return 0
 
 
-def _debug_traceback() -> None:
+def debug_traceback() -> None:
     """With RLPLAT_DEBUG=1 the traceback behind a one-line error is printed too."""
     import os
     import traceback

@@ -48,6 +48,9 @@ def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str
     tmp = tempfile.mkdtemp(prefix=".hf_export-", dir=parent)
     model.save_pretrained(tmp, safe_serialization=True)
     AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_path).save_pretrained(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # readable like a plainly created directory (mkdtemp makes it private)
     if os.path.exists(path):
         shutil.rmtree(path)
     os.replace(tmp, path)
