@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlplat.algorithms import get_advantage_estimator
 from rlplat.trainer.components import Components
 from rlplat.utils.errors import RunError
+from rlplat.utils.tracking import flatten
 
 STEP_DIR = re.compile(r"step_(\d+)")
 MANIFEST = "manifest.json"
@@ -70,19 +71,9 @@ def run_defining(cfg: DictConfig) -> dict:
         value = OmegaConf.select(cfg, key)
         value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
         if isinstance(value, dict):
-            out.update({f"{key}.{k}": v for k, v in _flatten(value).items()})
+            out.update({f"{key}.{k}": v for k, v in flatten(value).items()})
         else:
             out[key] = value
-    return out
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
     return out
 
 

@@ -42,11 +42,12 @@ def _short(value: float) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
     out = {}
     for key, value in config.items():
         if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -112,7 +113,7 @@ class _MLflow:
             mlflow.create_experiment(project, artifact_location=None if external else (local / "artifacts").as_uri())
         mlflow.set_experiment(project)
         self.run = mlflow.start_run(run_name=run_name)
-        params = {key: str(value)[:500] for key, value in _flat(config or {}).items()}
+        params = {key: str(value)[:500] for key, value in flatten(config or {}).items()}
         for start in range(0, len(params), 100):  # mlflow takes at most 100 params per call
             mlflow.log_params(dict(list(params.items())[start : start + 100]))
 
