@@ -26,7 +26,7 @@ setup(
         "safetensors>=0.4",
         "pandas>=2.0",
         "pyarrow>=15.0",
-        "matplotlib>=3.7",  # the run report's plots (rlplat.tools.report)
+        "matplotlib>=3.7",  # the run report's plots (rlplat.utils.report)
         "rich>=13.0",  # the live progress display
     ],
     extras_require={

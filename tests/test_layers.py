@@ -14,8 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rlplat"
 
 LAYERS = [
-    ("rlplat", "rlplat.algorithms", "rlplat.protocol", "rlplat.registry", "rlplat.sequence", "rlplat.utils",
-     "rlplat.tools"),  # tools/report.py reads a run's files only (the trainer writes it at the end)
+    ("rlplat", "rlplat.algorithms", "rlplat.protocol", "rlplat.registry", "rlplat.sequence", "rlplat.utils"),
     ("rlplat.config",),
     ("rlplat.data", "rlplat.reward", "rlplat.models"),
     ("rlplat.engines",),
@@ -23,7 +22,7 @@ LAYERS = [
     ("rlplat.workers",),
     ("rlplat.controller",),
     ("rlplat.trainer",),
-    ("rlplat.tools.export",),  # rebuilds a model from any checkpoint: over everything that writes one
+    ("rlplat.tools",),  # the command-line tools (export rebuilds a model from any checkpoint)
 ]
 
 

@@ -90,7 +90,7 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     shown = {k: summary[k] for k in ("initial_val_accuracy", "final_val_accuracy", "steps", "wall_time_s")}
     print(f"rlplat: done. {json.dumps(shown)}", flush=True)
     print(f"rlplat: summary {summary['output_dir']}/summary.json, model {summary['hf_export']}", flush=True)
-    from rlplat.tools.report import write_report_after_run
+    from rlplat.utils.report import write_report_after_run
 
     write_report_after_run(summary["output_dir"])  # plots, samples, index.html; a failure only warns
     return summary

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.image import imread
 
-from rlplat.tools.report import main, metric_series, read_jsonl, write_report, write_report_after_run
+from rlplat.utils.report import main, metric_series, read_jsonl, write_report, write_report_after_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,0 +1,232 @@
+"""``python -m rlplat.tools.report RUN_DIR``: a run's plots, validation samples and an index page.
+
+Reads what a run writes to its ``trainer.output_dir`` and writes ``RUN_DIR/report/``::
+
+    metrics.jsonl      ─► <group>.png                     one figure per metric group, one panel per metric
+    val_samples.jsonl  ─► samples_{first,latest}.html     the first and the latest validation's samples
+                          samples_{first,latest}.jsonl    (the same, one sample per line)
+    command.txt, summary.json, config.yaml, the above ─► index.html
+
+It works on a run still in progress: ``summary.json`` may be absent and a line the trainer is still writing
+is skipped. The trainer calls :func:`write_report_after_run` at the end of every run.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import sys
+from pathlib import Path
+
+from rlplat.utils.tracking import SAMPLE_COLUMNS  # the columns of a validation sample
+
+# (file name, figure title, metrics). A key ending in "/" stands for every metric under it, in name order,
+# after the ones named before it. Groups with no metric in the run are left out.
+GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("reward", "Reward", ("score/mean", "reward/mean", "score/max", "score/min", "reward/num_errors")),
+    ("validation", "Validation", ("val/accuracy", "val/score_mean", "val/reward_num_errors", "val/")),
+    ("response_length", "Response length",
+     ("response_length/mean", "response_length/max", "response_length/truncation_ratio")),
+    ("kl", "KL", ("actor/kl_loss", "actor/reward_kl", "actor/kl_coef", "actor/approx_kl")),
+    ("entropy", "Entropy", ("actor/entropy",)),
+    ("grad_norm", "Gradient norm", ("actor/grad_norm",)),
+    ("throughput", "Throughput",
+     ("perf/tokens_per_s", "timing/step_s", "timing/generate_s", "timing/update_actor_s")),
+    ("critic", "Critic", ("critic/",)),
+)
+Series = dict[str, tuple[list[int], list[float]]]  # metric -> (steps, values), by step
+USAGE = "usage: python -m rlplat.tools.report RUN_DIR   (writes RUN_DIR/report/index.html, plots and sample tables)"
+
+
+class ReportError(Exception):
+    """A run directory the report cannot be made from; the message is the whole explanation."""
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete JSON objects in ``path``, one per line. A line that does not parse is skipped: it is the
+    one a running trainer is writing (or was writing when it was killed)."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def metric_series(rows: list[dict]) -> Series:
+    """metric -> (steps, values), sorted by step. A resumed run logs its steps again; the last row wins."""
+    by_metric: dict[str, dict[int, float]] = {}
+    for row in rows:
+        step = row.get("step")
+        if not isinstance(step, int):
+            continue
+        for key, value in row.items():
+            if key not in ("step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                by_metric.setdefault(key, {})[step] = float(value)
+    return {key: (sorted(points), [points[s] for s in sorted(points)]) for key, points in by_metric.items()}
+
+
+def group_panels(metrics: Series) -> list[tuple[str, str, list[str]]]:
+    """(file name, title, the metrics it shows) for each group of :data:`GROUPS` that has data."""
+    found = []
+    for name, title, patterns in GROUPS:
+        keys: list[str] = []
+        for pattern in patterns:
+            matches = sorted(k for k in metrics if k.startswith(pattern)) if pattern.endswith("/") else (
+                [pattern] if pattern in metrics else [])
+            keys += [k for k in matches if k not in keys]
+        if keys:
+            found.append((name, title, keys))
+    return found
+
+
+def y_label(key: str) -> str:
+    leaf = key.rsplit("/", 1)[-1]
+    if leaf.endswith("_per_s"):
+        return f"{leaf[:-len('_per_s')]} / s"
+    return "seconds" if leaf.endswith("_s") else leaf
+
+
+def plot_group(title: str, keys: list[str], series: Series, path: Path) -> int:
+    """Draw one panel per metric (value against step) into ``path``; return the number of panels drawn."""
+    # Figure without pyplot: renders PNGs with Agg and leaves matplotlib's global backend alone.
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    cols = 2 if len(keys) == 4 else min(len(keys), 3 if len(keys) <= 9 else 4)  # no more than 2 blank slots
+    rows = math.ceil(len(keys) / cols)
+    fig = Figure(figsize=(4.2 * cols, 3.0 * rows + 0.5), layout="constrained")
+    fig.suptitle(title, fontsize=14, fontweight="bold")
+    for i, key in enumerate(keys):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        steps, values = series[key]
+        ax.plot(steps, values, color="C0", marker="o" if len(steps) <= 50 else None, markersize=3)
+        ax.set_title(key, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel(y_label(key))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=100, facecolor="white")
+    return len(fig.axes)
+
+
+def write_plots(series: Series, out: Path) -> dict[str, int]:
+    """One PNG per group with data; returns file name -> number of panels, in :data:`GROUPS` order."""
+    return {f"{name}.png": plot_group(title, keys, series, out / f"{name}.png")
+            for name, title, keys in group_panels(series)}
+
+
+def samples_table(step: int, samples: list[dict]) -> str:
+    """A validation's samples as an HTML page; every value is escaped (responses are model output)."""
+    def cell(value) -> str:
+        text = f"{value:g}" if isinstance(value, float) else str(value if value is not None else "")
+        return f"<td>{html.escape(text)}</td>"
+
+    head = "".join(f"<th>{c}</th>" for c in ("#",) + SAMPLE_COLUMNS)
+    body = "\n".join(f"<tr><td>{i}</td>{''.join(cell(s.get(c)) for c in SAMPLE_COLUMNS)}</tr>"
+                     for i, s in enumerate(samples))
+    return page(f"Validation samples, step {step}",
+                f"<p>{len(samples)} samples.</p>\n<table>\n<tr>{head}</tr>\n{body}\n</table>")
+
+
+def write_samples(validations: list[dict], out: Path) -> list[tuple[str, str, int]]:
+    """Tables of the first and the latest validation; returns (label, file stem, step) for each written."""
+    valid = [v for v in validations if isinstance(v.get("step"), int) and isinstance(v.get("samples"), list)]
+    if not valid:
+        return []
+    written = []
+    for label, v in (("first", valid[0]), ("latest", valid[-1])):
+        stem = f"samples_{label}"
+        (out / f"{stem}.html").write_text(samples_table(v["step"], v["samples"]))
+        with (out / f"{stem}.jsonl").open("w") as f:
+            f.writelines(json.dumps({"step": v["step"], **s}) + "\n" for s in v["samples"])
+        written.append((label, stem, v["step"]))
+    return written
+
+
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px} pre{background:#f4f4f4;padding:.6em;"
+         "white-space:pre-wrap} table{border-collapse:collapse} td,th{border:1px solid #ccc;padding:.2em .5em;"
+         "vertical-align:top;white-space:pre-wrap;font-family:monospace} img{max-width:100%;margin:.5em 0}")
+
+
+def page(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n")
+
+
+def read_text(path: Path, missing: str) -> str:
+    return path.read_text(errors="replace") if path.is_file() else missing
+
+
+def index_page(run_dir: Path, plots: dict[str, int], samples: list[tuple[str, str, int]],
+               last_step: int | None) -> str:
+    """``index.html``: command, summary, plots, links to the sample tables, and the config (collapsed)."""
+    summary_path = run_dir / "summary.json"
+    summary = (read_text(summary_path, "") if summary_path.is_file()
+               else "No summary.json yet: the run is in progress (or stopped before its end).")
+    images = "\n".join(f"<div><img src='{name}' alt='{name}'></div>" for name in plots) or "<p>No metrics yet.</p>"
+    links = "\n".join(f"<li><a href='{stem}.html'>{label} validation (step {step})</a> "
+                      f"(<a href='{stem}.jsonl'>jsonl</a>)</li>" for label, stem, step in samples)
+    parts = [
+        f"<p>Run directory: <code>{html.escape(str(run_dir.resolve()))}</code>; metrics.jsonl "
+        f"{'has no complete line yet' if last_step is None else f'reaches step {last_step}'}.</p>",
+        f"<h2>Command</h2><pre>{html.escape(read_text(run_dir / 'command.txt', '(no command.txt)'))}</pre>",
+        f"<h2>Summary</h2><pre>{html.escape(summary)}</pre>",
+        f"<h2>Plots</h2>\n{images}",
+        f"<h2>Validation samples</h2>\n<ul>{links}</ul>" if samples else
+        "<h2>Validation samples</h2><p>No val_samples.jsonl yet.</p>",
+        "<h2>Config</h2><details><summary>config.yaml</summary>"
+        f"<pre>{html.escape(read_text(run_dir / 'config.yaml', '(no config.yaml)'))}</pre></details>",
+    ]
+    return page(f"rlplat run report: {run_dir.name}", "\n".join(parts))
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``RUN_DIR/report/`` and return its path. Raises :class:`ReportError` for a directory that is
+    not a run (missing, or without ``metrics.jsonl``)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"run directory {run_dir} does not exist")
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise ReportError(f"{run_dir} has no metrics.jsonl (is it a run's trainer.output_dir, "
+                          "trained with 'jsonl' in trainer.logger?)")
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    series = metric_series(read_jsonl(run_dir / "metrics.jsonl"))
+    plots = write_plots(series, out)
+    val_path = run_dir / "val_samples.jsonl"
+    samples = write_samples(read_jsonl(val_path) if val_path.is_file() else [], out)
+    last_step = max((steps[-1] for steps, _ in series.values()), default=None)
+    (out / "index.html").write_text(index_page(run_dir, plots, samples, last_step))
+    return out
+
+
+def write_report_after_run(run_dir: str | Path) -> None:
+    """The end of a run: write the report; a failure is one warning line, never a failed run."""
+    try:
+        print(f"rlplat: report {write_report(run_dir) / 'index.html'}", flush=True)
+    except Exception as e:  # noqa: BLE001 - the run itself succeeded; the report is an extra
+        reason = str(e) if isinstance(e, ReportError) else f"{type(e).__name__}: {e}"
+        print(f"rlplat: warning: no report written: {reason}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if len(args) != 1:
+        print(f"rlplat: report takes one RUN_DIR; {USAGE}", file=sys.stderr)
+        return 2
+    try:
+        out = write_report(args[0])
+    except (ReportError, OSError) as e:  # not a run, or a report directory that cannot be written
+        print(f"rlplat: report: {e}", file=sys.stderr)
+        return 2
+    print(f"rlplat: report {out / 'index.html'}")
+    return 0
+
