@@ -153,6 +153,9 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling (1 = off)
     top_k: int = -1  # -1 = no top-k
     stop_token_ids: list[int] = field(default_factory=list)  # ids that end a response besides the tokenizer's EOS (e.g. <|im_end|>)
+    # Training rollouts keep going after EOS (sampled as an ordinary token), so every response runs to
+    # data.max_response_length unless a stop_token_ids token ends it: fixed-length benchmarks (vLLM's ignore_eos)
+    ignore_eos: bool = False
     val_n: int = count(4)  # responses per validation prompt (mean@N, best@N, maj@N, pass@k)
     val_temperature: float = 1.0  # 0 = greedy; 1.0 with val_n=4 = sampled pass@1 averaged over 4 (mean@4)
     dtype: str = "auto"  # generation dtype (weights are sent in it): auto = float32 on CPU, bfloat16 on GPU | float32 | bfloat16 | float16

@@ -36,6 +36,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
     stop_token_ids: tuple[int, ...] = ()  # token ids that end a response besides EOS (kept in the response)
+    ignore_eos: bool = False  # EOS does not end a response (it is sampled and kept like any token)
     # None: the engine's own random stream. An int makes the call reproducible and leaves that stream
     # untouched (validation uses it, so its schedule never changes the training samples).
     seed: int | None = None

@@ -51,7 +51,7 @@ class HFRolloutEngine(RolloutEngine):
             # The model's file is the base; rlplat's temperature, and top-p/top-k where set, override it.
             config = copy.deepcopy(self.model.generation_config)
             config.update(do_sample=not greedy, temperature=params.temperature or 1.0,
-                          max_new_tokens=params.max_new_tokens, eos_token_id=self._stop_ids(params),
+                          max_new_tokens=params.max_new_tokens, eos_token_id=self._stop_ids(params) or None,
                           pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
             if params.top_p < 1:
                 config.top_p = params.top_p
@@ -68,14 +68,14 @@ class HFRolloutEngine(RolloutEngine):
             no_repeat_ngram_size=0,
             min_new_tokens=0,
             max_new_tokens=params.max_new_tokens,
-            eos_token_id=self._stop_ids(params),
+            eos_token_id=self._stop_ids(params) or None,
             pad_token_id=self.pad_token_id,
             output_logits=True,
             return_dict_in_generate=True,
         )
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
-        return [self.eos_token_id, *params.stop_token_ids]
+        return [*([] if params.ignore_eos else [self.eos_token_id]), *params.stop_token_ids]
 
     @torch.no_grad()
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> Batch:

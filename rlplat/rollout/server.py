@@ -77,6 +77,7 @@ class VLLMServerClient(RolloutEngine):
             "top_k": 0 if greedy or params.top_k <= 0 else params.top_k,
             "n": 1,
             "stop_token_ids": list(params.stop_token_ids),
+            "ignore_eos": params.ignore_eos,
             "logprobs": 0,
             "return_token_ids": True,
             "skip_special_tokens": False,

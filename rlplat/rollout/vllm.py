@@ -106,6 +106,7 @@ class VLLMRolloutEngine(RolloutEngine):
             top_k=0 if greedy or params.top_k <= 0 else params.top_k,
             max_tokens=params.max_new_tokens,
             stop_token_ids=list(params.stop_token_ids),  # EOS stops by itself; stop tokens stay in the output
+            ignore_eos=params.ignore_eos,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,
         )

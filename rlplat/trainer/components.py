@@ -95,7 +95,8 @@ class Components:
     def truncated(self, batch: Batch) -> torch.Tensor:
         """``[batch]`` bool: the responses that ended at ``data.max_response_length`` without EOS or any
         ``rollout.stop_token_ids`` token (a response stops only at one of those, or at the limit)."""
-        stop = torch.tensor([self.tokenizer.eos_token_id, *self.cfg.rollout.stop_token_ids])
+        eos = [] if self.cfg.rollout.ignore_eos else [self.tokenizer.eos_token_id]
+        stop = torch.tensor([*eos, *self.cfg.rollout.stop_token_ids], dtype=torch.long)
         return ~torch.isin(batch.tensors["responses"], stop).any(-1)
 
     def score_result(self, batch: Batch, validation: bool = False) -> ScoreResult:

@@ -195,6 +195,7 @@ class ActorRolloutRefWorker(_Role):
             top_p=prompts.meta.get("top_p", r.top_p),
             top_k=prompts.meta.get("top_k", r.top_k),
             stop_token_ids=tuple(r.stop_token_ids),
+            ignore_eos=r.ignore_eos and not validation,
             seed=self.cfg.trainer.seed + 7919 * (1 + self.rank) if validation else None,
         )
         with self.rollout_mode() as timings:

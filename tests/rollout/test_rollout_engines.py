@@ -102,3 +102,26 @@ def test_stop_token_ids_end_responses_and_stay_in_them(engine, tiny_model_path):
         assert stopped_by_digit > 10
     finally:
         group.shutdown()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_ignore_eos_runs_every_response_to_the_limit(engine, tiny_model_path):
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(tiny_model_path).eos_token_id
+    # the random tiny model samples EOS about once per 100 tokens: 64 x 40 tokens hold ~25 of them
+    cfg, plan = engine_config(tiny_model_path, extra=[f"rollout.name={engine}", "rollout.ignore_eos=true",
+                                                      "data.max_response_length=40"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=False)
+        out = group.generate_sequences(prompt_batch(tiny_model_path).repeat(64))
+        responses, mask = out.tensors["responses"], out.tensors["response_mask"]
+        assert bool((mask == 1).all())  # no response ended early ...
+        assert int((responses[:, :-1] == eos).sum()) > 0  # ... although EOS was sampled inside some
+        prompts = prompt_batch(tiny_model_path).repeat(64)
+        prompts.meta["validation"] = True
+        val = group.generate_sequences(prompts)
+        assert int((val.tensors["response_mask"] == 0).sum()) > 0  # validation still stops at EOS
+    finally:
+        group.shutdown()
