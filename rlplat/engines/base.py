@@ -50,6 +50,17 @@ class TrainingEngine(ABC):
     """Interface of the training backends (registry: ``TRAINING_ENGINES``, key ``<role>.strategy``)."""
 
     optim: Optimizer | None  # None for a frozen engine (the reference policy)
+    # tokens the forward passes were given (not padding) and computed (padding included); see packing_efficiency
+    tokens_real: int = 0
+    tokens_computed: int = 0
+
+    def packing_efficiency(self, reset: bool = True) -> float | None:
+        """Real over computed tokens of the forward passes since the last reset (1 = no padding computed);
+        None when there were none."""
+        ratio = self.tokens_real / self.tokens_computed if self.tokens_computed else None
+        if reset:
+            self.tokens_real = self.tokens_computed = 0
+        return ratio
 
     @classmethod
     def check_config(cls, cfg, role: str, world_size: int, device: str) -> None:
@@ -136,6 +147,12 @@ class TrainingEngine(ABC):
         """Every weight <- alpha * given + (1 - alpha) * weight (alpha = 1 copies), from full tensors in
         Hugging Face naming as :meth:`export_weights` yields them (e.g. the actor's, into the reference).
         Each rank updates its own shard; every weight of this model must be given."""
+
+    def live_weights(self) -> dict[str, torch.Tensor] | None:
+        """The full weights under Hugging Face names as the live tensors the optimizer updates in place,
+        when this worker holds them whole on its device (then a colocated rollout engine can use them
+        without a copy); None otherwise. Tied weights appear under each name, as the same tensor."""
+        return None
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every (name, full tensor), as trained (for export and checks). Collective."""

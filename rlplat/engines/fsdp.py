@@ -23,8 +23,10 @@ from rlplat.engines.base import (
 )
 from rlplat.engines.dist import DistContext
 from rlplat.engines.optim import Optimizer
+from rlplat.engines.packing import PackedBatch
+from rlplat.engines.token_head import HeadRequest, TokenOutputHead
 from rlplat.protocol import Batch
-from rlplat.sequence import response_log_probs
+from rlplat.sequence import position_ids_from_mask, response_log_probs
 
 MIXED_PRECISION = ("auto", "none", "bf16")  # actor.fsdp.mixed_precision: auto = bf16 compute on GPU
 
@@ -78,17 +80,28 @@ class FSDPEngine(TrainingEngine):
             _without_dropout(module)  # ... whose dropout stays off: updates see the log-probs the rollout had
         if optim_cfg is None:
             module.requires_grad_(False)
+        self.head = None if value_head else TokenOutputHead.install(module)
+        self.vocab_size = module.config.vocab_size
         self._model = self._shard(module, fsdp_cfg)
         self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps) if optim_cfg else None
+        self.pack_sequences = fsdp_cfg.pack_sequences and self._packing_matches_padding()
+        if fsdp_cfg.pack_sequences and not self.pack_sequences and dist_ctx.rank == 0:
+            print(f"[engine] {type(module).__name__} scores packed sequences differently from padded ones "
+                  f"(its attention ignores restarting position ids): running with padding; set "
+                  f"<role>.fsdp.pack_sequences=false to skip this check", flush=True)
+        self.packing_efficiency()  # the check's tokens are not the run's
 
     def _shard(self, module: torch.nn.Module, fsdp_cfg: DictConfig) -> torch.nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         on_gpu = self.ctx.device.type == "cuda"
         kwargs = {"mesh": self.ctx.mesh(), "reshard_after_forward": fsdp_cfg.reshard_after_forward}
+        self.compute_dtype = torch.float32
         if on_gpu and fsdp_cfg.mixed_precision in ("auto", "bf16"):
+            self.compute_dtype = torch.bfloat16
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if on_gpu and fsdp_cfg.param_offload:
+        self.offloaded = on_gpu and fsdp_cfg.param_offload
+        if self.offloaded:
             kwargs["offload_policy"] = CPUOffloadPolicy()
         else:
             module.to(self.ctx.device)
@@ -106,29 +119,60 @@ class FSDPEngine(TrainingEngine):
 
     def forward(self, micro: Batch, *, temperature=1.0, need_entropy=False, need_sum_pi_squared=False,
                 grad=False):
-        from rlplat.algorithms import entropy_from_logits
-
         t = micro.tensors
-        response_len = t["responses"].shape[1]
+        rows = PackedBatch.build(t["input_ids"], t["attention_mask"], t["responses"]) if self.pack_sequences else None
+        masked = rows is None  # padded rows need the attention mask; packed ones carry it in their positions
+        if masked:
+            rows = PackedBatch.padded(t["input_ids"], t["attention_mask"], t["position_ids"], t["responses"])
+        self.tokens_real += rows.real_tokens
+        self.tokens_computed += rows.input_ids.numel()
+        device = self.ctx.device
+        inputs = {"input_ids": rows.input_ids.to(device), "position_ids": rows.position_ids.to(device),
+                  "attention_mask": t["attention_mask"].to(device) if masked else None, "use_cache": False}
         with torch.set_grad_enabled(grad):
-            out = self._model(
-                input_ids=t["input_ids"].to(self.ctx.device),
-                attention_mask=t["attention_mask"].to(self.ctx.device),
-                position_ids=t["position_ids"].to(self.ctx.device),
-                use_cache=False,
-            )
-            # Position t's output predicts token t+1: the response tokens are predicted by the
-            # positions from the last prompt token to the second-to-last token.
-            logits = out.logits[:, -response_len - 1 : -1]
             if self.value_head:
-                return ForwardOutput(values=logits.squeeze(-1).float())
-            responses = t["responses"].to(self.ctx.device)
-            log_probs, scaled = response_log_probs(logits, responses, temperature)
+                values = self._model(**inputs).logits.reshape(-1)[rows.flat_index.to(device)]
+                return ForwardOutput(values=rows.scatter(values.float()))
+            if self.head is not None:  # log-prob, entropy, sum pi^2 computed in chunks by the output layer
+                self.head.request = HeadRequest(rows.flat_index, rows.targets, temperature, need_entropy,
+                                                need_sum_pi_squared)
+                try:
+                    out = self._model(**inputs).logits.reshape(-1, 3)[rows.flat_index.to(device)]
+                finally:
+                    self.head.request = None
+                return ForwardOutput(
+                    log_probs=rows.scatter(out[:, 0]),
+                    entropy=rows.scatter(out[:, 1]) if need_entropy else None,
+                    sum_pi_squared=rows.scatter(out[:, 2]) if need_sum_pi_squared else None,
+                )
+            from rlplat.algorithms import entropy_from_logits
+
+            logits = self._model(**inputs).logits
+            logits = logits.reshape(-1, logits.shape[-1])[rows.flat_index.to(device)]
+            log_probs, scaled = response_log_probs(logits, rows.targets.to(device), temperature)
             return ForwardOutput(
-                log_probs=log_probs,
-                entropy=entropy_from_logits(scaled) if need_entropy else None,
-                sum_pi_squared=torch.softmax(scaled, dim=-1).square().sum(-1) if need_sum_pi_squared else None,
+                log_probs=rows.scatter(log_probs),
+                entropy=rows.scatter(entropy_from_logits(scaled)) if need_entropy else None,
+                sum_pi_squared=rows.scatter(torch.softmax(scaled, dim=-1).square().sum(-1)) if need_sum_pi_squared
+                else None,
             )
+
+    def _packing_matches_padding(self) -> bool:
+        """Whether this model, given packed rows, scores each sequence as it does alone (see
+        :mod:`rlplat.engines.packing`): one long and two short sequences, once padded and once packed
+        (the short ones share a row)."""
+        ids = torch.tensor([[1, 2, 3, 4, 5, 6, 0], [0, 0, 7, 8, 9, 0, 0], [0, 0, 10, 11, 12, 0, 0]]) % self.vocab_size
+        mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0, 0]])
+        micro = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids_from_mask(mask),
+                                 "responses": ids[:, 4:]})
+        self.pack_sequences = True
+        packed = self.forward(micro)
+        self.pack_sequences = False
+        padded = self.forward(micro)
+        scores = "values" if self.value_head else "log_probs"
+        real = mask[:, 4:].bool()
+        gap = (getattr(packed, scores)[real] - getattr(padded, scores)[real]).abs().max().item()
+        return gap <= (1e-4 if self.compute_dtype == torch.float32 else 5e-2)  # a leak between sequences is larger
 
     @property
     def layout(self) -> ParallelLayout:
@@ -164,6 +208,14 @@ class FSDPEngine(TrainingEngine):
         if self.optim is not None:
             self.optim.scheduler.load_state_dict(extra["scheduler"])
         _set_rng_state(extra["rng"])
+
+    def live_weights(self):
+        from torch.distributed.tensor import DTensor
+
+        if self.ctx.world_size != 1 or self.offloaded:
+            return None  # sharded (or offloaded to the host): only gathered copies are whole
+        return {name: tensor.to_local() if isinstance(tensor, DTensor) else tensor
+                for name, tensor in self._model.state_dict(keep_vars=True).items()}
 
     def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):
         bucket, size = [], 0

@@ -96,6 +96,12 @@ class RolloutEngine(ABC):
         """Replace the engine's weights with the streamed buckets of (Hugging Face name, full tensor)
         pairs; every weight arrives exactly once. Caches computed with the old weights are dropped."""
 
+    def share_weights(self, weights: dict[str, torch.Tensor]) -> bool:
+        """Use the training engine's live tensors (Hugging Face names, updated in place by its optimizer)
+        as this engine's weights, without a copy, when dtype, device and names allow; False when this
+        engine cannot (it then receives copies through :meth:`load_weights`)."""
+        return False
+
     def sleep(self) -> None:
         """Free the engine's device memory (KV cache, and weights where supported) while training runs."""
 

@@ -1,34 +1,36 @@
 """Hugging Face transformers rollout engine (the embedded default).
 
-Holds its own unsharded copy of the policy on the worker's device and samples with ``generate``;
-after each update the training engine's full weights are copied in (:meth:`load_weights`). The copy
-costs one model's memory per device, fine for the small models this engine is meant for; vLLM and SGLang
-are the engines for large models. Rollout log-probs are ``log_softmax(raw logits / temperature)`` of the
-sampled token, the same quantity the training engine recomputes (top-p/top-k only restrict sampling).
+Holds the policy unsharded on the worker's device. When the training engine holds the weights whole on
+the same device in the same dtype (one worker, e.g. CPU float32), the engine uses the actor's own tensors
+(:meth:`HFRolloutEngine.share_weights`): one model in memory and nothing to copy after an update.
+Otherwise it holds its own copy and receives the actor's weights after each update (:meth:`load_weights`);
+vLLM and SGLang are the engines for large models.
 
-Sampling is fully specified by rlplat's config: every field of the generation config that changes the
-distribution is passed explicitly, and the model directory's ``generation_config.json`` (which may set
-top-k, repetition penalties, ...) is ignored unless ``rollout.hf.use_model_generation_config=true``.
-Otherwise transformers would fill unset fields from it (and default top-k to 50), and rollouts would be
-sampled from a different distribution than the one the trainer's log-probs describe.
+Sampling is rlplat's own loop over the model's forward with its KV cache (:meth:`HFRolloutEngine._sample`):
+stopped rows leave the batch, and the distribution is exactly rlplat's settings (temperature, top-k, top-p;
+no penalties). Rollout log-probs are ``log_softmax(raw logits / temperature)`` of the sampled token, the
+same quantity the training engine recomputes (top-p/top-k only restrict sampling). The model directory's
+``generation_config.json`` (which may set top-k, repetition penalties, ...) is ignored unless
+``rollout.hf.use_model_generation_config=true``, which samples with transformers' ``generate`` on top of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from collections.abc import Iterable
 
 import torch
 
 from rlplat.protocol import Batch
 from rlplat.rollout.base import RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout
-from rlplat.sequence import response_log_probs, response_mask_from_ids
+from rlplat.sequence import position_ids_from_mask, response_log_probs, response_mask_from_ids
 
 
 class HFRolloutEngine(RolloutEngine):
     def __init__(self, setup: RolloutSetup, engine_cfg):
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers import AutoModelForCausalLM
 
         self.setup = setup
         self.device, self.eos_token_id, self.pad_token_id = setup.device, setup.eos_token_id, setup.pad_token_id
@@ -38,41 +40,23 @@ class HFRolloutEngine(RolloutEngine):
         ).to(setup.device)
         self.model.eval().requires_grad_(False)
         self.use_model_generation_config = engine_cfg.use_model_generation_config
-        if not self.use_model_generation_config:
-            # generate() fills every unset field from this object: make it carry no sampling opinions.
-            self.model.generation_config = GenerationConfig(eos_token_id=self.eos_token_id,
-                                                            pad_token_id=self.pad_token_id)
+        # the KV cache's argument: ``cache`` in recent transformers, ``past_key_values`` before
+        forward_args = inspect.signature(type(self.model).forward).parameters
+        self._cache_argument = "cache" if "cache" in forward_args else "past_key_values"
 
     def _generation_config(self, params: SamplingParams):
-        from transformers import GenerationConfig
-
+        """``rollout.hf.use_model_generation_config=true``: the model's file is the base; rlplat's
+        temperature, and top-p/top-k where set, override it."""
         greedy = params.temperature == 0
-        if self.use_model_generation_config:
-            # The model's file is the base; rlplat's temperature, and top-p/top-k where set, override it.
-            config = copy.deepcopy(self.model.generation_config)
-            config.update(do_sample=not greedy, temperature=params.temperature or 1.0,
-                          max_new_tokens=params.max_new_tokens, eos_token_id=self._stop_ids(params) or None,
-                          pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
-            if params.top_p < 1:
-                config.top_p = params.top_p
-            if params.top_k > 0:
-                config.top_k = params.top_k
-            return config
-        return GenerationConfig(
-            do_sample=not greedy,
-            temperature=1.0 if greedy else params.temperature,
-            top_p=1.0 if greedy else params.top_p,
-            top_k=0 if greedy or params.top_k <= 0 else params.top_k,  # 0 disables top-k (None means 50)
-            typical_p=1.0,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            min_new_tokens=0,
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=self._stop_ids(params) or None,
-            pad_token_id=self.pad_token_id,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+        config = copy.deepcopy(self.model.generation_config)
+        config.update(do_sample=not greedy, temperature=params.temperature or 1.0,
+                      max_new_tokens=params.max_new_tokens, eos_token_id=self._stop_ids(params) or None,
+                      pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
+        if params.top_p < 1:
+            config.top_p = params.top_p
+        if params.top_k > 0:
+            config.top_k = params.top_k
+        return config
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
         return [*([] if params.ignore_eos else [self.eos_token_id]), *params.stop_token_ids]
@@ -81,6 +65,53 @@ class HFRolloutEngine(RolloutEngine):
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> Batch:
         ids = prompts.tensors["prompts"].to(self.device)
         mask = prompts.tensors["prompt_mask"].to(self.device)
+        if self.use_model_generation_config:
+            generated, log_probs = self._generate_with_transformers(ids, mask, params)
+        else:
+            generated, log_probs = self._sample(ids, mask, params)
+        response_mask = response_mask_from_ids(generated, tuple(self._stop_ids(params)))
+        generated = generated.masked_fill(response_mask == 0, self.pad_token_id)
+        return assemble_rollout(prompts, generated.cpu(), response_mask.cpu(), log_probs.float().cpu())
+
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams):
+        """Sample up to ``max_new_tokens`` per row with the KV cache; rows that have stopped leave the batch
+        (their cache rows are dropped once a quarter of the batch has stopped), so a batch of varied
+        lengths costs the tokens it generates, not its longest response times its size. Returns
+        ``[B, max_new_tokens]`` tokens (pad after a stop) and their log-probs under softmax(logits / T)."""
+        rows, limit = ids.shape[0], params.max_new_tokens
+        tokens = torch.full((rows, limit), self.pad_token_id, dtype=torch.long, device=self.device)
+        log_probs = torch.zeros(rows, limit, dtype=torch.float32, device=self.device)
+        stops = torch.tensor(self._stop_ids(params), dtype=torch.long, device=self.device)
+        temperature = params.temperature if params.temperature > 0 else 1.0
+        live = torch.arange(rows, device=self.device)  # the original row of each row still in the batch
+        done = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        positions = position_ids_from_mask(mask)[:, -1:]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                         use_cache=True, logits_to_keep=1)
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        for step in range(limit):
+            scaled = out.logits[:, -1].float() / temperature
+            step_log_probs = torch.log_softmax(scaled, dim=-1)
+            token = choose_tokens(scaled, params)
+            writing = ~done
+            tokens[live[writing], step] = token[writing]
+            log_probs[live[writing], step] = step_log_probs.gather(-1, token[:, None]).squeeze(-1)[writing]
+            done |= torch.isin(token, stops)
+            if step == limit - 1 or bool(done.all()):
+                break
+            if int(done.sum()) * 4 >= len(done):  # compact: the stopped rows leave the batch
+                keep = (~done).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                live, mask, positions, token, done = live[keep], mask[keep], positions[keep], token[keep], done[keep]
+            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
+            positions = positions + 1
+            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
+                             use_cache=True, **{self._cache_argument: cache})
+        return tokens, log_probs
+
+    def _generate_with_transformers(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams):
+        """transformers' ``generate`` with the model's generation config as the base (logits processors,
+        penalties and all that it adds)."""
         out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=self._generation_config(params))
         generated = out.sequences[:, ids.shape[1] :]
         logits = torch.stack(out.logits, dim=1)  # [b, r, V], raw (before temperature / top-p)
@@ -90,9 +121,7 @@ class HFRolloutEngine(RolloutEngine):
         if pad:  # every sequence stopped early: pad to the fixed response length
             generated = torch.nn.functional.pad(generated, (0, pad), value=self.pad_token_id)
             log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
-        response_mask = response_mask_from_ids(generated, tuple(self._stop_ids(params)))
-        generated = generated.masked_fill(response_mask == 0, self.pad_token_id)
-        return assemble_rollout(prompts, generated.cpu(), response_mask.cpu(), log_probs.float().cpu())
+        return generated, log_probs
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         with self._random_stream(params.seed):
@@ -107,6 +136,16 @@ class HFRolloutEngine(RolloutEngine):
             torch.manual_seed(seed)
             yield
 
+    def share_weights(self, weights: dict[str, torch.Tensor]) -> bool:
+        own = dict(self.model.named_parameters(remove_duplicate=False))
+        if set(own) - set(weights) or any(weights[name].dtype != param.dtype or weights[name].device != param.device
+                                          or weights[name].shape != param.shape for name, param in own.items()):
+            return False
+        for name in own:  # the module's Parameter objects are replaced; tied names get the one shared tensor
+            module_name, _, attr = name.rpartition(".")
+            self.model.get_submodule(module_name)._parameters[attr] = torch.nn.Parameter(weights[name], requires_grad=False)
+        return True
+
     @torch.no_grad()
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
         state = self.model.state_dict()
@@ -120,3 +159,25 @@ class HFRolloutEngine(RolloutEngine):
         missing = set(state) - seen
         if missing:
             raise KeyError(f"weight sync left {len(missing)} rollout weights untouched, e.g. {sorted(missing)[:3]}")
+
+
+def choose_tokens(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One token per row from logits already divided by the temperature: the argmax when greedy, else a
+    draw from the softmax of :func:`restrict_logits`."""
+    if params.temperature == 0:
+        return scaled.argmax(-1)
+    return torch.multinomial(restrict_logits(scaled, params).softmax(-1), 1).squeeze(-1)
+
+
+def restrict_logits(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The logits with -inf outside the top-k, then outside the smallest set of tokens holding ``top_p``
+    of the probability (transformers' top-k and top-p warpers, in that order)."""
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth = scaled.topk(params.top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        ascending, order = scaled.sort(dim=-1)
+        tail = ascending.softmax(-1).cumsum(-1) <= 1 - params.top_p  # the least likely tokens, 1 - top_p in all
+        tail[:, -1] = False  # the most likely token always stays
+        scaled = scaled.masked_fill(torch.zeros_like(tail).scatter(-1, order, tail), float("-inf"))
+    return scaled

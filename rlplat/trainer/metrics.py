@@ -52,6 +52,26 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     return out
 
 
+#: stages whose time is spent on every real token of the batch (prompt and response)
+TOKEN_STAGES = ("old_log_probs", "reference", "values", "update_critic", "update_actor")
+
+
+def throughput_metrics(batch: Batch, metrics: dict[str, float]) -> dict[str, float]:
+    """Tokens per second: of the step (``perf/tokens_per_s``, real prompt + response tokens), of the
+    generate stage (``perf/generate_tokens_per_s``, tokens sampled) and of each stage that runs every real
+    token through a model (``perf/<stage>_tokens_per_s``, once per pass over the batch)."""
+    t = batch.tensors
+    tokens = float(t["attention_mask"].sum())
+    generated = float(t["attention_mask"][:, -t["responses"].shape[1]:].sum())
+    out = {"perf/tokens_per_s": tokens / metrics["timing/step_s"]}
+    if metrics.get("timing/generate_s"):
+        out["perf/generate_tokens_per_s"] = generated / metrics["timing/generate_s"]
+    for stage in TOKEN_STAGES:
+        if metrics.get(f"timing/{stage}_s"):
+            out[f"perf/{stage}_tokens_per_s"] = tokens / metrics[f"timing/{stage}_s"]
+    return out
+
+
 def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:
     """1 − Var(R − V) / Var(R) over valid tokens (``[batch, response_len]`` each): 1 for a perfect critic,
     0 for one no better than predicting the batch's mean return, negative for a worse one. Unlike the

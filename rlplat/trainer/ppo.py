@@ -52,7 +52,7 @@ from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.trainer.checkpoint import Checkpointer
 from rlplat.trainer.components import Components
-from rlplat.trainer.metrics import data_metrics, explained_variance, timed, validation_metrics
+from rlplat.trainer.metrics import data_metrics, explained_variance, throughput_metrics, timed, validation_metrics
 from rlplat.trainer.signals import stop_on_signals
 from rlplat.utils.errors import Interrupted, RunError
 from rlplat.utils.progress import Progress
@@ -158,8 +158,7 @@ class PPOTrainer:
                 batch = getattr(self, name)(batch, metrics)
         metrics.update(data_metrics(batch, self.cfg.data.max_response_length))
         metrics["timing/step_s"] = time.perf_counter() - start
-        tokens = float(batch.tensors["attention_mask"].sum())
-        metrics["perf/tokens_per_s"] = tokens / metrics["timing/step_s"]
+        metrics.update(throughput_metrics(batch, metrics))
         return metrics
 
     def fit(self) -> dict[str, float]:

@@ -155,8 +155,11 @@ class ActorRolloutRefWorker(_Role):
         if with_ref:
             self.ref = build_training_engine(cfg, "ref", model_path, ctx)
         self.rollout = build_rollout_engine(cfg, model_path, tokenizer, ctx)
-        # The rollout engine holds the actor's weights unless it starts from a dummy initialisation.
-        self.weights_stale = self.rollout.needs_initial_weights
+        live = self.actor.live_weights()
+        if live is not None and self.rollout.share_weights(live):
+            self.weights_stale = False  # one copy of the weights: the rollout engine reads the actor's
+        else:  # the rollout engine holds the actor's weights unless it starts from a dummy initialisation
+            self.weights_stale = self.rollout.needs_initial_weights
 
     def close(self) -> None:
         if self.rollout is not None:
@@ -171,8 +174,11 @@ class ActorRolloutRefWorker(_Role):
         engine.wake_up(("weights",))
         if self.weights_stale or engine.weights_discarded_by_sleep:
             start = time.perf_counter()
-            bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
-            engine.load_weights(self.actor.export_weights(resolve_rollout_dtype(self.cfg, self.dist.device), bucket_bytes))
+            live = self.actor.live_weights()  # one model in memory: the rollout reads the actor's own tensors
+            if live is None or not engine.share_weights(live):
+                bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
+                dtype = resolve_rollout_dtype(self.cfg, self.dist.device)
+                engine.load_weights(self.actor.export_weights(dtype, bucket_bytes))
             self.weights_stale = False
             timings["weight_sync_s"] = time.perf_counter() - start
         engine.wake_up(("kv_cache",))
@@ -241,9 +247,11 @@ class ActorRolloutRefWorker(_Role):
             return actor_loss(fwd, micro, cfg.algorithm, denominators, self.plan.loss_scale_factor, cfg.actor.entropy_coeff)
 
         # the entropy metric is always reported; it gets a gradient only with a coefficient
+        self.actor.packing_efficiency()  # count this update's forward passes only
         metrics = self._train(self.actor, batch, cfg.actor.ppo_epochs, self._mini_batch_rows(batch),
                               cfg.actor.micro_batch_size_seqs_per_worker, loss_fn,
                               temperature=batch.meta["temperature"], need_entropy=True)
+        metrics["perf/packing_efficiency"] = self.actor.packing_efficiency()
         self.weights_stale = True  # sent to the rollout engine at the next rollout
         return metrics
 

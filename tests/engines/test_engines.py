@@ -49,9 +49,33 @@ def test_inprocess_rollout_shapes_and_log_probs_match_training(inprocess_group, 
     torch.testing.assert_close(fwd.sum_pi_squared, torch.softmax(logits / 0.7, -1).square().sum(-1), atol=1e-6, rtol=0)
 
 
-def test_inprocess_update_then_rollout_moves_rollout_to_new_weights(inprocess_group, tiny_model_path):
+def test_one_worker_rollout_reads_the_actors_weights_without_a_copy(inprocess_group, tiny_model_path):
     group, _, _ = inprocess_group
     worker = group.worker
+    live = worker.actor.live_weights()
+    rollout = worker.rollout.model.state_dict()
+    assert set(live) == set(rollout) and all(rollout[k].data_ptr() == live[k].data_ptr() for k in live)
+    out = group.generate_sequences(prompt_batch(tiny_model_path))
+    group.update_actor(with_training_fields(out))
+    synced = group.generate_sequences(prompt_batch(tiny_model_path))
+    assert synced.meta["weight_sync_s"] < 0.01  # nothing to copy
+    trained = dict(worker.actor.full_weights())
+    for name, tensor in worker.rollout.model.state_dict().items():
+        assert torch.equal(tensor, trained[name])  # the update is what the rollout samples from
+    updated = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    updated.load_state_dict(trained)
+    ids = out.tensors["input_ids"][:2]
+    with torch.no_grad():
+        torch.testing.assert_close(worker.rollout.model(ids).logits, updated(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_inprocess_update_then_rollout_moves_rollout_to_new_weights(inprocess_group, tiny_model_path, monkeypatch):
+    group, _, _ = inprocess_group
+    worker = group.worker
+    # the copying path (several workers, or dtypes that differ): the rollout engine holds its own weights
+    monkeypatch.setattr(worker.rollout, "share_weights", lambda weights: False)
+    worker.rollout.model.load_state_dict({k: v.clone() for k, v in worker.rollout.model.state_dict().items()},
+                                         assign=True)  # its own copy again
     out = group.generate_sequences(prompt_batch(tiny_model_path))
     assert out.meta["weight_sync_s"] == 0.0  # nothing changed since the engine loaded the model
     before = {k: v.clone() for k, v in worker.rollout.model.state_dict().items()}

@@ -125,3 +125,22 @@ def test_ignore_eos_runs_every_response_to_the_limit(engine, tiny_model_path):
         assert int((val.tensors["response_mask"] == 0).sum()) > 0  # validation still stops at EOS
     finally:
         group.shutdown()
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (-1, 0.8), (20, 0.5), (-1, 0.999)])
+def test_hf_sampling_restricts_logits_as_transformers_warpers_do(top_k, top_p):
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    from rlplat.rollout.base import SamplingParams
+    from rlplat.rollout.hf import restrict_logits
+
+    torch.manual_seed(0)
+    scaled = torch.randn(16, 100) * 3
+    expected = scaled
+    if top_k > 0:
+        expected = TopKLogitsWarper(top_k)(None, expected)
+    if top_p < 1:
+        expected = TopPLogitsWarper(top_p)(None, expected)
+    got = restrict_logits(scaled, SamplingParams(max_new_tokens=1, top_k=top_k, top_p=top_p))
+    assert torch.equal(torch.isinf(got), torch.isinf(expected))
+    torch.testing.assert_close(got.softmax(-1), expected.softmax(-1))

@@ -182,6 +182,8 @@ class MegatronEngine(TrainingEngine):
         t = {k: v.to(self.device) for k, v in micro.tensors.items()
              if k in ("input_ids", "attention_mask", "position_ids", "responses")}
         seq, response_len = t["input_ids"].shape[1], t["responses"].shape[1]
+        self.tokens_real += int(t["attention_mask"].sum())
+        self.tokens_computed += t["input_ids"].numel()
         causal = torch.ones(seq, seq, dtype=torch.bool, device=self.device).triu(1)
         masked = causal[None, None] | ~t["attention_mask"].bool()[:, None, None, :]  # True = not attended
         with torch.set_grad_enabled(grad):

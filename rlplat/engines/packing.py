@@ -1,0 +1,118 @@
+"""Padding-free forward passes: a micro-batch's sequences packed end to end into a few rows.
+
+A rollout batch is left-padded prompts followed by right-padded responses, so every row costs the longest
+prompt plus the longest response. Packing drops the padding: each sequence's real tokens are placed one
+after another in rows of ``capacity`` tokens (first-fit decreasing, capacity = the longest sequence), and
+position ids restart at 0 for each sequence. Hugging Face models given ``position_ids`` and no attention
+mask treat every restart as a new sequence (``masking_utils.find_packed_sequence_indices``, transformers
+>= 4.56) and build a block-diagonal causal mask, so no token attends across sequences; the engines check
+that at start-up (:func:`packing_matches_padded`) and fall back to padded batches for a model that does not.
+
+Outputs are needed only at the positions that predict response tokens; :class:`PackedBatch` knows where
+those are, in the packed rows and in the ``[B, R]`` response layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of ``lengths`` grouped into bins whose lengths sum to at most ``capacity``, longest first."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for b, free in enumerate(room):
+            if lengths[index] <= free:
+                bins[b].append(index)
+                room[b] -= lengths[index]
+                break
+        else:
+            bins.append([index])
+            room.append(capacity - lengths[index])
+    return bins
+
+
+@dataclass
+class PackedBatch:
+    """A micro-batch's sequences packed into ``[rows, capacity]`` (see the module docstring)."""
+
+    input_ids: torch.Tensor  # [rows, capacity]
+    position_ids: torch.Tensor  # [rows, capacity], restarting at 0 for every sequence (and the row's tail)
+    flat_index: torch.Tensor  # [N] positions (in the flattened rows) that predict a response token
+    targets: torch.Tensor  # [N] the response token each of them predicts
+    dest_row: torch.Tensor  # [N] where its output goes in the [B, R] response layout
+    dest_col: torch.Tensor  # [N]
+    shape: tuple[int, int]  # (B, R)
+    real_tokens: int  # tokens that are not padding (the packing efficiency's numerator)
+
+    @classmethod
+    def build(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor) -> PackedBatch | None:
+        """Pack ``input_ids`` ``[B, P + R]`` (left-padded prompts, right-padded responses, real tokens
+        marked by ``attention_mask``); None when some row's real tokens are not one run that starts in
+        the prompt part."""
+        batch, width = input_ids.shape
+        response_len = responses.shape[1]
+        prompt_width = width - response_len
+        mask = attention_mask.bool()
+        lengths = mask.sum(-1)
+        first = mask.long().argmax(-1)
+        last = width - 1 - mask.flip(-1).long().argmax(-1)
+        if bool((lengths == 0).any() | (last - first + 1 != lengths).any() | (first >= prompt_width).any()):
+            return None
+        lengths_list = lengths.tolist()
+        capacity = max(lengths_list)
+        bins = first_fit_decreasing(lengths_list, capacity)
+        row_start = torch.zeros(batch, dtype=torch.long)  # where each sequence starts in the flattened rows
+        tails = []
+        for row, members in enumerate(bins):
+            offset = row * capacity
+            for b in members:
+                row_start[b] = offset
+                offset += lengths_list[b]
+            tails.append((row, offset - row * capacity))
+        # every real token: its sequence, its index t within the sequence, and where it goes
+        seq = torch.repeat_interleave(torch.arange(batch), lengths)
+        t = torch.arange(int(lengths.sum())) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+        ids = torch.zeros(len(bins) * capacity, dtype=input_ids.dtype)
+        positions = torch.zeros(len(bins) * capacity, dtype=torch.long)
+        dest = row_start[seq] + t
+        ids[dest] = input_ids[seq, first[seq] + t]
+        positions[dest] = t
+        positions = positions.view(len(bins), capacity)
+        for row, used in tails:  # the tail of a row is a sequence of its own
+            positions[row, used:] = torch.arange(capacity - used)
+        # the output at token t predicts token t + 1: response token j is predicted by the sequence's token
+        # prompt_len + j - 1, for the response tokens the row really has
+        prompt_len = (prompt_width - first)[seq]
+        predicts = (t >= prompt_len - 1) & (t <= lengths[seq] - 2)
+        j = (t - prompt_len + 1)[predicts]
+        rows = seq[predicts]
+        return cls(ids.view(len(bins), capacity), positions, dest[predicts], responses[rows, j].long(), rows, j,
+                   (batch, response_len), int(lengths.sum()))
+
+    @classmethod
+    def padded(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+               responses: torch.Tensor) -> PackedBatch:
+        """The same outputs for the batch as it is (one padded sequence per row): every response position
+        is computed, padding included."""
+        batch, width = input_ids.shape
+        response_len = responses.shape[1]
+        rows = torch.arange(batch).repeat_interleave(response_len)
+        cols = torch.arange(response_len).repeat(batch)
+        flat = rows * width + (width - response_len - 1) + cols
+        return cls(input_ids, position_ids, flat, responses.reshape(-1).long(), rows, cols,
+                   (batch, response_len), int(attention_mask.sum()))
+
+    @property
+    def efficiency(self) -> float:
+        """Real tokens over the tokens the packed rows compute."""
+        return self.real_tokens / self.input_ids.numel()
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """``[N]`` outputs at the response-predicting positions -> ``[B, R]`` (0 where no response token)."""
+        out = values.new_zeros(self.shape)
+        out[self.dest_row.to(values.device), self.dest_col.to(values.device)] = values
+        return out
