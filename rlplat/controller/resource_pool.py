@@ -23,6 +23,7 @@ class ResourcePool:
     exclude_nodes: tuple[str, ...] = ()  # node ids another pool already uses, when roles must not share
     placement_groups: list[Any] = field(default_factory=list, init=False)
     node_ids: list[str] = field(default_factory=list, init=False)
+    threads_per_worker: int = field(default=1, init=False)  # CPU threads each worker computes with (CPU pools)
 
     @property
     def world_size(self) -> int:
@@ -59,6 +60,9 @@ class ResourcePool:
         from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
 
         self.node_ids = self._pick_nodes()
+        # a CPU worker reserves one core for scheduling, but computes with its node's cores split evenly
+        cores = [int(node["Resources"].get("CPU", 1)) for node in ray.nodes() if node["NodeID"] in self.node_ids]
+        self.threads_per_worker = max(1, min(cores) // self.workers_per_node)
         self.placement_groups = [
             placement_group(
                 [self._bundle()] * self.workers_per_node,

@@ -107,6 +107,8 @@ class RayWorkerGroup(WorkerGroup):
             )
             for index in range(pool.world_size)
         ]
+        if pool.device == "cpu":  # each worker computes with its share of its node's cores
+            ray.get([a.use_threads.remote(pool.threads_per_worker) for a in self.actors])
         if imports:  # before any work: plug-ins (e.g. a policy loss) are looked up inside the workers
             ray.get([a.import_modules.remote(imports) for a in self.actors])
         addr, port = ray.get(self.actors[0].master_address.remote())

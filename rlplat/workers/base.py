@@ -69,6 +69,15 @@ class Worker:
     def master_address(self) -> tuple[str, int]:
         return node_ip(), free_port()
 
+    def use_threads(self, threads: int) -> None:
+        """Compute with ``threads`` CPU threads (Ray starts a 1-CPU actor with one: OMP_NUM_THREADS=1)."""
+        import os
+
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # for the processes this worker starts (e.g. vLLM's)
+        torch.set_num_threads(threads)
+
     def import_modules(self, modules: list[tuple[str, str | None]]) -> None:
         """Import the user's plug-in modules (``trainer.imports``) so their registrations exist here too."""
         from rlplat.config.imports import import_in_worker

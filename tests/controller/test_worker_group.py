@@ -31,6 +31,12 @@ class Probe(Worker):
             pass
         return self.rank, dist.get_world_size(), node, os.getpid()
 
+    @register(Dispatch.ONE_TO_ALL)
+    def threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
+
     @register(Dispatch.DP_SPLIT)
     def double(self, batch: Batch) -> Batch:
         return Batch.from_dict({"x2": batch.tensors["x"] * 2 + self.offset,
@@ -107,13 +113,30 @@ def by_value():
 
 @pytest.mark.slow
 def test_two_ray_workers(ray_cluster, by_value):
+    import ray
+
     pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
     group = RayWorkerGroup(Probe, pool)
     try:
         info = check_dispatch(group, 2)
         assert info[0][3] != info[1][3]  # two processes
+        # each computes with half the node's cores (Ray alone would give a 1-CPU actor one thread)
+        cores = int(ray.cluster_resources()["CPU"])
+        assert group.threads() == [max(1, cores // 2)] * 2
         with pytest.raises(ValueError, match="does not split evenly over 2 data-parallel replicas"):
             group.global_sum(data(5))
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+def test_one_ray_worker_computes_with_every_core(ray_cluster, by_value):
+    import ray
+
+    pool = ResourcePool(nnodes=1, workers_per_node=1, device="cpu").create()
+    group = RayWorkerGroup(Probe, pool)
+    try:  # a 1-CPU Ray actor would otherwise run torch on one thread (OMP_NUM_THREADS=1)
+        assert group.threads() == [int(ray.cluster_resources()["CPU"])]
     finally:
         group.shutdown()
         pool.release()
