@@ -20,7 +20,6 @@ functions listed it is added to them with weight 1.0. Built-ins are combined by 
 row's ``data_source``.
 """
 
-from rlplat.reward.manager import OverlongShaping, RewardManager, ScoreResult, build_reward_manager, token_level_scores
 from rlplat.reward.scorers import (
     REWARD_FUNCTIONS,
     RewardConfigError,
@@ -31,6 +30,19 @@ from rlplat.reward.scorers import (
     safe_arithmetic,
     scorer_for,
 )
+
+# The manager's names load on first use: the reward worker process imports this package for the scorers
+# and must not pay for torch (~230 MB and a second of start-up per process).
+_MANAGER_NAMES = ("OverlongShaping", "RewardManager", "ScoreResult", "build_reward_manager", "token_level_scores")
+
+
+def __getattr__(name: str):
+    if name in _MANAGER_NAMES:
+        from rlplat.reward import manager
+
+        return getattr(manager, name)
+    raise AttributeError(f"module 'rlplat.reward' has no attribute {name!r}")
+
 
 __all__ = [
     "REWARD_FUNCTIONS", "OverlongShaping", "RewardConfigError", "RewardManager", "ScoreResult",

@@ -166,8 +166,13 @@ class ProcessExecutor:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, self.specs, self.names), daemon=True,
                                  name="rlplat-reward")
-        self._proc.start()
-        child.close()
+        try:
+            self._proc.start()  # a script without an ``if __name__ == "__main__":`` guard fails here
+        except BaseException:
+            self._proc = None  # never started: nothing to stop, and the start's own error is the one to see
+            raise
+        finally:
+            child.close()
         if not self._conn.poll(STARTUP_TIMEOUT_S):
             self._stop()
             raise RewardConfigError(f"the reward worker process did not start within {STARTUP_TIMEOUT_S:.0f} s")

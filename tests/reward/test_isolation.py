@@ -91,3 +91,15 @@ def test_worker_process_survives_hangs_crashes_and_bad_values(tmp_path, capsys):
         assert again.num_errors == 1 and "killed the reward worker process (exit code 3)" in again.first_error
     finally:
         manager.close()
+
+
+def test_the_reward_worker_process_does_not_load_torch(tmp_path):
+    # reward code needs no torch; loading it would cost every worker process ~230 MB and a second
+    path = tmp_path / "reward.py"
+    path.write_text("import sys\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return float('torch' in sys.modules)\n")
+    manager = build_reward_manager({"custom_fn": {"path": str(path)}})
+    try:
+        assert manager.score(["7"], ["s"], ["7"], [{}], [1]).scores == [0.0]
+    finally:
+        manager.close()
