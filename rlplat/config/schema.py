@@ -115,7 +115,7 @@ class ActorConfig:
 
 @dataclass
 class HFRolloutConfig:
-    batch_size_seqs_per_worker: int = count(256)  # sequences per generate() call on one worker
+    batch_size_seqs_per_worker: int = count(256)  # sequences sampled together on one worker
     use_model_generation_config: bool = False  # let the model's generation_config.json add sampling settings
 
 
