@@ -58,6 +58,13 @@ from rlplat.utils.errors import Interrupted, RunError
 from rlplat.utils.progress import Progress
 
 
+def tensors_only(batch: Batch) -> Batch:
+    """What a model stage sends its workers: the tensors and meta. The text columns (prompts, ground
+    truths, extra_info, uid) stay on the controller, which reads them (rewards, groups); pickling them
+    for every call cost more than the tensors."""
+    return batch.select(non_tensor_keys=[])
+
+
 class PPOTrainer:
     def __init__(self, cfg: DictConfig, plan: RunPlan, components: Components):
         self.cfg, self.plan, self.c = cfg, plan, components
@@ -253,7 +260,8 @@ class PPOTrainer:
         return out.union(Batch.from_dict({"truncated": self.c.truncated(out)}))
 
     def _rollout(self, prompts: Batch) -> Batch:
-        out = self.c.actor.generate_sequences(prompts.repeat(self.cfg.rollout.n, interleave=True))
+        repeated = prompts.repeat(self.cfg.rollout.n, interleave=True)
+        out = self.c.actor.generate_sequences(tensors_only(repeated)).union(repeated.select(tensor_keys=[]))
         if getattr(self.estimator, "needs_baseline", False):  # ReMax: the greedy response's score
             greedy = Batch.from_dict(prompts.tensors.to_dict(), prompts.non_tensors, {**prompts.meta, "temperature": 0.0})
             scored = self.reward(self.c.actor.generate_sequences(greedy), {})
@@ -308,15 +316,15 @@ class PPOTrainer:
         return Batch.concat(pieces)[torch.arange(want * n)]
 
     def old_log_probs(self, batch: Batch, metrics: dict) -> Batch:
-        out = self.c.actor.compute_log_probs(batch)
+        out = self.c.actor.compute_log_probs(tensors_only(batch))
         return batch.union(out.select([k for k in ("old_log_probs", "sum_pi_squared") if k in out.tensors.keys()]))
 
     def reference(self, batch: Batch, metrics: dict) -> Batch:
         group = self.c.ref if self.c.ref is not None else self.c.actor
-        return batch.union(group.compute_ref_log_probs(batch))
+        return batch.union(group.compute_ref_log_probs(tensors_only(batch)))
 
     def values(self, batch: Batch, metrics: dict) -> Batch:
-        return batch.union(self.c.critic.compute_values(batch))
+        return batch.union(self.c.critic.compute_values(tensors_only(batch)))
 
     def advantages(self, batch: Batch, metrics: dict) -> Batch:
         cfg, t = self.cfg.algorithm, batch.tensors
@@ -392,13 +400,13 @@ class PPOTrainer:
         return batch[index]
 
     def update_critic(self, batch: Batch, metrics: dict) -> Batch:
-        critic_metrics = self.c.critic.update_critic(batch)[0]
+        critic_metrics = self.c.critic.update_critic(tensors_only(batch))[0]
         metrics.update(critic_metrics)
         self.check_finite(critic_metrics)
         return batch
 
     def update_actor(self, batch: Batch, metrics: dict) -> Batch:
-        actor_metrics = self.c.actor.update_actor(batch)[0]
+        actor_metrics = self.c.actor.update_actor(tensors_only(batch))[0]
         actor_metrics = {k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()}
         metrics.update(actor_metrics)
         self.check_finite(actor_metrics)
