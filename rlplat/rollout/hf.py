@@ -43,6 +43,7 @@ class HFRolloutEngine(RolloutEngine):
         # the KV cache's argument: ``cache`` in recent transformers, ``past_key_values`` before
         forward_args = inspect.signature(type(self.model).forward).parameters
         self._cache_argument = "cache" if "cache" in forward_args else "past_key_values"
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
 
     def _generation_config(self, params: SamplingParams):
         """``rollout.hf.use_model_generation_config=true``: the model's file is the base; rlplat's
@@ -87,7 +88,7 @@ class HFRolloutEngine(RolloutEngine):
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         positions = position_ids_from_mask(mask)[:, -1:]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                         use_cache=True, logits_to_keep=1)
+                         use_cache=True, **self._last_logits_only)
         cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
         for step in range(limit):
             scaled = out.logits[:, -1].float() / temperature

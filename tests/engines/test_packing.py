@@ -100,6 +100,10 @@ def test_packed_forward_equals_padded_forward_and_plain_transformers(actor, tiny
     with torch.no_grad():
         expected = reference_log_probs(plain, out, 0.8)
     torch.testing.assert_close(packed_fwd.log_probs[mask].detach(), expected[mask], atol=1e-5, rtol=0)
+    # the rollout's log-probs, sampled while stopped rows left the batch (and its KV cache), are the same
+    with torch.no_grad():
+        trained = engine.forward(out, temperature=1.0).log_probs
+    torch.testing.assert_close(trained[mask], out.tensors["rollout_log_probs"][mask], atol=1e-4, rtol=0)
     # the packed rows computed fewer tokens than the padded ones did
     engine.tokens_real = engine.tokens_computed = 0
     engine.pack_sequences = True
