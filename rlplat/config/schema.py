@@ -106,6 +106,10 @@ class ActorConfig:
     # the per-worker mini-batch (mini_batch_size_prompts x rollout.n / workers) that is <= 128
     micro_batch_size_seqs_per_worker: Optional[int] = count(None)
     log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per log-prob forward on one worker
+    # Token budget (real prompt + response tokens) of a micro-batch on one worker, for the update and the
+    # log-prob passes: set, micro-batches hold about this many tokens instead of a number of sequences
+    # (every replica runs as many as the fullest needs); None = count sequences (the two keys above)
+    micro_batch_max_tokens_per_worker: Optional[int] = None
     ppo_epochs: int = count(1)  # passes over each step's batch
     shuffle: bool = True  # shuffle sequences before splitting them into mini-batches
     entropy_coeff: float = 0.0  # entropy bonus in the actor loss
@@ -255,6 +259,7 @@ class RefConfig:
     placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
     workers_per_node: int = count(1)  # only for placement=separate
     log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per reference forward on one worker
+    log_prob_micro_batch_max_tokens_per_worker: Optional[int] = None  # token budget instead (as the actor's key)
     # 0 = a fixed reference (the initial model). N > 0: every N steps, reference <- alpha * actor +
     # (1 - alpha) * reference (alpha = 1 copies the actor; < 1 is Polyak mixing, TRL's sync_ref_model)
     sync_steps: int = 0
@@ -271,6 +276,7 @@ class CriticConfig:
     # (explained variance -0.46 -> +0.02 over 30 steps); at 1e-5 it was still at -0.3 (docs/algorithms.md)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))
     micro_batch_size_seqs_per_worker: Optional[int] = count(None)  # sequences per forward/backward on one worker; None = the actor's value
+    micro_batch_max_tokens_per_worker: Optional[int] = None  # token budget instead (update and values; as the actor's key)
     cliprange_value: float = 0.5  # epsilon_v of the clipped value loss
     ppo_epochs: int = count(1)  # passes over each step's batch
 

@@ -24,6 +24,10 @@ from rlplat.registry import Registry
 from rlplat.utils.progress import MODES as PROGRESS_MODES
 from rlplat.utils.tracking import LOGGERS
 
+#: micro-batch token budgets: None (count sequences) or a number of tokens
+TOKEN_BUDGETS = ("actor.micro_batch_max_tokens_per_worker", "critic.micro_batch_max_tokens_per_worker",
+                 "ref.log_prob_micro_batch_max_tokens_per_worker")
+
 ENUMS: dict[str, tuple[str, ...]] = {
     "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
     "rollout.mode": ("colocated", "server"),
@@ -85,6 +89,9 @@ def _as_paths(cfg: DictConfig, key: str) -> tuple[str, ...]:
 def _check_values(cfg: DictConfig) -> None:
     for key in count_keys():
         _check(_get(cfg, key) >= 1, f"{key} must be >= 1, got {_get(cfg, key)}")
+    for key in TOKEN_BUDGETS:
+        value = _get(cfg, key)
+        _check(value is None or value >= 1, f"{key} must be >= 1 (tokens) or null, got {value}")
     for key, allowed in ENUMS.items():
         value = _get(cfg, key)
         _check(value in allowed, f"{key}={value!r} is not one of: {', '.join(allowed)}")

@@ -77,8 +77,9 @@ class TrainingEngine(ABC):
         """This worker's place among the model replicas (see :class:`ParallelLayout`)."""
 
     @abstractmethod
-    def all_reduce_dp(self, values: list[float]) -> list[float]:
-        """Sum a few Python numbers over the data-parallel replicas (e.g. a mini-batch's token count)."""
+    def all_reduce_dp(self, values: list[float], op: str = "sum") -> list[float]:
+        """Sum (``op="max"``: the largest of) a few Python numbers over the data-parallel replicas (e.g. a
+        mini-batch's token count)."""
 
     @abstractmethod
     def forward(self, micro: Batch, *, temperature: float = 1.0, need_entropy: bool = False,

@@ -27,6 +27,9 @@ def node_ip() -> str:
     return "127.0.0.1"
 
 
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
 @dataclass(frozen=True)
 class DistContext:
     """Where this worker sits: its rank among ``world_size`` data-parallel workers, and its device."""
@@ -45,12 +48,12 @@ class DistContext:
 
         return init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
 
-    def all_reduce_sum(self, values: list[float]) -> list[float]:
-        """Sum a few Python numbers over all ranks (e.g. global token counts for the loss)."""
+    def all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        """Sum (or ``op="max"``) a few Python numbers over all ranks (e.g. global token counts for the loss)."""
         if self.world_size == 1:
             return list(values)
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=REDUCE_OPS[op])
         return tensor.tolist()
 
 

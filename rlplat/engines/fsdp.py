@@ -178,8 +178,8 @@ class FSDPEngine(TrainingEngine):
     def layout(self) -> ParallelLayout:
         return ParallelLayout(dp_rank=self.ctx.rank, dp_size=self.ctx.world_size)  # every rank is a replica
 
-    def all_reduce_dp(self, values: list[float]) -> list[float]:
-        return self.ctx.all_reduce_sum(values)
+    def all_reduce_dp(self, values: list[float], op: str = "sum") -> list[float]:
+        return self.ctx.all_reduce(values, op)
 
     def backward(self, loss: torch.Tensor) -> None:
         # FSDP averages gradients over the ranks; the losses are normalised by global denominators and

@@ -56,8 +56,33 @@ def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str
     os.replace(tmp, path)
 
 
+def micro_batches(engine: TrainingEngine, batch: Batch, max_seqs: int, max_tokens: int | None) -> list[Batch]:
+    """This worker's micro-batches of ``batch``: ``max_seqs`` rows each, or, with a token budget, contiguous
+    pieces of at most ``max_tokens`` real tokens (prompt + response; a longer sequence is a piece of its
+    own), filled in order. Every data-parallel replica runs as many pieces as the fullest needs (the
+    engines' collectives, such as FSDP's gathers, pair up forward passes): a replica that needs fewer
+    halves its largest pieces."""
+    if max_tokens is None:
+        return batch.split(max_seqs)
+    lengths = batch.tensors["attention_mask"].sum(-1).tolist()
+    pieces: list[list[int]] = [[]]  # row indices
+    for row, length in enumerate(lengths):
+        if pieces[-1] and sum(lengths[i] for i in pieces[-1]) + length > max_tokens:
+            pieces.append([])
+        pieces[-1].append(row)
+    count = int(engine.all_reduce_dp([len(pieces)], op="max")[0])
+    if count > len(batch):
+        raise RuntimeError(f"{count} micro-batches for {len(batch)} rows: replicas hold different row counts")
+    while len(pieces) < count:  # halve the piece with the most tokens among those of 2+ rows
+        at = max((i for i, p in enumerate(pieces) if len(p) > 1), key=lambda i: sum(lengths[r] for r in pieces[i]))
+        half = len(pieces[at]) // 2
+        pieces[at:at + 1] = [pieces[at][:half], pieces[at][half:]]
+    return [batch[p[0]:p[-1] + 1] for p in pieces]
+
+
 def reference_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -> Batch:
-    micro = batch.split(cfg.ref.log_prob_micro_batch_size_seqs_per_worker)
+    micro = micro_batches(engine, batch, cfg.ref.log_prob_micro_batch_size_seqs_per_worker,
+                          cfg.ref.log_prob_micro_batch_max_tokens_per_worker)
     return Batch.from_dict({"ref_log_probs": engine.infer(micro, temperature=batch.meta["temperature"])["log_probs"]})
 
 
@@ -72,9 +97,10 @@ class _Role(Worker):
         self.cfg, self.plan = cfg, plan
 
     def _train(self, engine: TrainingEngine, batch: Batch, epochs: int, mini_size: int, micro_size: int, loss_fn,
-               **forward) -> dict[str, float]:
+               max_tokens: int | None = None, **forward) -> dict[str, float]:
         """``epochs`` passes of mini-batches of ``mini_size`` rows (this worker's share), each split in
-        micro-batches of ``micro_size``; one optimizer step per mini-batch. ``loss_fn(fwd, micro,
+        micro-batches of ``micro_size`` rows or ``max_tokens`` tokens (:func:`micro_batches`); one
+        optimizer step per mini-batch. ``loss_fn(fwd, micro,
         denominators)`` gets the mini-batch's global token and sequence counts. Returns mean metrics."""
         totals: dict[str, float] = {}
         steps = 0
@@ -87,7 +113,8 @@ class _Role(Worker):
                 local = LossDenominators.from_mask(mini.tensors["response_mask"])
                 denominators = LossDenominators(*engine.all_reduce_dp([local.num_tokens, local.num_seqs]))
                 metrics = engine.train_mini_batch(
-                    mini.split(micro_size), lambda fwd, micro: loss_fn(fwd, micro, denominators), **forward)
+                    micro_batches(engine, mini, micro_size, max_tokens),
+                    lambda fwd, micro: loss_fn(fwd, micro, denominators), **forward)
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
@@ -228,7 +255,8 @@ class ActorRolloutRefWorker(_Role):
 
         estimator = get_advantage_estimator(self.cfg.algorithm.adv_estimator)
         out = self.actor.infer(
-            batch.split(self.cfg.actor.log_prob_micro_batch_size_seqs_per_worker), temperature=batch.meta["temperature"],
+            micro_batches(self.actor, batch, self.cfg.actor.log_prob_micro_batch_size_seqs_per_worker,
+                          self.cfg.actor.micro_batch_max_tokens_per_worker), temperature=batch.meta["temperature"],
             need_entropy=True, need_sum_pi_squared=getattr(estimator, "needs_sum_pi_squared", False),
         )
         out["old_log_probs"] = out.pop("log_probs")
@@ -250,6 +278,7 @@ class ActorRolloutRefWorker(_Role):
         self.actor.packing_efficiency()  # count this update's forward passes only
         metrics = self._train(self.actor, batch, cfg.actor.ppo_epochs, self._mini_batch_rows(batch),
                               cfg.actor.micro_batch_size_seqs_per_worker, loss_fn,
+                              cfg.actor.micro_batch_max_tokens_per_worker,
                               temperature=batch.meta["temperature"], need_entropy=True)
         metrics["perf/packing_efficiency"] = self.actor.packing_efficiency()
         self.weights_stale = True  # sent to the rollout engine at the next rollout
@@ -320,7 +349,9 @@ class CriticWorker(_Role):
 
     @register(Dispatch.DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:
-        out = self.critic.infer(batch.split(self.cfg.critic.micro_batch_size_seqs_per_worker))
+        critic = self.cfg.critic
+        out = self.critic.infer(micro_batches(self.critic, batch, critic.micro_batch_size_seqs_per_worker,
+                                              critic.micro_batch_max_tokens_per_worker))
         return Batch.from_dict({"values": out["values"] * batch.tensors["response_mask"]})
 
     @register(Dispatch.DP_SPLIT_EXACT)
@@ -331,7 +362,8 @@ class CriticWorker(_Role):
             return critic_loss(fwd, micro, cfg.algorithm, cfg.critic.cliprange_value, denominators, self.plan.loss_scale_factor)
 
         return self._train(self.critic, batch, cfg.critic.ppo_epochs, self._mini_batch_rows(batch),
-                           cfg.critic.micro_batch_size_seqs_per_worker, loss_fn)
+                           cfg.critic.micro_batch_size_seqs_per_worker, loss_fn,
+                           cfg.critic.micro_batch_max_tokens_per_worker)
 
 
 class SFTWorker(_Role):

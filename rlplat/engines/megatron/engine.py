@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
 from rlplat.engines.base import ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended
-from rlplat.engines.dist import DistContext
+from rlplat.engines.dist import REDUCE_OPS, DistContext
 from rlplat.engines.megatron.convert import GPTShape, data_parallel_size, hf_to_megatron, megatron_to_hf
 from rlplat.engines.megatron.model import build_gpt_model
 from rlplat.engines.optim import Optimizer
@@ -173,9 +173,9 @@ class MegatronEngine(TrainingEngine):
         return ParallelLayout(dp_rank=parallel_state.get_data_parallel_rank(),
                               dp_size=parallel_state.get_data_parallel_world_size(), collects=self.tp_rank == 0)
 
-    def all_reduce_dp(self, values: list[float]) -> list[float]:
+    def all_reduce_dp(self, values: list[float], op: str = "sum") -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, group=self.dp_group)
+        dist.all_reduce(tensor, op=REDUCE_OPS[op], group=self.dp_group)
         return tensor.tolist()
 
     def forward(self, micro: Batch, *, temperature=1.0, need_entropy=False, need_sum_pi_squared=False, grad=False):
