@@ -321,6 +321,8 @@ class TrainerConfig:
     verbose: bool = False  # also show third-party output (loading bars, deprecation warnings, Ray start-up lines)
     val_samples: int = count(16)  # prompts per validation whose responses go to val_samples.jsonl (prompt, response, score)
     seed: int = 42  # seeds model init, sampling and mini-batch shuffling
+    # reorder each step's rows so the data-parallel replicas get about equal tokens (several workers only)
+    balance_batch: bool = True
     ray_address: Optional[str] = None  # None = RAY_ADDRESS or a local cluster; "inprocess" = no Ray (world size 1)
     # Your modules, imported (in the controller and every worker) before registered names are checked,
     # so their estimators / losses / rewards register without a copied main.py: [my_pkg.estimators]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from rlplat.protocol import Batch
 from rlplat.engines import ParallelLayout
 from rlplat.workers.base import Dispatch
@@ -70,3 +72,20 @@ def collect_results(results: list[Any], pad: int, layouts: list[ParallelLayout])
         merged = Batch.concat(answers)
         return merged.unpad(pad) if pad else merged
     return answers
+
+
+def balanced_order(lengths: torch.Tensor, parts: int) -> torch.Tensor:
+    """A permutation of the rows such that the ``parts`` equal contiguous chunks a data-parallel call cuts
+    hold about equal sums of ``lengths`` (tokens): longest rows first, each to the chunk with the fewest
+    tokens that still has room. The identity when the rows do not split evenly."""
+    rows = len(lengths)
+    if parts <= 1 or rows % parts:
+        return torch.arange(rows)
+    size = rows // parts
+    members: list[list[int]] = [[] for _ in range(parts)]
+    load = [0] * parts
+    for row in torch.argsort(lengths, descending=True, stable=True).tolist():
+        part = min((p for p in range(parts) if len(members[p]) < size), key=lambda p: load[p])
+        members[part].append(row)
+        load[part] += int(lengths[row])
+    return torch.tensor([row for part in members for row in sorted(part)])

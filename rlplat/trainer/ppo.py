@@ -4,6 +4,7 @@
     generate      actor group: rollout engine samples responses (+ rollout log-probs)
     reward        reward manager: scores per data_source -> score on the last response token
     filter_groups (dynamic sampling only) drop zero-variance groups, sample more prompts
+    balance_batch (several workers only) reorder rows so every data-parallel replica gets ~equal tokens
     old_log_probs actor group: log-probs under the policy that sampled (skipped when it provably
                   equals the one the update starts from: one epoch, one mini-batch, and no KL in
                   the reward, which must use the trainer's log-probs, not the rollout engine's)
@@ -48,6 +49,7 @@ from rlplat.algorithms import (
 )
 from rlplat.config.imports import load_callable
 from rlplat.config.plan import RunPlan
+from rlplat.controller.dispatch import balanced_order
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.trainer.checkpoint import Checkpointer
@@ -116,7 +118,7 @@ class PPOTrainer:
     # The step's stages in order. A recipe inserts one with ``stage_order = PPOTrainer.insert_stage(...)``
     # (or replaces the tuple); optional stages drop out at start-up when the config does not need them.
     stage_order: tuple[str, ...] = (
-        "generate", "reward", "filter_groups", "old_log_probs", "reference", "values", "advantages",
+        "generate", "reward", "filter_groups", "balance_batch", "old_log_probs", "reference", "values", "advantages",
         "mask_truncated", "pf_ppo", "update_critic", "update_actor", "sync_reference", "dynamic_prompts",
     )
 
@@ -137,6 +139,7 @@ class PPOTrainer:
                     and not getattr(self.estimator, "needs_sum_pi_squared", False))  # reads old_log_probs
         wanted = {
             "filter_groups": cfg.algorithm.dynamic_sampling.enable,
+            "balance_batch": cfg.trainer.balance_batch and plan.world_size > 1,
             "mask_truncated": cfg.algorithm.truncated_responses == "mask",
             "pf_ppo": cfg.algorithm.pf_ppo.enable,
             "sync_reference": plan.needs_ref and cfg.ref.sync_steps > 0,
@@ -314,6 +317,19 @@ class PPOTrainer:
         metrics["batch/filled_groups"] = max(0, want - have)
         pieces = [b for b in kept + dropped if len(b) > 0]  # kept groups first, then the fill-up
         return Batch.concat(pieces)[torch.arange(want * n)]
+
+    def balance_batch(self, batch: Batch, metrics: dict) -> Batch:
+        """Reorder the rows so that each data-parallel replica gets about the same number of tokens (the
+        replicas wait for the slowest at every collective; verl's balance_batch). Groups stay intact in
+        meaning (they are found by uid), and every later stage sees the same order."""
+        lengths = batch.tensors["attention_mask"].sum(-1)
+        parts = self.c.actor.layouts()[0].dp_size
+        if len(batch) % parts:
+            return batch  # the calls pad it to a multiple instead; nothing to balance
+        order = balanced_order(lengths, parts)
+        per_replica = lengths[order].view(parts, -1).sum(-1).float()
+        metrics["batch/replica_token_imbalance"] = float(per_replica.max() / per_replica.mean())  # 1 = even
+        return batch[order]
 
     def old_log_probs(self, batch: Batch, metrics: dict) -> Batch:
         out = self.c.actor.compute_log_probs(tensors_only(batch))

@@ -124,3 +124,39 @@ def test_gdpo_terms_include_what_a_recipe_added_to_the_scores():
     plain = Batch.from_dict({"reward_terms": torch.tensor([[1.0], [0.0]]),
                              "token_level_scores": torch.tensor([[0.0, 2.0], [0.0, 0.0]])})
     assert trainer._reward_terms(plain)[0].tolist() == [[1.0], [0.0]]  # no residual: no extra term
+
+
+def test_balanced_order_evens_the_replicas_tokens():
+    from rlplat.controller.dispatch import balanced_order
+
+    lengths = torch.tensor([100, 90, 80, 70, 10, 10, 5, 5])  # in order, replica 0 would hold 340 of 370
+    order = balanced_order(lengths, 2)
+    assert sorted(order.tolist()) == list(range(8))  # a permutation
+    assert lengths[order].view(2, 4).sum(-1).tolist() == [185, 185]
+    assert balanced_order(lengths, 3).tolist() == list(range(8))  # 8 rows do not split in 3: unchanged
+
+
+def test_balance_batch_runs_with_several_workers_and_reorders_whole_rows():
+    from types import SimpleNamespace
+
+    from rlplat.engines import ParallelLayout
+
+    cfg, plan = load_config(["trainer.workers_per_node=2"])
+    assert "balance_batch" in PPOTrainer(cfg, plan, components=None).stages
+    _, one = load_config([])
+    assert "balance_batch" not in PPOTrainer(cfg, one, components=None).stages
+    cfg_off, plan_off = load_config(["trainer.workers_per_node=2", "trainer.balance_batch=false"])
+    assert "balance_batch" not in PPOTrainer(cfg_off, plan_off, components=None).stages
+
+    actor = SimpleNamespace(layouts=lambda: [ParallelLayout(0, 2), ParallelLayout(1, 2)])
+    trainer = PPOTrainer(cfg, plan, components=SimpleNamespace(actor=actor))
+    lengths = torch.tensor([9, 8, 7, 6, 1, 1])  # in order: 24 | 8
+    mask = (torch.arange(9)[None, :] < lengths[:, None]).long()
+    batch = Batch.from_dict({"attention_mask": mask, "row": torch.arange(6)},
+                            {"uid": np.array(list("aabbcc"), dtype=object)})
+    metrics = {}
+    out = trainer.balance_batch(batch, metrics)
+    rows = out.tensors["row"]
+    assert out.non_tensors["uid"].tolist() == [batch.non_tensors["uid"][r] for r in rows.tolist()]  # whole rows
+    assert torch.equal(out.tensors["attention_mask"].sum(-1), lengths[rows])
+    assert metrics["batch/replica_token_imbalance"] == pytest.approx(1.0)  # 16 | 16

@@ -72,6 +72,7 @@ def test_two_workers_fsdp_over_ray(embedded_cache, small_val, tmp_path, ray_clus
     assert summary["steps"] == 2
     m = metrics(tmp_path)
     assert m[2]["actor/grad_norm"] > 0 and "score/mean" in m[2]
+    assert 1.0 <= m[2]["batch/replica_token_imbalance"] < 1.1  # balance_batch ran: replicas get ~equal tokens
 
 
 @pytest.mark.slow
