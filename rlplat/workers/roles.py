@@ -100,8 +100,8 @@ class _Role(Worker):
                max_tokens: int | None = None, **forward) -> dict[str, float]:
         """``epochs`` passes of mini-batches of ``mini_size`` rows (this worker's share), each split in
         micro-batches of ``micro_size`` rows or ``max_tokens`` tokens (:func:`micro_batches`); one
-        optimizer step per mini-batch. ``loss_fn(fwd, micro,
-        denominators)`` gets the mini-batch's global token and sequence counts. Returns mean metrics."""
+        optimizer step per mini-batch. ``loss_fn(fwd, micro, denominators)`` gets the mini-batch's global
+        token and sequence counts. Returns mean metrics."""
         totals: dict[str, float] = {}
         steps = 0
         # one permutation per replica: its tensor-parallel ranks must see the same rows in the same order
