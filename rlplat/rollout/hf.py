@@ -86,8 +86,9 @@ class HFRolloutEngine(RolloutEngine):
         temperature = params.temperature if params.temperature > 0 else 1.0
         live = torch.arange(rows, device=self.device)  # the original row of each row still in the batch
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        positions = position_ids_from_mask(mask)[:, -1:]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+        prompt_positions = position_ids_from_mask(mask)
+        positions = prompt_positions[:, -1:]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=prompt_positions,
                          use_cache=True, **self._last_logits_only)
         cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
         for step in range(limit):

@@ -66,10 +66,13 @@ def micro_batches(engine: TrainingEngine, batch: Batch, max_seqs: int, max_token
         return batch.split(max_seqs)
     lengths = batch.tensors["attention_mask"].sum(-1).tolist()
     pieces: list[list[int]] = [[]]  # row indices
+    used = 0  # tokens in the last piece
     for row, length in enumerate(lengths):
-        if pieces[-1] and sum(lengths[i] for i in pieces[-1]) + length > max_tokens:
+        if pieces[-1] and used + length > max_tokens:
             pieces.append([])
+            used = 0
         pieces[-1].append(row)
+        used += length
     count = int(engine.all_reduce_dp([len(pieces)], op="max")[0])
     if count > len(batch):
         raise RuntimeError(f"{count} micro-batches for {len(batch)} rows: replicas hold different row counts")
