@@ -11,7 +11,8 @@ import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlplat.engines.dist import free_port
-from rlplat.engines.megatron.convert import GPTShape, data_parallel_size, hf_to_megatron, megatron_to_hf
+from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, from_stages, hf_to_megatron,
+                                             megatron_to_hf, to_stage)
 from rlplat.models.tiny import TinyModelSpec, build_tiny_model
 
 
@@ -42,6 +43,30 @@ def test_round_trip_is_exact(hf_model_dir, tp):
     assert back.keys() == hf.keys()
     for name, tensor in hf.items():
         assert torch.equal(back[name], tensor), name
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_pipeline_stages_split_and_join_exactly(hf_model_dir, tp):
+    """Stage 0 holds the embedding and layer 0, stage 1 layer 1 (renumbered 0), the final norm and the
+    output layer (with tied embeddings: a copy of the embedding, dropped when the stages are joined)."""
+    hf = hf_state(hf_model_dir)
+    shape = GPTShape.from_hf_config(AutoConfig.from_pretrained(hf_model_dir))
+    shards = hf_to_megatron(hf, shape, tp)
+    for shard in shards:
+        first, last = to_stage(shard, shape, 2, 0), to_stage(shard, shape, 2, 1)
+        assert "embedding.word_embeddings.weight" in first and "embedding.word_embeddings.weight" not in last
+        assert "decoder.final_layernorm.weight" in last and "decoder.final_layernorm.weight" not in first
+        assert {n.split(".")[2] for n in first if n.startswith("decoder.layers.")} == {"0"}
+        assert torch.equal(last["decoder.layers.0.mlp.linear_fc2.weight"], shard["decoder.layers.1.mlp.linear_fc2.weight"])
+        assert torch.equal(last["output_layer.weight"], shard["output_layer.weight" if not shape.tied_embeddings
+                                                                else "embedding.word_embeddings.weight"])
+        joined = from_stages([first, last], shape)
+        assert joined.keys() == shard.keys()
+        assert all(torch.equal(joined[name], tensor) for name, tensor in shard.items())
+    assert to_stage(shards[0], shape, 1, 0) == shards[0]
+    back = megatron_to_hf([from_stages([to_stage(s, shape, 2, 0), to_stage(s, shape, 2, 1)], shape) for s in shards],
+                          shape)
+    assert all(torch.equal(back[name], tensor) for name, tensor in hf.items())
 
 
 def test_tensor_parallel_size_must_divide_the_heads(hf_model_dir):

@@ -22,7 +22,13 @@ Hugging Face (per layer ``model.layers.i.``)       Megatron (per layer ``decoder
                                                    ``output_layer.weight``: vocab rows padded with zeros to
                                                    a multiple of tp, then split (dim 0)
 ``model.norm.weight``                              ``decoder.final_layernorm.weight``, replicated
+``score.{weight,bias}`` (a value model's head)     ``output_layer.{weight,bias}``, replicated (1 output)
 =================================================  ======================================================
+
+Pipeline parallelism then splits each tensor-parallel shard by layers (:func:`to_stage`): stage s of pp
+holds layers ``[s L / pp, (s + 1) L / pp)`` renumbered from 0, the first stage the embedding, the last the
+final norm and the output layer, which with tied embeddings is a copy of the embedding (Megatron-Core
+keeps the copies equal by summing their gradients).
 """
 
 from __future__ import annotations
@@ -114,7 +120,11 @@ def hf_to_megatron(hf: Tensors, shape: GPTShape, tp: int = 1) -> list[dict[str, 
             shard[name] = piece.clone()
 
     put("embedding.word_embeddings.weight", _pad_rows(hf["model.embed_tokens.weight"], vocab), 0)
-    if not shape.tied_embeddings:
+    if "score.weight" in hf:  # a value model (AutoModelForTokenClassification, 1 label): its own head
+        for kind in ("weight", "bias"):
+            if f"score.{kind}" in hf:
+                put(f"output_layer.{kind}", hf[f"score.{kind}"], None)
+    elif not shape.tied_embeddings:
         put("output_layer.weight", _pad_rows(hf["lm_head.weight"], vocab), 0)
     put("decoder.final_layernorm.weight", hf["model.norm.weight"], None)
     for i in range(shape.num_layers):
@@ -133,6 +143,52 @@ def hf_to_megatron(hf: Tensors, shape: GPTShape, tp: int = 1) -> list[dict[str, 
     return shards
 
 
+def _value_head(shard: Tensors) -> bool:
+    """A value model's head (one output) sits where a language model's output layer would."""
+    weight = shard.get("output_layer.weight")
+    return weight is not None and weight.shape[0] == 1
+
+
+def stage_layers(shape: GPTShape, pp: int, stage: int) -> range:
+    """The (global) layers pipeline stage ``stage`` of ``pp`` holds."""
+    per_stage = shape.num_layers // pp
+    return range(stage * per_stage, (stage + 1) * per_stage)
+
+
+def to_stage(shard: Tensors, shape: GPTShape, pp: int, stage: int) -> dict[str, torch.Tensor]:
+    """Pipeline stage ``stage``'s part of one tensor-parallel shard (from :func:`hf_to_megatron`), under
+    the stage's own names (layers numbered from 0)."""
+    layers = stage_layers(shape, pp, stage)
+    first, last = stage == 0, stage == pp - 1
+    out = {}
+    for name, tensor in shard.items():
+        if name.startswith("decoder.layers."):
+            index, rest = name[len("decoder.layers."):].split(".", 1)
+            if int(index) in layers:
+                out[f"decoder.layers.{int(index) - layers.start}.{rest}"] = tensor
+        elif name.startswith("embedding.") and first or not name.startswith("embedding.") and last:
+            out[name] = tensor
+    if last and not first and shape.tied_embeddings and "output_layer.weight" not in shard:  # its tied copy
+        out["output_layer.weight"] = shard["embedding.word_embeddings.weight"]
+    return out
+
+
+def from_stages(stages: Sequence[Tensors], shape: GPTShape) -> dict[str, torch.Tensor]:
+    """One tensor-parallel shard from every pipeline stage's part (the inverse of :func:`to_stage`; a
+    tied output layer's copy is dropped)."""
+    pp = len(stages)
+    out = {}
+    for stage, part in enumerate(stages):
+        start = stage_layers(shape, pp, stage).start
+        for name, tensor in part.items():
+            if name.startswith("decoder.layers."):
+                index, rest = name[len("decoder.layers."):].split(".", 1)
+                out[f"decoder.layers.{int(index) + start}.{rest}"] = tensor
+            elif not (name == "output_layer.weight" and shape.tied_embeddings and not _value_head(part)):
+                out[name] = tensor
+    return out
+
+
 def megatron_to_hf(shards: Sequence[Tensors], shape: GPTShape) -> dict[str, torch.Tensor]:
     """The Hugging Face state dict from every tensor-parallel rank's Megatron state dict (the inverse of
     :func:`hf_to_megatron`; vocabulary padding is dropped)."""
@@ -144,7 +200,10 @@ def megatron_to_hf(shards: Sequence[Tensors], shape: GPTShape) -> dict[str, torc
 
     hf = {"model.embed_tokens.weight": joined("embedding.word_embeddings.weight", 0)[: shape.vocab_size],
           "model.norm.weight": replicated("decoder.final_layernorm.weight")}
-    if not shape.tied_embeddings:
+    if _value_head(shards[0]):
+        hf.update({f"score.{kind}": replicated(f"output_layer.{kind}") for kind in ("weight", "bias")
+                   if f"output_layer.{kind}" in shards[0]})
+    elif not shape.tied_embeddings:
         hf["lm_head.weight"] = joined("output_layer.weight", 0)[: shape.vocab_size]
     for i in range(shape.num_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
