@@ -11,6 +11,7 @@ ALGO=${ALGO:-grpo}                       # algorithm preset (rlplat/config/algor
 ACTOR=${ACTOR:-fsdp}                     # training engine preset: fsdp | megatron
 ROLLOUT=${ROLLOUT:-hf}                   # rollout engine preset: hf | vllm | sglang
 TP=${TP:-1}                              # megatron: workers one model replica is split over
+PP=${PP:-1}                              # megatron: pipeline stages (each holds layers / PP)
 MODEL=${MODEL:-embedded}                 # HF hub id or local directory; embedded = the tiny CPU model
 TRAIN_FILES=${TRAIN_FILES:-builtin:arithmetic}   # parquet file(s): one path or [a.parquet,b.parquet]
 VAL_FILES=${VAL_FILES:-builtin:arithmetic}
@@ -46,6 +47,7 @@ run_rlplat() {
         "actor=$ACTOR" \
         "rollout=$ROLLOUT" \
         "actor.megatron.tensor_model_parallel_size=$TP" \
+        "actor.megatron.pipeline_model_parallel_size=$PP" \
         "model.path=$MODEL" \
         "data.train_files=$TRAIN_FILES" \
         "data.val_files=$VAL_FILES" \

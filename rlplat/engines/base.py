@@ -160,6 +160,10 @@ class TrainingEngine(ABC):
         for bucket in self.export_weights():
             yield from bucket
 
+    def close(self) -> None:
+        """Release what the engine holds beyond its tensors (e.g. process-group state) before the worker's
+        process group is destroyed."""
+
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:
         """Write the sharded training state (weights, optimizer, LR schedule, RNG) under ``path``.

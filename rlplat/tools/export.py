@@ -4,8 +4,8 @@ Face model directory (safetensors, config, tokenizer) that ``AutoModelForCausalL
 A checkpoint (``<output_dir>/checkpoints/step_NNNNNN``) is checked against its manifest first. Its
 ``config.yaml`` (the run's resolved config; older checkpoints: the run directory's) says how the actor was
 trained and from which model: FSDP checkpoints are torch.distributed.checkpoint shards of any world size,
-read without a process group; Megatron checkpoints are one file per rank, whose tensor-parallel shards of
-the first data-parallel replica are converted back to Hugging Face names. The model's config and tokenizer
+read without a process group; Megatron checkpoints are one file per rank, whose tensor-parallel shards and
+pipeline stages of the first data-parallel replica are converted back to Hugging Face names. The model's config and tokenizer
 come from the run's ``model.path`` (and ``model.tokenizer_path``). Every failure is one line.
 """
 
@@ -94,21 +94,26 @@ def fsdp_weights(actor_dir: Path, cfg: DictConfig, model_path: str) -> dict[str,
 
 
 def megatron_weights(actor_dir: Path, cfg: DictConfig, model_path: str) -> dict[str, torch.Tensor]:
-    """Hugging Face weights from the first replica's tensor-parallel ranks (ranks 0..tp-1: Megatron puts the
-    tensor-parallel group innermost; pipeline parallelism is refused at start-up, so one stage holds all)."""
+    """Hugging Face weights from the first replica's ranks: Megatron numbers the ranks tensor-parallel
+    innermost, then data-parallel, then pipeline stages, so stage s's tensor-parallel rank t is global rank
+    ``t + s x tp x dp``."""
     from transformers import AutoConfig
 
-    from rlplat.engines.megatron.convert import GPTShape, megatron_to_hf
+    from rlplat.engines.megatron.convert import GPTShape, from_stages, megatron_to_hf
 
-    tp = int(cfg.actor.megatron.tensor_model_parallel_size)
-    files = [actor_dir / f"megatron_rank{rank}.pt" for rank in range(tp)]
-    if missing := [f.name for f in files if not f.is_file()]:
-        raise ExportError(f"{actor_dir}: missing {', '.join(missing)} for tensor_model_parallel_size={tp}")
-    # mmap: only the model's tensors are read from disk, not the optimizer state saved beside them
-    shards = [{name: t for name, t in torch.load(f, map_location="cpu", mmap=True, weights_only=False)["model"].items()
-               if not name.endswith("_extra_state")} for f in files]
+    tp, pp = int(cfg.actor.megatron.tensor_model_parallel_size), int(cfg.actor.megatron.pipeline_model_parallel_size)
+    dp = int(cfg.trainer.nnodes * cfg.trainer.workers_per_node) // (tp * pp)
+    files = [[actor_dir / f"megatron_rank{t + s * tp * dp}.pt" for s in range(pp)] for t in range(tp)]
+    if missing := [f.name for stages in files for f in stages if not f.is_file()]:
+        raise ExportError(f"{actor_dir}: missing {', '.join(missing)} for tensor x pipeline parallel sizes {tp} x {pp}")
     hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
-    weights = megatron_to_hf(shards, GPTShape.from_hf_config(hf_config))
+    shape = GPTShape.from_hf_config(hf_config)
+
+    def model(file: Path) -> dict[str, torch.Tensor]:  # mmap: the optimizer state saved beside it is not read
+        state = torch.load(file, map_location="cpu", mmap=True, weights_only=False)["model"]
+        return {name: t for name, t in state.items() if not name.endswith("_extra_state")}
+
+    weights = megatron_to_hf([from_stages([model(f) for f in stages], shape) for stages in files], shape)
     if getattr(hf_config, "tie_word_embeddings", False):
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
     return weights

@@ -157,6 +157,11 @@ class _Role(Worker):
         for name in self._checkpointed():
             getattr(self, name).load_checkpoint(f"{path}/{name}")
 
+    def close(self) -> None:
+        for name in ("actor", "ref", "critic"):
+            if (engine := getattr(self, name, None)) is not None:
+                engine.close()
+
     def _export_hf(self, engine: TrainingEngine, path: str, model_path: str) -> None:
         weights = {name: tensor.detach().cpu() for name, tensor in engine.full_weights()}
         if self.rank == 0:
@@ -194,6 +199,7 @@ class ActorRolloutRefWorker(_Role):
     def close(self) -> None:
         if self.rollout is not None:
             self.rollout.close()
+        super().close()
 
     @contextlib.contextmanager
     def rollout_mode(self):

@@ -18,8 +18,9 @@ pytest.importorskip("megatron.core", reason="needs megatron-core (pip install -e
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def megatron(tp: int) -> list[str]:
-    return ["actor.strategy=megatron", f"actor.megatron.tensor_model_parallel_size={tp}"]
+def megatron(tp: int, pp: int = 1, recompute: bool = False) -> list[str]:
+    return ["actor.strategy=megatron", f"actor.megatron.tensor_model_parallel_size={tp}",
+            f"actor.megatron.pipeline_model_parallel_size={pp}", f"actor.megatron.recompute_activations={recompute}"]
 
 
 def check_matches_unsharded(group, cfg, plan, model_path: str, ranks: int) -> None:
@@ -45,17 +46,31 @@ def check_matches_unsharded(group, cfg, plan, model_path: str, ranks: int) -> No
         assert rank_weights.keys() == reference.keys()
         for name, tensor in reference.items():
             torch.testing.assert_close(rank_weights[name], tensor, atol=1e-5, rtol=1e-5)
+    plain.load_state_dict(reference)  # the trained model scores as the trained reference (with pipeline
+    with torch.no_grad():  # stages: the last stage's copy of the tied embedding took the same step)
+        expected = reference_log_probs(plain, out, 0.7)
+    torch.testing.assert_close(group.compute_log_probs(out).tensors["old_log_probs"][mask], expected[mask],
+                               atol=1e-5, rtol=0)
     synced = group.generate_sequences(prompt_batch(model_path))  # the rollout receives the trained weights
     assert synced.meta["weight_sync_s"] > 0
 
 
-def test_tp1_in_process_matches_unsharded(tiny_model_path):
-    cfg, plan = engine_config(tiny_model_path, extra=megatron(1))
+@pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recomputed"])
+def test_tp1_in_process_matches_unsharded(tiny_model_path, recompute):
+    """Also with every layer's activations recomputed in backward (the same gradients)."""
+    cfg, plan = engine_config(tiny_model_path, extra=megatron(1, recompute=recompute))
     group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
     try:
         group.init_model(tiny_model_path, with_ref=True)
         assert type(group.worker.actor).__name__ == "MegatronEngine" == type(group.worker.ref).__name__
+        grad_enabled = []  # per forward call of the first layer
+        group.worker.actor.model.decoder.layers[0].register_forward_hook(
+            lambda *_: grad_enabled.append(torch.is_grad_enabled()))
         check_matches_unsharded(group, cfg, plan, tiny_model_path, ranks=1)
+        # 8 rows: 3 log-prob forwards (3 rows each), 4 training forwards (2 rows each; recomputed, each
+        # stores nothing, run without autograd, and runs again with it inside backward), 3 log-prob forwards
+        training = [False, True] * 4 if recompute else [True] * 4
+        assert grad_enabled == [False] * 3 + training + [False] * 3, grad_enabled
         # ref.sync_steps: the reference blends in the trained actor (Polyak 0.5, then an exact copy)
         initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
         trained = group.actor_weights()[0]
@@ -70,16 +85,19 @@ def test_tp1_in_process_matches_unsharded(tiny_model_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "dp2"])
-def test_two_ray_workers_match_unsharded(ray_cluster, tiny_model_path, tp):
-    """tp2: one replica split over both workers (vocabulary padded 103 -> 104); dp2: two replicas. Rows
-    are shuffled before the update: the tensor-parallel ranks of a replica must shuffle alike."""
-    cfg, plan = engine_config(tiny_model_path, workers=2, extra=[*megatron(tp), "actor.shuffle=true"])
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 1), (1, 2)], ids=["tp2", "dp2", "pp2"])
+def test_two_ray_workers_match_unsharded(ray_cluster, tiny_model_path, tp, pp):
+    """tp2: one replica split over both workers (vocabulary padded 103 -> 104); dp2: two replicas; pp2:
+    one layer per worker, run by Megatron-Core's 1F1B schedule over uneven token-budget micro-batches,
+    the tied embedding's copy on the last stage kept equal. Rows are shuffled before the update: the
+    tensor-parallel ranks of a replica must shuffle alike."""
+    budget = ["actor.micro_batch_max_tokens_per_worker=40"] if pp > 1 else []
+    cfg, plan = engine_config(tiny_model_path, workers=2, extra=[*megatron(tp, pp), "actor.shuffle=true", *budget])
     pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
     group = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg, plan=plan)
     try:
         group.init_model(tiny_model_path, with_ref=False)
-        assert [lay.dp_size for lay in group.layouts()] == [2 // tp] * 2
+        assert [lay.dp_size for lay in group.layouts()] == [2 // (tp * pp)] * 2
         check_matches_unsharded(group, cfg, plan, tiny_model_path, ranks=2)
     finally:
         group.shutdown()
@@ -91,11 +109,14 @@ def test_two_ray_workers_match_unsharded(ray_cluster, tiny_model_path, tp):
      "actor.megatron: tensor x pipeline parallel sizes 4 x 1 must divide the 2 workers"),
     (["trainer.workers_per_node=4", "actor.megatron.tensor_model_parallel_size=4"],
      "actor.megatron: tensor parallel size 4 must divide the 4 attention heads and the 2 key/value heads"),
-    (["actor.megatron.pipeline_model_parallel_size=2"],
-     "actor.megatron.pipeline_model_parallel_size=2: pipeline parallelism is not supported yet"),
-    (["algorithm=ppo", "critic.strategy=megatron"], "critic.strategy=megatron is not supported yet"),
-    (["trainer.device=cpu", "actor.megatron.recompute_activations=true"],
-     "actor.megatron.recompute_activations needs a GPU"),
+    (["trainer.workers_per_node=4", "actor.megatron.pipeline_model_parallel_size=4"],
+     "actor.megatron: pipeline parallel size 4 must divide the 2 layers"),
+    (["trainer.workers_per_node=4", "actor.megatron.tensor_model_parallel_size=2",
+      "actor.megatron.pipeline_model_parallel_size=4"],
+     "actor.megatron: tensor x pipeline parallel sizes 2 x 4 must divide the 4 workers"),
+    (["algorithm=ppo", "critic.strategy=megatron", "trainer.workers_per_node=2",
+      "critic.megatron.tensor_model_parallel_size=4"],
+     "critic.megatron: tensor x pipeline parallel sizes 4 x 1 must divide the 2 workers"),
 ])
 def test_parallel_sizes_are_one_config_line(extra, message):
     with pytest.raises(ConfigError) as err:
@@ -104,22 +125,84 @@ def test_parallel_sizes_are_one_config_line(extra, message):
 
 
 @pytest.mark.slow
-def test_grpo_trains_three_steps_with_tensor_parallel_megatron(ray_cluster, tmp_path):
-    """The whole loop on the embedded model, TP = 2 over two Ray workers: the reference equals the actor
-    before the first update (KL 0), later steps move it, and the checkpoint and export are written."""
+def test_grpo_trains_three_steps_with_pipeline_parallel_megatron(ray_cluster, tmp_path):
+    """The whole loop on the embedded model, one layer per Ray worker (PP = 2; tensor parallelism runs end to
+    end in tests/tools/test_export.py): the reference equals the actor before the first update (KL 0),
+    later steps move it, and the checkpoint exports offline to exactly the run's own export."""
     import json
 
-    from transformers import AutoModelForCausalLM
-
+    from rlplat.tools.export import export
     from rlplat.trainer.main import main
 
     out = tmp_path / "run"
-    assert main(["algorithm=grpo", "actor.strategy=megatron", "actor.megatron.tensor_model_parallel_size=2",
+    assert main(["algorithm=grpo", "actor.strategy=megatron", "actor.megatron.pipeline_model_parallel_size=2",
                  "trainer.workers_per_node=2", "trainer.total_steps=3", "trainer.test_freq=-1",
                  "data.train_batch_size_prompts=16", f"trainer.output_dir={out}"]) == 0
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "actor/kl_loss" in s]
     assert len(steps) == 3 and steps[0]["actor/kl_loss"] == 0 and steps[-1]["actor/kl_loss"] > 0
     assert all(0 < s["actor/grad_norm"] < 100 for s in steps)
-    assert (out / "checkpoints" / "step_000003" / "manifest.json").exists()
-    AutoModelForCausalLM.from_pretrained(out / "hf_export")  # the export loads as a Hugging Face model
+    export(out / "checkpoints" / "step_000003", tmp_path / "offline")
+    run_export = AutoModelForCausalLM.from_pretrained(out / "hf_export").state_dict()
+    offline = AutoModelForCausalLM.from_pretrained(tmp_path / "offline").state_dict()
+    assert run_export.keys() == offline.keys()
+    assert all(torch.equal(offline[name], tensor) for name, tensor in run_export.items())
+
+
+def critic_run(model_path: str, group_of, strategy: str, workers: int = 1, extra=()):
+    """A PPO critic's values for fixed responses, one update towards constant returns, and its values after."""
+    from rlplat.protocol import Batch
+    from rlplat.rollout.base import assemble_rollout
+    from rlplat.workers.roles import CriticWorker
+
+    prompts = prompt_batch(model_path)
+    responses = torch.randint(10, 20, (len(prompts), 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(len(prompts), 8, dtype=torch.long)
+    mask[0, 5:] = 0
+    batch = assemble_rollout(prompts, responses, mask, torch.zeros(len(prompts), 8))
+    cfg, plan = engine_config(model_path, workers=workers, extra=["algorithm=ppo", "critic.optim.lr=3e-3",
+                                                                  f"critic.strategy={strategy}", *extra])
+    group = group_of(CriticWorker, cfg, plan)
+    try:
+        group.init_model(model_path)
+        values = group.compute_values(batch).tensors["values"]
+        train = batch.union(Batch.from_dict({"values": values, "returns": torch.ones(8, 8) * mask}))
+        metrics = group.update_critic(train)[0]
+        return values, metrics, group.compute_values(batch).tensors["values"]
+    finally:
+        group.shutdown()
+
+
+def in_process(worker_cls, cfg, plan):
+    return InProcessWorkerGroup(worker_cls, device="cpu", cfg=cfg, plan=plan)
+
+
+def check_same_critic(got, expected) -> None:
+    (before, metrics, after), (m_before, m_metrics, m_after) = expected, got
+    torch.testing.assert_close(m_before, before, atol=1e-5, rtol=0)
+    assert m_metrics["critic/vf_loss"] == pytest.approx(metrics["critic/vf_loss"], abs=1e-6)
+    assert m_metrics["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)
+    assert (after - before).abs().max() > 1e-2  # the update moved the values ...
+    torch.testing.assert_close(m_after, after, atol=1e-5, rtol=0)  # ... alike
+
+
+def test_megatron_critic_matches_the_fsdp_critic(tiny_model_path):
+    """critic.strategy=megatron: the backbone with a one-output head (the Hugging Face value model's, as
+    the FSDP critic loads it) gives the FSDP critic's values, and one update moves both alike."""
+    check_same_critic(critic_run(tiny_model_path, in_process, "megatron"),
+                      critic_run(tiny_model_path, in_process, "fsdp"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_two_ray_workers_megatron_critic_matches_fsdp(ray_cluster, tiny_model_path, tp, pp):
+    """The head is replicated over tensor-parallel ranks (its gradient counted once in the norm) and sits on
+    the last pipeline stage."""
+    pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
+    try:
+        got = critic_run(tiny_model_path, lambda cls, cfg, plan: RayWorkerGroup(cls, pool, cfg=cfg, plan=plan),
+                         "megatron", workers=2, extra=[f"critic.megatron.tensor_model_parallel_size={tp}",
+                                                       f"critic.megatron.pipeline_model_parallel_size={pp}"])
+    finally:
+        pool.release()
+    check_same_critic(got, critic_run(tiny_model_path, in_process, "fsdp"))

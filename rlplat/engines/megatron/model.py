@@ -28,23 +28,47 @@ def transformer_config(hf_config, params_dtype: torch.dtype = torch.float32, **p
         # the fused kernels are CUDA-only; the plain torch paths are exact
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
-        **parallel,
+        # pipeline stages exchange activations of each micro-batch's own shape (token budgets vary the
+        # rows); the check behind this switch also rejects MoE's allgather dispatcher, unused by dense models
+        variable_seq_lengths=parallel.get("pipeline_model_parallel_size", 1) > 1, moe_token_dispatcher_type="alltoall",
+        pipeline_dtype=params_dtype, **parallel,
     )
 
 
-def build_gpt_model(hf_config, params_dtype: torch.dtype = torch.float32, **parallel):
+class ValueHead(torch.nn.Module):
+    """A value model's head in place of ``GPTModel.output_layer``: one value per position from the final
+    hidden states (which every tensor-parallel rank holds whole, so the head is replicated). Called as the
+    output layer is; the model returns ``[batch, seq, 1]``."""
+
+    def __init__(self, hidden_size: int, params_dtype: torch.dtype):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=params_dtype))  # loaded from the
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=params_dtype))  # Hugging Face model's score head
+
+    def forward(self, hidden_states, weight=None, runtime_gather_output=None):
+        return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None
+
+
+def build_gpt_model(hf_config, params_dtype: torch.dtype = torch.float32, pre_process: bool = True,
+                    post_process: bool = True, value_head: bool = False, **parallel):
     """The (this rank's shard of the) ``GPTModel`` for ``hf_config``, randomly initialised: load weights
-    with :func:`rlplat.engines.megatron.convert.hf_to_megatron`."""
+    with :func:`rlplat.engines.megatron.convert.hf_to_megatron` (and ``to_stage``). ``pre_process``: this
+    pipeline stage holds the embedding; ``post_process``: the final norm and the output layer, which
+    ``value_head`` replaces by a :class:`ValueHead` (a critic)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     shape = GPTShape.from_hf_config(hf_config)
     config = transformer_config(hf_config, params_dtype, **parallel)
     rope = getattr(hf_config, "rope_parameters", None) or {"rope_theta": getattr(hf_config, "rope_theta", 10000.0)}
-    return GPTModel(
+    model = GPTModel(
         config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=shape.padded_vocab_size(config.tensor_model_parallel_size),
         max_sequence_length=hf_config.max_position_embeddings,
-        share_embeddings_and_output_weights=shape.tied_embeddings, position_embedding_type="rope",
-        rotary_base=rope["rope_theta"],
+        share_embeddings_and_output_weights=shape.tied_embeddings and not value_head,
+        position_embedding_type="rope", rotary_base=rope["rope_theta"], pre_process=pre_process,
+        post_process=post_process,
     )
+    if value_head and post_process:
+        model.output_layer = ValueHead(shape.hidden_size, params_dtype)
+    return model
