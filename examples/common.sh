@@ -12,6 +12,7 @@ ACTOR=${ACTOR:-fsdp}                     # training engine preset: fsdp | megatr
 ROLLOUT=${ROLLOUT:-hf}                   # rollout engine preset: hf | vllm | sglang
 TP=${TP:-1}                              # megatron: workers one model replica is split over
 PP=${PP:-1}                              # megatron: pipeline stages (each holds layers / PP)
+SP=${SP:-$([ "$TP" -gt 1 ] && echo true || echo false)}  # megatron: sequence parallelism (default: on when TP > 1)
 MODEL=${MODEL:-embedded}                 # HF hub id or local directory; embedded = the tiny CPU model
 TRAIN_FILES=${TRAIN_FILES:-builtin:arithmetic}   # parquet file(s): one path or [a.parquet,b.parquet]
 VAL_FILES=${VAL_FILES:-builtin:arithmetic}
@@ -48,6 +49,7 @@ run_rlplat() {
         "rollout=$ROLLOUT" \
         "actor.megatron.tensor_model_parallel_size=$TP" \
         "actor.megatron.pipeline_model_parallel_size=$PP" \
+        "actor.megatron.sequence_parallel=$SP" \
         "model.path=$MODEL" \
         "data.train_files=$TRAIN_FILES" \
         "data.val_files=$VAL_FILES" \

@@ -93,6 +93,8 @@ class MegatronConfig:
     tensor_model_parallel_size: int = count(1)  # workers one model replica is split over (must divide the heads)
     pipeline_model_parallel_size: int = count(1)  # stages of layers, run by Megatron-Core's 1F1B schedule
     recompute_activations: bool = False  # recompute each layer's activations in backward (saves memory)
+    # split the norms' and dropouts' activations along the sequence over the tensor-parallel ranks (tp > 1)
+    sequence_parallel: bool = False
 
 
 @dataclass

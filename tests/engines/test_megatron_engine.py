@@ -18,9 +18,10 @@ pytest.importorskip("megatron.core", reason="needs megatron-core (pip install -e
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def megatron(tp: int, pp: int = 1, recompute: bool = False) -> list[str]:
+def megatron(tp: int, pp: int = 1, recompute: bool = False, sp: bool = False) -> list[str]:
     return ["actor.strategy=megatron", f"actor.megatron.tensor_model_parallel_size={tp}",
-            f"actor.megatron.pipeline_model_parallel_size={pp}", f"actor.megatron.recompute_activations={recompute}"]
+            f"actor.megatron.pipeline_model_parallel_size={pp}", f"actor.megatron.recompute_activations={recompute}",
+            f"actor.megatron.sequence_parallel={sp}"]
 
 
 def check_matches_unsharded(group, cfg, plan, model_path: str, ranks: int) -> None:
@@ -85,14 +86,16 @@ def test_tp1_in_process_matches_unsharded(tiny_model_path, recompute):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 1), (1, 2)], ids=["tp2", "dp2", "pp2"])
-def test_two_ray_workers_match_unsharded(ray_cluster, tiny_model_path, tp, pp):
+@pytest.mark.parametrize("tp, pp, sp", [(2, 1, False), (1, 1, False), (1, 2, False), (2, 1, True)],
+                         ids=["tp2", "dp2", "pp2", "tp2-sp"])
+def test_two_ray_workers_match_unsharded(ray_cluster, tiny_model_path, tp, pp, sp):
     """tp2: one replica split over both workers (vocabulary padded 103 -> 104); dp2: two replicas; pp2:
     one layer per worker, run by Megatron-Core's 1F1B schedule over uneven token-budget micro-batches,
-    the tied embedding's copy on the last stage kept equal. Rows are shuffled before the update: the
-    tensor-parallel ranks of a replica must shuffle alike."""
-    budget = ["actor.micro_batch_max_tokens_per_worker=40"] if pp > 1 else []
-    cfg, plan = engine_config(tiny_model_path, workers=2, extra=[*megatron(tp, pp), "actor.shuffle=true", *budget])
+    the tied embedding's copy on the last stage kept equal; tp2-sp: with sequence parallelism (the 17
+    positions run as 18, a multiple of tp). Rows are shuffled before the update: the tensor-parallel ranks
+    of a replica must shuffle alike."""
+    budget = ["actor.micro_batch_max_tokens_per_worker=40"] if pp > 1 or sp else []
+    cfg, plan = engine_config(tiny_model_path, workers=2, extra=[*megatron(tp, pp, sp=sp), "actor.shuffle=true", *budget])
     pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
     group = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg, plan=plan)
     try:
@@ -117,6 +120,8 @@ def test_two_ray_workers_match_unsharded(ray_cluster, tiny_model_path, tp, pp):
     (["algorithm=ppo", "critic.strategy=megatron", "trainer.workers_per_node=2",
       "critic.megatron.tensor_model_parallel_size=4"],
      "critic.megatron: tensor x pipeline parallel sizes 4 x 1 must divide the 2 workers"),
+    (["actor.megatron.sequence_parallel=true"],
+     "actor.megatron.sequence_parallel=true needs actor.megatron.tensor_model_parallel_size > 1"),
 ])
 def test_parallel_sizes_are_one_config_line(extra, message):
     with pytest.raises(ConfigError) as err:
@@ -194,15 +199,16 @@ def test_megatron_critic_matches_the_fsdp_critic(tiny_model_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
-def test_two_ray_workers_megatron_critic_matches_fsdp(ray_cluster, tiny_model_path, tp, pp):
-    """The head is replicated over tensor-parallel ranks (its gradient counted once in the norm) and sits on
-    the last pipeline stage."""
+@pytest.mark.parametrize("tp, pp, sp", [(2, 1, False), (1, 2, False), (2, 1, True)], ids=["tp2", "pp2", "tp2-sp"])
+def test_two_ray_workers_megatron_critic_matches_fsdp(ray_cluster, tiny_model_path, tp, pp, sp):
+    """The head is replicated over tensor-parallel ranks (its gradient counted once in the norm; with
+    sequence parallelism it sees the gathered sequence) and sits on the last pipeline stage."""
     pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
     try:
         got = critic_run(tiny_model_path, lambda cls, cfg, plan: RayWorkerGroup(cls, pool, cfg=cfg, plan=plan),
                          "megatron", workers=2, extra=[f"critic.megatron.tensor_model_parallel_size={tp}",
-                                                       f"critic.megatron.pipeline_model_parallel_size={pp}"])
+                                                       f"critic.megatron.pipeline_model_parallel_size={pp}",
+                                                       f"critic.megatron.sequence_parallel={sp}"])
     finally:
         pool.release()
     check_same_critic(got, critic_run(tiny_model_path, in_process, "fsdp"))

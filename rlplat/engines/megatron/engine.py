@@ -57,8 +57,10 @@ def _no_grad_at(padding_idx: int):
     embedding (the Hugging Face model's ``padding_idx`` semantics; a sampled pad token is one)."""
 
     def hook(module, inputs, output):
-        at_pad = (inputs[0] == padding_idx).unsqueeze(-1)
-        return torch.where(at_pad, output.detach(), output)
+        at_pad = inputs[0] == padding_idx  # [B, T]
+        if module.reduce_scatter_embeddings:  # sequence parallel: output [T / tp, B, H], this rank's slice
+            at_pad = at_pad.t().chunk(dist.get_world_size(module.tp_group))[dist.get_rank(module.tp_group)]
+        return torch.where(at_pad.unsqueeze(-1), output.detach(), output)
 
     return hook
 
@@ -123,6 +125,9 @@ class MegatronEngine(TrainingEngine):
             data_parallel_size(world_size, tp, pp, model_shape(cfg.model))
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
+        if engine_cfg.sequence_parallel and tp == 1:
+            raise ConfigError(f"{key}.sequence_parallel=true needs {key}.tensor_model_parallel_size > 1 (the "
+                              f"sequence is split over the tensor-parallel ranks)")
 
     def __init__(self, model_path: str, model_cfg: DictConfig, engine_cfg: DictConfig, dist_ctx: DistContext,
                  optim_cfg: DictConfig | None = None, total_optimizer_steps: int = 1, value_head: bool = False):
@@ -142,7 +147,7 @@ class MegatronEngine(TrainingEngine):
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pp - 1
         self.tp_group, self.pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
         self.dp_group, self.model_parallel_group = ps.get_data_parallel_group(), ps.get_model_parallel_group()
-        self.value_head = value_head
+        self.value_head, self.sequence_parallel = value_head, engine_cfg.sequence_parallel
         self.tied_output = self.shape.tied_embeddings and not value_head  # the output layer is the embedding
         # the Hugging Face model first: a value model's fresh head draws from the seeded generator as the
         # FSDP engine's does, and every worker takes rank 0's (the replicas and shards must hold one head)
@@ -169,7 +174,7 @@ class MegatronEngine(TrainingEngine):
             self._model = build_gpt_model(hf_config, pre_process=self.first_stage, post_process=self.last_stage,
                                           value_head=value_head, tensor_model_parallel_size=tp,
                                           pipeline_model_parallel_size=pp, calculate_per_token_loss=True,
-                                          **recompute)
+                                          sequence_parallel=self.sequence_parallel, **recompute)
         shard = to_stage(hf_to_megatron(hf, self.shape, tp)[self.tp_rank], self.shape, pp, self.pp_rank)
         missing, unexpected = self._model.load_state_dict(shard, strict=False)
         missing = [name for name in missing if not name.endswith("_extra_state")]
@@ -201,18 +206,27 @@ class MegatronEngine(TrainingEngine):
         dist.all_reduce(tensor, op=REDUCE_OPS[op], group=self.dp_group)
         return tensor.tolist()
 
+    def _seq_length(self, micro: Batch) -> int:
+        """The length a micro-batch runs at: with sequence parallelism a multiple of tp (each rank holds an
+        equal slice of the sequence)."""
+        seq = micro.tensors["input_ids"].shape[1]
+        return -(-seq // self.tp) * self.tp if self.sequence_parallel else seq
+
     def _stage_forward(self, micro: Batch) -> torch.Tensor:
         """This stage's part of the forward pass: the logits ``[B, T, V / tp]`` on the last stage, the
         hidden states for the next stage elsewhere (the schedule feeds a later stage its input)."""
         t = {k: v.to(self.device) for k, v in micro.tensors.items()
              if k in ("input_ids", "attention_mask", "position_ids")}
-        seq = t["input_ids"].shape[1]
+        seq, run = t["input_ids"].shape[1], self._seq_length(micro)
+        if run > seq:  # positions appended at the end, masked out: causal attention keeps them out of the rest
+            t = {k: torch.nn.functional.pad(v, (0, run - seq)) for k, v in t.items()}
         if self.first_stage:
             self.tokens_real += int(t["attention_mask"].sum())
             self.tokens_computed += t["input_ids"].numel()
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=self.device).triu(1)
+        causal = torch.ones(run, run, dtype=torch.bool, device=self.device).triu(1)
         masked = causal[None, None] | ~t["attention_mask"].bool()[:, None, None, :]  # True = not attended
-        return self._model(t["input_ids"], t["position_ids"], masked)
+        out = self._model(t["input_ids"], t["position_ids"], masked)
+        return out[:, :seq] if self.last_stage else out
 
     def _outputs(self, logits: torch.Tensor, micro: Batch, temperature: float, need_entropy: bool,
                  need_sum_pi_squared: bool) -> ForwardOutput:
@@ -251,7 +265,7 @@ class MegatronEngine(TrainingEngine):
 
         return get_forward_backward_func()(
             forward_step_func=step, data_iterator=iter(micros), model=[self._model], num_microbatches=len(micros),
-            seq_length=max(m.tensors["input_ids"].shape[1] for m in micros),
+            seq_length=max(self._seq_length(m) for m in micros),
             micro_batch_size=max(len(m) for m in micros), forward_only=forward_only)
 
     def _from_last_stage(self, value):
@@ -304,14 +318,17 @@ class MegatronEngine(TrainingEngine):
         return torch.cat([logits[..., :real], pad], dim=-1)
 
     def reduce_gradients(self) -> None:
-        """Sum the gradients over the replicas (the losses use global denominators), and, with tied
-        embeddings split over pipeline stages, over the embedding and its output-layer copy, so that both
-        copies take the same step."""
+        """Sum the gradients over the replicas (the losses use global denominators); with sequence
+        parallelism, the norms' over the tensor-parallel ranks (each saw its slice of the sequence); with
+        tied embeddings split over pipeline stages, over the embedding and its output-layer copy, so that
+        both copies take the same step."""
         from megatron.core import parallel_state
 
         for param in self.optim.params:
             if param.grad is not None:
                 dist.all_reduce(param.grad, group=self.dp_group)
+                if getattr(param, "sequence_parallel", False):
+                    dist.all_reduce(param.grad, group=self.tp_group)
         if self.pp > 1 and self.tied_output and parallel_state.is_rank_in_embedding_group():
             weight = self._model.shared_embedding_or_output_weight()
             dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())

@@ -2,7 +2,8 @@
 
 Needs ``megatron-core`` (``pip install -e '.[megatron]'``) and an initialised model-parallel state
 (``megatron.core.parallel_state.initialize_model_parallel``). Uses the local layer spec (plain torch
-modules, RMSNorm, SwiGLU, rotary embeddings), so TransformerEngine is optional.
+modules, SwiGLU, rotary embeddings), so TransformerEngine is optional, with rlplat's :class:`RMSNorm` in
+place of the spec's torch norm, which refuses sequence parallelism.
 """
 
 from __future__ import annotations
@@ -35,17 +36,34 @@ def transformer_config(hf_config, params_dtype: torch.dtype = torch.float32, **p
     )
 
 
+class RMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm as a layer-spec module that also runs with sequence parallelism. There each
+    tensor-parallel rank normalises its own slice of the sequence, so the weight's gradient is partial: the
+    weight is marked ``sequence_parallel`` (Megatron-Core's convention) and the engine sums such gradients
+    over the tensor-parallel group."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **unused):
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
 class ValueHead(torch.nn.Module):
     """A value model's head in place of ``GPTModel.output_layer``: one value per position from the final
-    hidden states (which every tensor-parallel rank holds whole, so the head is replicated). Called as the
-    output layer is; the model returns ``[batch, seq, 1]``."""
+    hidden states (which every tensor-parallel rank holds whole, so the head is replicated; with sequence
+    parallelism each rank's slice of the sequence is gathered first). Called as the output layer is; the
+    model returns ``[batch, seq, 1]``."""
 
-    def __init__(self, hidden_size: int, params_dtype: torch.dtype):
+    def __init__(self, hidden_size: int, params_dtype: torch.dtype, sequence_parallel: bool = False):
         super().__init__()
+        self.sequence_parallel = sequence_parallel
         self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=params_dtype))  # loaded from the
         self.bias = torch.nn.Parameter(torch.zeros(1, dtype=params_dtype))  # Hugging Face model's score head
 
     def forward(self, hidden_states, weight=None, runtime_gather_output=None):
+        if self.sequence_parallel:  # every rank computes the whole loss: backward keeps its own slice's gradient
+            from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False)
         return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None
 
 
@@ -57,12 +75,16 @@ def build_gpt_model(hf_config, params_dtype: torch.dtype = torch.float32, pre_pr
     ``value_head`` replaces by a :class:`ValueHead` (a critic)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     shape = GPTShape.from_hf_config(hf_config)
     config = transformer_config(hf_config, params_dtype, **parallel)
+    layer = get_gpt_layer_local_spec()
+    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    block = TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
     rope = getattr(hf_config, "rope_parameters", None) or {"rope_theta": getattr(hf_config, "rope_theta", 10000.0)}
     model = GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        config=config, transformer_layer_spec=block,
         vocab_size=shape.padded_vocab_size(config.tensor_model_parallel_size),
         max_sequence_length=hf_config.max_position_embeddings,
         share_embeddings_and_output_weights=shape.tied_embeddings and not value_head,
@@ -70,5 +92,5 @@ def build_gpt_model(hf_config, params_dtype: torch.dtype = torch.float32, pre_pr
         post_process=post_process,
     )
     if value_head and post_process:
-        model.output_layer = ValueHead(shape.hidden_size, params_dtype)
+        model.output_layer = ValueHead(shape.hidden_size, params_dtype, config.sequence_parallel)
     return model
