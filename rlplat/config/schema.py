@@ -95,6 +95,8 @@ class MegatronConfig:
     recompute_activations: bool = False  # recompute each layer's activations in backward (saves memory)
     # split the norms' and dropouts' activations along the sequence over the tensor-parallel ranks (tp > 1)
     sequence_parallel: bool = False
+    # shard AdamW's moments over the data-parallel replicas (ZeRO-1): each steps its share of the weights
+    use_distributed_optimizer: bool = True
 
 
 @dataclass

@@ -195,3 +195,34 @@ def check_blended(given: set[str], expected: Iterable[str]) -> None:
 
 
 TRAINING_ENGINES: Registry[type[TrainingEngine]] = Registry("training engine")
+
+
+def save_rank_state(path: str, rank: int, optim: Optimizer | None) -> None:
+    """What a checkpoint keeps per rank beside the sharded tensors: the random number generators' states and
+    the LR schedule's position (``extra_rank<rank>.pt``)."""
+    import random
+
+    import numpy as np
+
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    torch.save({"rng": rng, "scheduler": optim.scheduler.state_dict() if optim else None},
+               f"{path}/extra_rank{rank}.pt")
+
+
+def load_rank_state(path: str, rank: int, optim: Optimizer | None) -> None:
+    """Restore what :func:`save_rank_state` wrote."""
+    import random
+
+    import numpy as np
+
+    extra = torch.load(f"{path}/extra_rank{rank}.pt", weights_only=False)
+    if optim is not None:
+        optim.scheduler.load_state_dict(extra["scheduler"])
+    rng = extra["rng"]
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])

@@ -19,7 +19,8 @@ from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
 from rlplat.engines.base import (
-    TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended,
+    TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended, load_rank_state,
+    save_rank_state,
 )
 from rlplat.engines.dist import DistContext
 from rlplat.engines.optim import Optimizer
@@ -192,8 +193,7 @@ class FSDPEngine(TrainingEngine):
 
         model_state, optim_state = get_state_dict(self._model, [self.optim.optimizer] if self.optim else [])
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
-        extra = {"rng": _rng_state(), "scheduler": self.optim.scheduler.state_dict() if self.optim else None}
-        torch.save(extra, f"{path}/extra_rank{self.ctx.rank}.pt")
+        save_rank_state(path, self.ctx.rank, self.optim)
 
     def load_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp
@@ -204,10 +204,7 @@ class FSDPEngine(TrainingEngine):
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=path)
         set_state_dict(self._model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        extra = torch.load(f"{path}/extra_rank{self.ctx.rank}.pt", weights_only=False)
-        if self.optim is not None:
-            self.optim.scheduler.load_state_dict(extra["scheduler"])
-        _set_rng_state(extra["rng"])
+        load_rank_state(path, self.ctx.rank, self.optim)
 
     def live_weights(self):
         from torch.distributed.tensor import DTensor
@@ -307,26 +304,3 @@ def gather_bucket(items: list[tuple[str, torch.Tensor]], dtype: torch.dtype | No
                 offsets[r] += per_rank[r]
             out[name] = torch.cat(pieces).view(t.shape)
     return [(name, out[name]) for name, _ in items]
-
-
-def _rng_state() -> dict:
-    import random
-
-    import numpy as np
-
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    import random
-
-    import numpy as np
-
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])

@@ -3,6 +3,13 @@
 AdamW with decoupled weight decay, a linear warmup and then a constant, linear or cosine schedule down to
 ``min_lr_ratio``; gradients are clipped to ``grad_clip`` (global norm) and a step whose gradient norm is
 not finite is skipped (the optimizer state stays as it was; the trainer decides whether to stop).
+
+An engine whose replicas each hold whole weights (Megatron's data parallelism) can shard the optimizer
+over them (``shard_group``; Megatron-Core's "distributed optimizer", ZeRO stage 1): each replica keeps
+AdamW's two moments only for its share of the weights, steps that share with the summed gradients and
+broadcasts it to the others (torch's ``ZeroRedundancyOptimizer``, which assigns whole tensors, largest
+share first). The update is the unsharded one; the moments, two thirds of fp32 training state, take
+1 / dp of the memory. FSDP needs none of this: its weights, and so its moments, are already sharded.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import math
 from collections.abc import Callable, Iterable
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 
 LR_SCHEDULES = ("constant", "linear", "cosine")  # {actor,critic}.optim.lr_schedule, after the warmup
@@ -37,15 +45,24 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: 
 class Optimizer:
     """AdamW + LR schedule + clipping over ``params``, for ``total_steps`` optimizer steps. ``grad_norm``
     computes the global gradient norm of ``params`` (default: over the local tensors, DTensors gathered);
-    a tensor-parallel engine passes one that counts each shard once."""
+    a tensor-parallel engine passes one that counts each shard once. ``shard_group``: the processes that
+    hold the same ``params`` (data-parallel replicas) and share the optimizer state out among them."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], optim_cfg: DictConfig, total_steps: int,
-                 grad_norm: Callable[[list[torch.nn.Parameter]], torch.Tensor] | None = None):
+                 grad_norm: Callable[[list[torch.nn.Parameter]], torch.Tensor] | None = None,
+                 shard_group: dist.ProcessGroup | None = None):
         self.params = [p for p in params if p.requires_grad]
         self.grad_norm = grad_norm or _local_grad_norm
         self.grad_clip = optim_cfg.grad_clip
-        self.optimizer = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                                           eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
+        adamw = dict(lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
+                     weight_decay=optim_cfg.weight_decay)
+        if shard_group is not None and dist.get_world_size(shard_group) > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            self.optimizer = ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.AdamW,
+                                                     process_group=shard_group, **adamw)
+        else:
+            self.optimizer = torch.optim.AdamW(self.params, **adamw)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_lambda(optim_cfg.lr_schedule, optim_cfg.warmup_steps, total_steps, optim_cfg.min_lr_ratio),
@@ -64,6 +81,18 @@ class Optimizer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return {"grad_norm": float(grad_norm), "lr": lr}
+
+    @property
+    def local_state(self) -> dict[torch.nn.Parameter, dict[str, torch.Tensor]]:
+        """AdamW's state (``step``, ``exp_avg``, ``exp_avg_sq``) of the parameters this process steps: all
+        of them, or its share when sharded. Written to in place by a checkpoint load."""
+        inner = getattr(self.optimizer, "optim", self.optimizer)  # a ZeroRedundancyOptimizer's local AdamW
+        return inner.state
+
+    def steps_locally(self, param: torch.nn.Parameter) -> bool:
+        """Whether this process keeps ``param``'s optimizer state (always, unless sharded)."""
+        owner = getattr(self.optimizer, "_param_to_rank", None)
+        return owner is None or owner[param] == self.optimizer.rank
 
 
 def _local_grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:

@@ -3,10 +3,10 @@ Face model directory (safetensors, config, tokenizer) that ``AutoModelForCausalL
 
 A checkpoint (``<output_dir>/checkpoints/step_NNNNNN``) is checked against its manifest first. Its
 ``config.yaml`` (the run's resolved config; older checkpoints: the run directory's) says how the actor was
-trained and from which model: FSDP checkpoints are torch.distributed.checkpoint shards of any world size,
-read without a process group; Megatron checkpoints are one file per rank, whose tensor-parallel shards and
-pipeline stages of the first data-parallel replica are converted back to Hugging Face names. The model's config and tokenizer
-come from the run's ``model.path`` (and ``model.tokenizer_path``). Every failure is one line.
+trained and from which model. FSDP and Megatron checkpoints alike are torch.distributed.checkpoint shards
+under Hugging Face names, read here without a process group whatever world size and parallel layout wrote
+them. The model's config and tokenizer come from the run's ``model.path`` (and ``model.tokenizer_path``).
+Every failure is one line.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from transformers import AutoConfig
 
 from rlplat.trainer.checkpoint import MANIFEST, STEP_DIR, verify
 from rlplat.trainer.main import debug_traceback
@@ -85,42 +86,22 @@ def base_model(cfg: DictConfig) -> str:
     return resolve_model_path(cfg)
 
 
-def fsdp_weights(actor_dir: Path, cfg: DictConfig, model_path: str) -> dict[str, torch.Tensor]:
-    """The full model of a torch.distributed.checkpoint directory, whatever world size wrote it (the
-    optimizer's entries are not read)."""
+# the training engines whose checkpoints hold the actor as torch.distributed.checkpoint shards under
+# Hugging Face names (docs/megatron.md: Megatron's too)
+ENGINES = ("fsdp", "megatron")
+
+
+def checkpoint_weights(actor_dir: Path, tied_embeddings: bool) -> dict[str, torch.Tensor]:
+    """The full model of a torch.distributed.checkpoint directory, whatever engine, world size and parallel
+    layout wrote it (the optimizer's entries are not read)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    return dict(_load_state_dict_from_keys(keys={"model"}, checkpoint_id=str(actor_dir))["model"])
-
-
-def megatron_weights(actor_dir: Path, cfg: DictConfig, model_path: str) -> dict[str, torch.Tensor]:
-    """Hugging Face weights from the first replica's ranks: Megatron numbers the ranks tensor-parallel
-    innermost, then data-parallel, then pipeline stages, so stage s's tensor-parallel rank t is global rank
-    ``t + s x tp x dp``."""
-    from transformers import AutoConfig
-
-    from rlplat.engines.megatron.convert import GPTShape, from_stages, megatron_to_hf
-
-    tp, pp = int(cfg.actor.megatron.tensor_model_parallel_size), int(cfg.actor.megatron.pipeline_model_parallel_size)
-    dp = int(cfg.trainer.nnodes * cfg.trainer.workers_per_node) // (tp * pp)
-    files = [[actor_dir / f"megatron_rank{t + s * tp * dp}.pt" for s in range(pp)] for t in range(tp)]
-    if missing := [f.name for stages in files for f in stages if not f.is_file()]:
-        raise ExportError(f"{actor_dir}: missing {', '.join(missing)} for tensor x pipeline parallel sizes {tp} x {pp}")
-    hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
-    shape = GPTShape.from_hf_config(hf_config)
-
-    def model(file: Path) -> dict[str, torch.Tensor]:  # mmap: the optimizer state saved beside it is not read
-        state = torch.load(file, map_location="cpu", mmap=True, weights_only=False)["model"]
-        return {name: t for name, t in state.items() if not name.endswith("_extra_state")}
-
-    weights = megatron_to_hf([from_stages([model(f) for f in stages], shape) for stages in files], shape)
-    if getattr(hf_config, "tie_word_embeddings", False):
+    if not (actor_dir / ".metadata").is_file():
+        raise ExportError(f"{actor_dir}: no .metadata file, so not a torch.distributed.checkpoint directory")
+    weights = dict(_load_state_dict_from_keys(keys={"model"}, checkpoint_id=str(actor_dir))["model"])
+    if tied_embeddings:  # the output layer is the embedding
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
     return weights
-
-
-# actor.strategy -> the reader of that engine's checkpoint files: (actor dir, run config, model path) -> weights
-READERS = {"fsdp": fsdp_weights, "megatron": megatron_weights}
 
 
 def export(ckpt: Path, out: Path, dtype: str = "float32") -> Path:
@@ -128,12 +109,12 @@ def export(ckpt: Path, out: Path, dtype: str = "float32") -> Path:
     check_checkpoint(ckpt)
     check_out(out, ckpt)
     cfg = checkpoint_config(ckpt)
-    read = READERS.get(cfg.actor.strategy)
-    if read is None:
+    if cfg.actor.strategy not in ENGINES:
         raise ExportError(f"{ckpt}: actor.strategy={cfg.actor.strategy!r} has no exporter; known: "
-                          f"{', '.join(READERS)}")
+                          f"{', '.join(ENGINES)}")
     model_path = base_model(cfg)
-    weights = read(ckpt / "actor", cfg, model_path)
+    hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
+    weights = checkpoint_weights(ckpt / "actor", bool(getattr(hf_config, "tie_word_embeddings", False)))
     export_hf_model(weights, str(out), model_path, cfg.model, getattr(torch, dtype))
     return out
 

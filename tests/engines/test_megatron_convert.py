@@ -11,8 +11,8 @@ import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlplat.engines.dist import free_port
-from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, from_stages, hf_to_megatron,
-                                             megatron_to_hf, to_stage)
+from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_split_dim,
+                                             hf_to_megatron, megatron_from_hf, megatron_to_hf, stage_layers, tp_slice)
 from rlplat.models.tiny import TinyModelSpec, build_tiny_model
 
 
@@ -45,28 +45,57 @@ def test_round_trip_is_exact(hf_model_dir, tp):
         assert torch.equal(back[name], tensor), name
 
 
+def stage_names(names, shape: GPTShape, pp: int, stage: int) -> list[str]:
+    """The tensors Megatron-Core builds on pipeline stage ``stage``: its layers numbered from 0, the
+    embedding on the first stage, the final norm and the output layer (tied or not) on the last."""
+    layers = stage_layers(shape, pp, stage)
+    out = [f"decoder.layers.{int(n.split('.')[2]) - layers.start}.{n.split('.', 3)[3]}" for n in names
+           if n.startswith("decoder.layers.") and int(n.split(".")[2]) in layers]
+    if stage == 0:
+        out.append("embedding.word_embeddings.weight")
+    if stage == pp - 1:
+        out += ["decoder.final_layernorm.weight", "output_layer.weight"]
+    return out
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_pipeline_stages_split_and_join_exactly(hf_model_dir, tp):
-    """Stage 0 holds the embedding and layer 0, stage 1 layer 1 (renumbered 0), the final norm and the
-    output layer (with tied embeddings: a copy of the embedding, dropped when the stages are joined)."""
+    """Each rank converts its own slices: stage 0 holds the embedding and layer 0, stage 1 layer 1
+    (numbered 0), the final norm and the output layer (with tied embeddings: a copy of the embedding,
+    dropped on the way back); the ranks' Hugging Face pieces join to the original exactly."""
     hf = hf_state(hf_model_dir)
     shape = GPTShape.from_hf_config(AutoConfig.from_pretrained(hf_model_dir))
     shards = hf_to_megatron(hf, shape, tp)
-    for shard in shards:
-        first, last = to_stage(shard, shape, 2, 0), to_stage(shard, shape, 2, 1)
-        assert "embedding.word_embeddings.weight" in first and "embedding.word_embeddings.weight" not in last
-        assert "decoder.final_layernorm.weight" in last and "decoder.final_layernorm.weight" not in first
-        assert {n.split(".")[2] for n in first if n.startswith("decoder.layers.")} == {"0"}
+    pieces = []
+    for rank, shard in enumerate(shards):
+        mine = {name: tp_slice(t, hf_split_dim(name), tp, rank) for name, t in hf.items()}
+        first, last = (megatron_from_hf(mine, shape, tp, rank, stage_names(shard, shape, 2, s),
+                                        first_layer=stage_layers(shape, 2, s).start) for s in (0, 1))
+        assert torch.equal(first["decoder.layers.0.mlp.linear_fc2.weight"], shard["decoder.layers.0.mlp.linear_fc2.weight"])
         assert torch.equal(last["decoder.layers.0.mlp.linear_fc2.weight"], shard["decoder.layers.1.mlp.linear_fc2.weight"])
         assert torch.equal(last["output_layer.weight"], shard["output_layer.weight" if not shape.tied_embeddings
                                                                 else "embedding.word_embeddings.weight"])
-        joined = from_stages([first, last], shape)
-        assert joined.keys() == shard.keys()
-        assert all(torch.equal(joined[name], tensor) for name, tensor in shard.items())
-    assert to_stage(shards[0], shape, 1, 0) == shards[0]
-    back = megatron_to_hf([from_stages([to_stage(s, shape, 2, 0), to_stage(s, shape, 2, 1)], shape) for s in shards],
-                          shape)
-    assert all(torch.equal(back[name], tensor) for name, tensor in hf.items())
+        back = {**hf_from_megatron(first, shape, tp, rank), **hf_from_megatron(last, shape, tp, rank, first_layer=1)}
+        assert back.keys() == {name for name in hf if not (shape.tied_embeddings and name == "lm_head.weight")}
+        assert all(torch.equal(back[name], mine[name]) for name in back)
+        pieces.append(back)
+    assert all(torch.equal(torch.cat([p[name] for p in pieces], dim) if (dim := hf_split_dim(name)) is not None
+                           else pieces[0][name], hf[name]) for name in pieces[0])
+
+
+def test_a_vocabulary_tp_does_not_divide_is_padded_and_sliced_like_a_sharded_tensor():
+    """103 rows over tp = 4: Megatron's ranks hold 26 rows each (the last one 1 row of padding); the
+    Hugging Face slices are 26, 26, 26 and 25 rows, torch's Shard(0) layout of a checkpoint."""
+    shape = GPTShape(1, 8, 4, 4, 8, 103, tied_embeddings=True)
+    embed = torch.randn(103, 8)
+    slices = [tp_slice(embed, 0, 4, rank) for rank in range(4)]
+    assert [len(t) for t in slices] == [26, 26, 26, 25]
+    shards = [megatron_from_hf({"model.embed_tokens.weight": t}, shape, 4, rank, ["embedding.word_embeddings.weight"])
+              for rank, t in enumerate(slices)]
+    assert all(s["embedding.word_embeddings.weight"].shape == (26, 8) for s in shards)
+    assert torch.equal(shards[3]["embedding.word_embeddings.weight"][25], torch.zeros(8))
+    back = [hf_from_megatron(s, shape, 4, rank)["model.embed_tokens.weight"] for rank, s in enumerate(shards)]
+    assert torch.equal(torch.cat(back), embed)
 
 
 def test_tensor_parallel_size_must_divide_the_heads(hf_model_dir):

@@ -212,3 +212,50 @@ def test_two_ray_workers_megatron_critic_matches_fsdp(ray_cluster, tiny_model_pa
     finally:
         pool.release()
     check_same_critic(got, critic_run(tiny_model_path, in_process, "fsdp"))
+
+
+def resumed_step(tmp_path, model_path: str, save_as, load_as) -> tuple[dict, dict]:
+    """Update, checkpoint and update again in layout ``save_as``; load the checkpoint in layout ``load_as``
+    and take the second update there. Each layout is (workers, megatron overrides). Returns both layouts'
+    weights after the second update."""
+    weights = []
+    for index, (workers, extra) in enumerate((save_as, load_as)):
+        cfg, plan = engine_config(model_path, workers=workers, extra=["actor.strategy=megatron", *extra])
+        if workers == 1:
+            group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+        else:
+            pool = ResourcePool(nnodes=1, workers_per_node=workers, device="cpu").create()
+            group = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg, plan=plan)
+        try:
+            group.init_model(model_path, with_ref=False)
+            if index == 0:
+                torch.manual_seed(0)
+                rollout = group.generate_sequences(prompt_batch(model_path))
+                first, second = with_training_fields(rollout), with_training_fields(rollout, seed=1)
+                group.update_actor(first)
+                group.save_checkpoint(str(tmp_path / "ckpt"))
+            else:
+                group.load_checkpoint(str(tmp_path / "ckpt"))
+            group.update_actor(second)
+            weights.append(group.actor_weights()[0])
+        finally:
+            group.shutdown()
+            if workers > 1:
+                pool.release()
+    return weights[0], weights[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("save_as, load_as", [
+    ((2, ["actor.megatron.use_distributed_optimizer=true"]), (1, [])),
+    ((2, ["actor.megatron.tensor_model_parallel_size=2"]), (2, ["actor.megatron.pipeline_model_parallel_size=2"])),
+], ids=["dp2-sharded-optimizer-to-one-worker", "tp2-to-pp2"])
+def test_a_checkpoint_resumes_in_another_parallel_layout(ray_cluster, tiny_model_path, tmp_path, save_as, load_as):
+    """The checkpoint holds weights and AdamW's moments as slices of whole Hugging Face tensors: read back
+    into another layout, the next update is the one the writing layout takes (the moments of a sharded
+    optimizer included)."""
+    continued, resumed = resumed_step(tmp_path, tiny_model_path, save_as, load_as)
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
+    assert any((continued[name] - initial[name]).abs().max() > 1e-4 for name in initial)
+    for name, tensor in continued.items():
+        torch.testing.assert_close(resumed[name], tensor, atol=1e-6, rtol=1e-5)

@@ -25,15 +25,18 @@ Hugging Face (per layer ``model.layers.i.``)       Megatron (per layer ``decoder
 ``score.{weight,bias}`` (a value model's head)     ``output_layer.{weight,bias}``, replicated (1 output)
 =================================================  ======================================================
 
-Pipeline parallelism then splits each tensor-parallel shard by layers (:func:`to_stage`): stage s of pp
-holds layers ``[s L / pp, (s + 1) L / pp)`` renumbered from 0, the first stage the embedding, the last the
-final norm and the output layer, which with tied embeddings is a copy of the embedding (Megatron-Core
-keeps the copies equal by summing their gradients).
+Each tensor-parallel rank's Megatron tensors are a function of its slices of the Hugging Face tensors
+(:func:`tp_slice` along :func:`hf_split_dim`) and the other way round (:func:`megatron_from_hf`,
+:func:`hf_from_megatron`): the engine converts its own shard without gathering, and a checkpoint stores
+the slices under Hugging Face names. Pipeline parallelism splits by layers: stage s of pp holds layers
+``[s L / pp, (s + 1) L / pp)`` numbered from 0 (``first_layer`` gives the offset), the first stage the
+embedding, the last the final norm and the output layer, which with tied embeddings is a copy of the
+embedding (Megatron-Core keeps the copies equal by summing their gradients).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -89,15 +92,17 @@ def data_parallel_size(world: int, tp: int, pp: int, shape: GPTShape | None = No
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: GPTShape) -> torch.Tensor:
-    """``[q; k; v]`` rows regrouped per query group: ``[groups x (heads_per_group + 2) x head_dim, ...]``."""
-    per_group = [t.reshape(shape.num_kv_heads, -1, *t.shape[1:]) for t in (q, k, v)]
+    """``[q; k; v]`` rows regrouped per query group: ``[groups x (heads_per_group + 2) x head_dim, ...]``
+    (all groups, or one tensor-parallel rank's)."""
+    groups = len(k) // shape.head_dim
+    per_group = [t.reshape(groups, -1, *t.shape[1:]) for t in (q, k, v)]
     return torch.cat(per_group, dim=1).reshape(-1, *q.shape[1:])
 
 
 def _split_qkv(qkv: torch.Tensor, shape: GPTShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    groups, d = shape.num_kv_heads, shape.head_dim
-    q_rows = shape.num_heads // groups * d
-    grouped = qkv.reshape(groups, q_rows + 2 * d, *qkv.shape[1:])
+    d = shape.head_dim
+    q_rows = shape.num_heads // shape.num_kv_heads * d
+    grouped = qkv.reshape(-1, q_rows + 2 * d, *qkv.shape[1:])
     q, k, v = grouped.split([q_rows, d, d], dim=1)
     return tuple(t.reshape(-1, *qkv.shape[1:]) for t in (q, k, v))
 
@@ -108,45 +113,122 @@ def _pad_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([weight, weight.new_zeros(rows - len(weight), *weight.shape[1:])])
 
 
-def hf_to_megatron(hf: Tensors, shape: GPTShape, tp: int = 1) -> list[dict[str, torch.Tensor]]:
-    """One Megatron state dict per tensor-parallel rank from a Hugging Face state dict."""
-    shape.check_tp(tp)
-    vocab = shape.padded_vocab_size(tp)
-    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
-
-    def put(name: str, tensor: torch.Tensor, dim: int | None) -> None:
-        pieces = [tensor] * tp if dim is None else tensor.chunk(tp, dim=dim)
-        for shard, piece in zip(shards, pieces):
-            shard[name] = piece.clone()
-
-    put("embedding.word_embeddings.weight", _pad_rows(hf["model.embed_tokens.weight"], vocab), 0)
-    if "score.weight" in hf:  # a value model (AutoModelForTokenClassification, 1 label): its own head
-        for kind in ("weight", "bias"):
-            if f"score.{kind}" in hf:
-                put(f"output_layer.{kind}", hf[f"score.{kind}"], None)
-    elif not shape.tied_embeddings:
-        put("output_layer.weight", _pad_rows(hf["lm_head.weight"], vocab), 0)
-    put("decoder.final_layernorm.weight", hf["model.norm.weight"], None)
-    for i in range(shape.num_layers):
-        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for kind in ("weight", "bias"):
-            if f"{src}self_attn.q_proj.{kind}" in hf:
-                q, k, v = (hf[f"{src}self_attn.{p}_proj.{kind}"] for p in "qkv")
-                put(f"{dst}self_attention.linear_qkv.{kind}", _fuse_qkv(q, k, v, shape), 0)
-        put(f"{dst}self_attention.linear_proj.weight", hf[f"{src}self_attn.o_proj.weight"], 1)
-        gate, up = hf[f"{src}mlp.gate_proj.weight"].chunk(tp), hf[f"{src}mlp.up_proj.weight"].chunk(tp)
-        for shard, g, u in zip(shards, gate, up):
-            shard[f"{dst}mlp.linear_fc1.weight"] = torch.cat([g, u])
-        put(f"{dst}mlp.linear_fc2.weight", hf[f"{src}mlp.down_proj.weight"], 1)
-        put(f"{dst}input_layernorm.weight", hf[f"{src}input_layernorm.weight"], None)
-        put(f"{dst}pre_mlp_layernorm.weight", hf[f"{src}post_attention_layernorm.weight"], None)
-    return shards
+def hf_split_dim(name: str) -> int | None:
+    """The dimension of the Hugging Face tensor ``name`` that tensor parallelism splits (None: every rank
+    holds it whole)."""
+    if name.endswith(("_proj.weight", "_proj.bias", "embed_tokens.weight", "lm_head.weight")):
+        return 1 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0
+    return None
 
 
-def _value_head(shard: Tensors) -> bool:
-    """A value model's head (one output) sits where a language model's output layer would."""
-    weight = shard.get("output_layer.weight")
-    return weight is not None and weight.shape[0] == 1
+def tp_slice(tensor: torch.Tensor, dim: int | None, tp: int, rank: int) -> torch.Tensor:
+    """Tensor-parallel rank ``rank``'s slice of ``tensor`` along ``dim`` (a view): ``ceil(n / tp)`` entries per
+    rank, the last ranks' shorter or empty when tp does not divide n (only the vocabulary; Megatron pads it,
+    :func:`megatron_from_hf`). This is torch's ``Shard(dim)`` layout, so a checkpoint stores it as is."""
+    if dim is None or tp == 1:
+        return tensor
+    n = tensor.shape[dim]
+    start = min(rank * -(-n // tp), n)
+    return tensor.narrow(dim, start, min(n, start + -(-n // tp)) - start)
+
+
+# per layer, Megatron name -> Hugging Face name, for the weights that are only renamed
+_LAYER_RENAMES = {"self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+                  "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+                  "input_layernorm.weight": "input_layernorm.weight",
+                  "pre_mlp_layernorm.weight": "post_attention_layernorm.weight"}
+
+
+def _layer(name: str, first_layer: int) -> tuple[str, str]:
+    """``decoder.layers.i.rest`` -> (``model.layers.{i + first_layer}.``, ``rest``)."""
+    index, rest = name[len("decoder.layers."):].split(".", 1)
+    return f"model.layers.{int(index) + first_layer}.", rest
+
+
+def megatron_from_hf(pieces: Tensors, shape: GPTShape, tp: int, rank: int, names: Iterable[str],
+                     first_layer: int = 0) -> dict[str, torch.Tensor]:
+    """The Megatron tensors ``names`` of tensor-parallel rank ``rank``, from that rank's Hugging Face pieces
+    (:func:`tp_slice` of each tensor along :func:`hf_split_dim`). ``names`` are a pipeline stage's own
+    (layers numbered from 0; the stage's first layer is ``first_layer``); with tied embeddings the last
+    stage's output layer is the embedding."""
+    rows = shape.padded_vocab_size(tp) // tp
+    out = {}
+    for name in names:
+        if name == "embedding.word_embeddings.weight":
+            out[name] = _pad_rows(pieces["model.embed_tokens.weight"], rows)
+        elif name.startswith("output_layer."):
+            if "score.weight" in pieces:  # a value model (AutoModelForTokenClassification, 1 label): its head
+                out[name] = pieces[f"score.{name.split('.')[1]}"]
+            else:
+                out[name] = _pad_rows(pieces["model.embed_tokens.weight" if shape.tied_embeddings
+                                             else "lm_head.weight"], rows)
+        elif name == "decoder.final_layernorm.weight":
+            out[name] = pieces["model.norm.weight"]
+        else:
+            dst, rest = _layer(name, first_layer)
+            if rest in _LAYER_RENAMES:
+                out[name] = pieces[dst + _LAYER_RENAMES[rest]]
+            elif rest.startswith("self_attention.linear_qkv."):
+                kind = rest.rsplit(".", 1)[1]
+                out[name] = _fuse_qkv(*(pieces[f"{dst}self_attn.{p}_proj.{kind}"] for p in "qkv"), shape)
+            elif rest == "mlp.linear_fc1.weight":  # each rank: [its gate rows; its up rows]
+                out[name] = torch.cat([pieces[f"{dst}mlp.gate_proj.weight"], pieces[f"{dst}mlp.up_proj.weight"]])
+            else:
+                raise ValueError(f"no Hugging Face weight maps to Megatron's {name}")
+    return out
+
+
+def hf_from_megatron(shard: Tensors, shape: GPTShape, tp: int, rank: int, first_layer: int = 0) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s Hugging Face pieces (see :func:`megatron_from_hf`, which this inverts) of the Megatron
+    tensors in ``shard`` (a whole stage's, or any of them: e.g. the optimizer state of some): vocabulary
+    padding is dropped, and so is a tied output layer's copy of the embedding."""
+    real_rows = lambda t: t[: max(0, min(len(t), shape.vocab_size - rank * len(t)))]  # noqa: E731
+    out = {}
+    for name, tensor in shard.items():
+        if name == "embedding.word_embeddings.weight":
+            out["model.embed_tokens.weight"] = real_rows(tensor)
+        elif name.startswith("output_layer."):
+            if tensor.shape[0] == 1:  # a value model's one-output head
+                out[f"score.{name.split('.')[1]}"] = tensor
+            elif not shape.tied_embeddings:
+                out["lm_head.weight"] = real_rows(tensor)
+        elif name == "decoder.final_layernorm.weight":
+            out["model.norm.weight"] = tensor
+        else:
+            dst, rest = _layer(name, first_layer)
+            if rest in _LAYER_RENAMES:
+                out[dst + _LAYER_RENAMES[rest]] = tensor
+            elif rest.startswith("self_attention.linear_qkv."):
+                kind = rest.rsplit(".", 1)[1]
+                out.update(zip((f"{dst}self_attn.{p}_proj.{kind}" for p in "qkv"), _split_qkv(tensor, shape)))
+            elif rest == "mlp.linear_fc1.weight":
+                gate, up = tensor.chunk(2)
+                out.update({f"{dst}mlp.gate_proj.weight": gate, f"{dst}mlp.up_proj.weight": up})
+            else:
+                raise ValueError(f"Megatron's {name} has no Hugging Face name")
+    return out
+
+
+def megatron_name(name: str) -> str:
+    """The Megatron tensor that holds the Hugging Face weight ``name`` (or a part of it); ValueError for a
+    weight the dense Qwen2 / Llama layout does not have."""
+    top = {"model.embed_tokens.weight": "embedding.word_embeddings.weight", "lm_head.weight": "output_layer.weight",
+           "model.norm.weight": "decoder.final_layernorm.weight", "score.weight": "output_layer.weight",
+           "score.bias": "output_layer.bias"}
+    if name in top:
+        return top[name]
+    if not name.startswith("model.layers.") or name.count(".") < 4:
+        raise ValueError(f"{name} has no place in a dense Qwen2 / Llama model")
+    index, rest = name[len("model.layers."):].split(".", 1)
+    if rest.startswith(("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.")):
+        rest = "self_attention.linear_qkv." + rest.rsplit(".", 1)[1]
+    elif rest in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        rest = "mlp.linear_fc1.weight"
+    elif rest in _LAYER_RENAMES.values():
+        rest = next(mg for mg, hf in _LAYER_RENAMES.items() if hf == rest)
+    else:
+        raise ValueError(f"{name} has no place in a dense Qwen2 / Llama model")
+    return f"decoder.layers.{index}.{rest}"
 
 
 def stage_layers(shape: GPTShape, pp: int, stage: int) -> range:
@@ -155,68 +237,18 @@ def stage_layers(shape: GPTShape, pp: int, stage: int) -> range:
     return range(stage * per_stage, (stage + 1) * per_stage)
 
 
-def to_stage(shard: Tensors, shape: GPTShape, pp: int, stage: int) -> dict[str, torch.Tensor]:
-    """Pipeline stage ``stage``'s part of one tensor-parallel shard (from :func:`hf_to_megatron`), under
-    the stage's own names (layers numbered from 0)."""
-    layers = stage_layers(shape, pp, stage)
-    first, last = stage == 0, stage == pp - 1
-    out = {}
-    for name, tensor in shard.items():
-        if name.startswith("decoder.layers."):
-            index, rest = name[len("decoder.layers."):].split(".", 1)
-            if int(index) in layers:
-                out[f"decoder.layers.{int(index) - layers.start}.{rest}"] = tensor
-        elif name.startswith("embedding.") and first or not name.startswith("embedding.") and last:
-            out[name] = tensor
-    if last and not first and shape.tied_embeddings and "output_layer.weight" not in shard:  # its tied copy
-        out["output_layer.weight"] = shard["embedding.word_embeddings.weight"]
-    return out
-
-
-def from_stages(stages: Sequence[Tensors], shape: GPTShape) -> dict[str, torch.Tensor]:
-    """One tensor-parallel shard from every pipeline stage's part (the inverse of :func:`to_stage`; a
-    tied output layer's copy is dropped)."""
-    pp = len(stages)
-    out = {}
-    for stage, part in enumerate(stages):
-        start = stage_layers(shape, pp, stage).start
-        for name, tensor in part.items():
-            if name.startswith("decoder.layers."):
-                index, rest = name[len("decoder.layers."):].split(".", 1)
-                out[f"decoder.layers.{int(index) + start}.{rest}"] = tensor
-            elif not (name == "output_layer.weight" and shape.tied_embeddings and not _value_head(part)):
-                out[name] = tensor
-    return out
+def hf_to_megatron(hf: Tensors, shape: GPTShape, tp: int = 1) -> list[dict[str, torch.Tensor]]:
+    """One Megatron state dict per tensor-parallel rank from a whole Hugging Face state dict (one stage)."""
+    shape.check_tp(tp)
+    names = dict.fromkeys(megatron_name(name) for name in hf if not (name == "lm_head.weight" and shape.tied_embeddings))
+    return [{name: t.clone() for name, t in megatron_from_hf(
+        {name: tp_slice(t, hf_split_dim(name), tp, rank) for name, t in hf.items()}, shape, tp, rank, names).items()}
+        for rank in range(tp)]
 
 
 def megatron_to_hf(shards: Sequence[Tensors], shape: GPTShape) -> dict[str, torch.Tensor]:
     """The Hugging Face state dict from every tensor-parallel rank's Megatron state dict (the inverse of
     :func:`hf_to_megatron`; vocabulary padding is dropped)."""
-    def joined(name: str, dim: int) -> torch.Tensor:
-        return torch.cat([shard[name] for shard in shards], dim=dim)
-
-    def replicated(name: str) -> torch.Tensor:
-        return shards[0][name]
-
-    hf = {"model.embed_tokens.weight": joined("embedding.word_embeddings.weight", 0)[: shape.vocab_size],
-          "model.norm.weight": replicated("decoder.final_layernorm.weight")}
-    if _value_head(shards[0]):
-        hf.update({f"score.{kind}": replicated(f"output_layer.{kind}") for kind in ("weight", "bias")
-                   if f"output_layer.{kind}" in shards[0]})
-    elif not shape.tied_embeddings:
-        hf["lm_head.weight"] = joined("output_layer.weight", 0)[: shape.vocab_size]
-    for i in range(shape.num_layers):
-        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        for kind in ("weight", "bias"):
-            if f"{src}self_attention.linear_qkv.{kind}" in shards[0]:
-                q, k, v = _split_qkv(joined(f"{src}self_attention.linear_qkv.{kind}", 0), shape)
-                hf.update({f"{dst}self_attn.q_proj.{kind}": q, f"{dst}self_attn.k_proj.{kind}": k,
-                           f"{dst}self_attn.v_proj.{kind}": v})
-        hf[f"{dst}self_attn.o_proj.weight"] = joined(f"{src}self_attention.linear_proj.weight", 1)
-        gate_up = [shard[f"{src}mlp.linear_fc1.weight"].chunk(2) for shard in shards]
-        hf[f"{dst}mlp.gate_proj.weight"] = torch.cat([g for g, _ in gate_up])
-        hf[f"{dst}mlp.up_proj.weight"] = torch.cat([u for _, u in gate_up])
-        hf[f"{dst}mlp.down_proj.weight"] = joined(f"{src}mlp.linear_fc2.weight", 1)
-        hf[f"{dst}input_layernorm.weight"] = replicated(f"{src}input_layernorm.weight")
-        hf[f"{dst}post_attention_layernorm.weight"] = replicated(f"{src}pre_mlp_layernorm.weight")
-    return hf
+    pieces = [hf_from_megatron(shard, shape, len(shards), rank) for rank, shard in enumerate(shards)]
+    return {name: tensor if (dim := hf_split_dim(name)) is None else torch.cat([p[name] for p in pieces], dim)
+            for name, tensor in pieces[0].items()}

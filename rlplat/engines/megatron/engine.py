@@ -25,11 +25,13 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.engines.base import ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended
+from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended,
+                                 load_rank_state, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
-from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, from_stages, hf_to_megatron,
-                                             megatron_to_hf, to_stage)
-from rlplat.engines.megatron.model import build_gpt_model
+from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_split_dim,
+                                             megatron_from_hf, megatron_name, stage_layers, tp_slice)
+from rlplat.engines.megatron.model import build_gpt_model, no_grad_at
+from rlplat.engines.megatron.vocab_parallel import mask_vocab_padding, vocab_parallel_outputs
 from rlplat.engines.optim import Optimizer
 from rlplat.protocol import Batch
 
@@ -52,19 +54,6 @@ def model_shape(model_cfg) -> GPTShape | None:
     return GPTShape.from_hf_config(config)
 
 
-def _no_grad_at(padding_idx: int):
-    """A forward hook for the word embedding: positions holding ``padding_idx`` pass no gradient to the
-    embedding (the Hugging Face model's ``padding_idx`` semantics; a sampled pad token is one)."""
-
-    def hook(module, inputs, output):
-        at_pad = inputs[0] == padding_idx  # [B, T]
-        if module.reduce_scatter_embeddings:  # sequence parallel: output [T / tp, B, H], this rank's slice
-            at_pad = at_pad.t().chunk(dist.get_world_size(module.tp_group))[dist.get_rank(module.tp_group)]
-        return torch.where(at_pad.unsqueeze(-1), output.detach(), output)
-
-    return hook
-
-
 def _init_parallel_state(tp: int, pp: int, device: torch.device, seed: int) -> None:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -81,36 +70,6 @@ def _init_parallel_state(tp: int, pp: int, device: torch.device, seed: int) -> N
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     if device.type == "cuda":
         model_parallel_cuda_manual_seed(seed)
-
-
-def _tp_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum over the tensor-parallel group; the gradient passes through unchanged (the loss is the same on
-    every tensor-parallel rank)."""
-    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
-
-    return reduce_from_tensor_model_parallel_region(tensor)
-
-
-def vocab_parallel_outputs(logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, need_entropy: bool,
-                           need_sum_pi_squared: bool) -> ForwardOutput:
-    """Log-prob of ``targets`` ``[B, R]`` (and entropy, Σπ²) from this rank's vocabulary slice of the
-    logits ``[B, R, V / tp]``, which start at id ``vocab_start``."""
-    from megatron.core import parallel_state
-
-    peak = logits.detach().amax(-1, keepdim=True)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=parallel_state.get_tensor_model_parallel_group())
-    shifted = logits - peak
-    log_norm = _tp_sum(shifted.exp().sum(-1, keepdim=True)).log()
-    local = targets - vocab_start
-    inside = (local >= 0) & (local < logits.shape[-1])
-    picked = shifted.gather(-1, local.clamp(0, logits.shape[-1] - 1).unsqueeze(-1)).squeeze(-1) * inside
-    out = ForwardOutput(log_probs=_tp_sum(picked) - log_norm.squeeze(-1))
-    if need_entropy or need_sum_pi_squared:
-        log_p = shifted - log_norm
-        p = log_p.exp()
-        out.entropy = -_tp_sum((p * log_p).sum(-1)) if need_entropy else None
-        out.sum_pi_squared = _tp_sum(p.square().sum(-1)) if need_sum_pi_squared else None
-    return out
 
 
 class MegatronEngine(TrainingEngine):
@@ -175,19 +134,22 @@ class MegatronEngine(TrainingEngine):
                                           value_head=value_head, tensor_model_parallel_size=tp,
                                           pipeline_model_parallel_size=pp, calculate_per_token_loss=True,
                                           sequence_parallel=self.sequence_parallel, **recompute)
-        shard = to_stage(hf_to_megatron(hf, self.shape, tp)[self.tp_rank], self.shape, pp, self.pp_rank)
-        missing, unexpected = self._model.load_state_dict(shard, strict=False)
-        missing = [name for name in missing if not name.endswith("_extra_state")]
-        if missing or unexpected:
-            raise ValueError(f"{model_path}: the converted weights do not fit the Megatron model (missing "
-                             f"{missing[:4]}, unexpected {unexpected[:4]}); only dense Qwen2 / Llama models fit")
+        self.first_layer = stage_layers(self.shape, pp, self.pp_rank).start
+        self.names = [name for name in self._model.state_dict() if not name.endswith("_extra_state")]
+        try:
+            for name in self.hf_names:
+                megatron_name(name)
+        except ValueError as err:
+            raise ValueError(f"{model_path}: {err}; only dense Qwen2 / Llama models convert to Megatron") from None
+        self._model.load_state_dict(self._from_hf(hf), strict=False)  # strict but for TransformerEngine's extra state
         self._model.to(self.device)
         if padding_idx is not None and self.first_stage:  # as torch's Embedding(padding_idx=...): no lookup gradient
-            self._model.embedding.word_embeddings.register_forward_hook(_no_grad_at(padding_idx))
+            self._model.embedding.word_embeddings.register_forward_hook(no_grad_at(padding_idx))
         if optim_cfg is None:
             self._model.requires_grad_(False)
-        self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps,
-                               grad_norm=self._grad_norm) if optim_cfg else None
+        shard_group = self.dp_group if engine_cfg.use_distributed_optimizer else None
+        self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps, grad_norm=self._grad_norm,
+                               shard_group=shard_group) if optim_cfg else None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -235,7 +197,7 @@ class MegatronEngine(TrainingEngine):
         logits = logits[:, -responses.shape[1] - 1: -1].float()
         if self.value_head:
             return ForwardOutput(values=logits.squeeze(-1))
-        logits = self._mask_vocab_padding(logits / temperature)
+        logits = mask_vocab_padding(logits / temperature, self.tp_rank, self.shape.vocab_size)
         return vocab_parallel_outputs(logits, responses, self.tp_rank * logits.shape[-1], need_entropy,
                                       need_sum_pi_squared)
 
@@ -308,15 +270,6 @@ class MegatronEngine(TrainingEngine):
         summed.update(self.optim.step())
         return summed
 
-    def _mask_vocab_padding(self, logits: torch.Tensor) -> torch.Tensor:
-        """The rows Megatron added to make the vocabulary divisible by tp get no probability."""
-        start = self.tp_rank * logits.shape[-1]
-        real = max(0, min(logits.shape[-1], self.shape.vocab_size - start))
-        if real == logits.shape[-1]:
-            return logits
-        pad = torch.full_like(logits[..., real:], -1e9)
-        return torch.cat([logits[..., :real], pad], dim=-1)
-
     def reduce_gradients(self) -> None:
         """Sum the gradients over the replicas (the losses use global denominators); with sequence
         parallelism, the norms' over the tensor-parallel ranks (each saw its slice of the sequence); with
@@ -346,24 +299,33 @@ class MegatronEngine(TrainingEngine):
         dist.all_reduce(squares, group=self.model_parallel_group)
         return squares.sqrt().float()
 
+    def _from_hf(self, hf) -> dict[str, torch.Tensor]:
+        """This rank's Megatron tensors from whole Hugging Face weights (its slices of them, converted)."""
+        pieces = {name: tp_slice(t, hf_split_dim(name), self.tp, self.tp_rank) for name, t in hf.items()}
+        return megatron_from_hf(pieces, self.shape, self.tp, self.tp_rank, self.names, self.first_layer)
+
+    def _to_hf(self, tensors) -> dict[str, torch.Tensor]:
+        """This rank's Hugging Face pieces of some of its Megatron tensors (weights or optimizer moments)."""
+        return hf_from_megatron(tensors, self.shape, self.tp, self.tp_rank, self.first_layer)
+
     def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):
         """Gather every tensor-parallel shard (and pipeline stage), convert, and yield Hugging Face weights
         in buckets. Unlike FSDP's stream this holds the full model once per call (a per-layer stream is to
         come)."""
         state = self._model.state_dict()
-        names = [name for name in state if not name.endswith("_extra_state")]
-        stage = {}  # name -> this stage's pieces, one per tensor-parallel rank
-        for name in names:
+        ranks = [{} for _ in range(self.tp)]  # this stage's Megatron tensors of every tensor-parallel rank
+        for name in self.names:
             pieces = [torch.empty_like(state[name]) for _ in range(self.tp)]
             dist.all_gather(pieces, state[name].contiguous(), group=self.tp_group)
-            stage[name] = [piece.cpu() for piece in pieces]
-        stages = [stage]
-        if self.pp > 1:
+            for rank, piece in enumerate(pieces):
+                ranks[rank][name] = piece.cpu()
+        hf_ranks = [hf_from_megatron(r, self.shape, self.tp, rank, self.first_layer) for rank, r in enumerate(ranks)]
+        hf = {name: t if (dim := hf_split_dim(name)) is None else torch.cat([r[name] for r in hf_ranks], dim)
+              for name, t in hf_ranks[0].items()}
+        if self.pp > 1:  # every stage's weights
             stages = [None] * self.pp
-            dist.all_gather_object(stages, stage, group=self.pp_group)
-        shards = [from_stages([{name: pieces[rank] for name, pieces in part.items()} for part in stages], self.shape)
-                  for rank in range(self.tp)]
-        hf = megatron_to_hf(shards, self.shape)
+            dist.all_gather_object(stages, hf, group=self.pp_group)
+            hf = {name: t for stage in stages for name, t in stage.items()}
         if "lm_head.weight" in self.hf_names and "lm_head.weight" not in hf:  # tied to the embedding
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
         bucket, size = [], 0
@@ -382,10 +344,9 @@ class MegatronEngine(TrainingEngine):
         blends it (the conversion only moves and slices, so it commutes with the blend)."""
         hf = {name: tensor for bucket in buckets for name, tensor in bucket}
         check_blended(set(hf), self.hf_names)
-        shard = to_stage(hf_to_megatron(hf, self.shape, self.tp)[self.tp_rank], self.shape, self.pp, self.pp_rank)
         state = self._model.state_dict()
         with torch.no_grad():
-            for name, tensor in shard.items():
+            for name, tensor in self._from_hf(hf).items():
                 blend_(state[name], tensor.to(self.device), alpha)
 
     def close(self) -> None:
@@ -393,19 +354,87 @@ class MegatronEngine(TrainingEngine):
 
         parallel_state.destroy_model_parallel()  # its groups die with the process group
 
-    def save_checkpoint(self, path: str) -> None:
-        import os
-
-        os.makedirs(path, exist_ok=True)
-        state = {"model": self._model.state_dict(), "rng": torch.get_rng_state()}
+    def _checkpoint_state(self) -> dict:
+        """This rank's part of the training state as torch.distributed.checkpoint stores it: its Hugging Face
+        pieces of the weights (``model``, as FSDP's checkpoint names them) and of AdamW's moments for the
+        weights it steps (``optim``), each a slice of the whole tensor (a DTensor over the tensor-parallel
+        group), so a checkpoint loads into any tensor / pipeline / data-parallel layout and exports like an
+        FSDP one. AdamW's step count is one number: every weight takes every step."""
+        state = self._model.state_dict()
+        out = {"model": self._sharded(self._checkpoint_pieces({name: state[name] for name in self.names}))}
         if self.optim is not None:
-            state.update(optimizer=self.optim.optimizer.state_dict(), scheduler=self.optim.scheduler.state_dict())
-        torch.save(state, f"{path}/megatron_rank{self.ctx.rank}.pt")
+            mine = self._stepped_here()
+            out["optim"] = {key: self._sharded(self._checkpoint_pieces({name: s[key] for name, s in mine.items()}))
+                            for key in ("exp_avg", "exp_avg_sq")}
+            out["optim"]["step"] = torch.tensor(float(max((s["step"] for s in mine.values()), default=0)))
+        return out
+
+    def _stepped_here(self) -> dict[str, dict[str, torch.Tensor]]:
+        """AdamW's state by Megatron name, of the weights this rank steps."""
+        state = self.optim.local_state
+        return {name: state[p] for name, p in self._model.named_parameters() if p in state}
+
+    def _checkpoint_pieces(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """:meth:`_to_hf`, and on the last stage of a tied model the output layer's copy as the embedding it
+        equals (written twice, kept once, and read back into the copy)."""
+        pieces = self._to_hf(tensors)
+        if self.tied_output and "output_layer.weight" in tensors and "embedding.word_embeddings.weight" not in tensors:
+            pieces.update(self._to_hf({"embedding.word_embeddings.weight": tensors["output_layer.weight"]}))
+        return pieces
+
+    def _sharded(self, pieces: dict[str, torch.Tensor]) -> dict:
+        """Each tensor-parallel piece as the DTensor of its whole Hugging Face tensor (replicated ones as they
+        are: every rank holding one writes the same tensor, which the checkpoint keeps once)."""
+        if self.tp == 1:
+            return pieces
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh = DeviceMesh.from_group(self.tp_group, self.device.type)
+        out = {}
+        for name, piece in pieces.items():
+            if (dim := hf_split_dim(name)) is None:
+                out[name] = piece
+                continue
+            whole = list(piece.shape)
+            whole[dim] = self.shape.vocab_size if name in ("model.embed_tokens.weight", "lm_head.weight") \
+                else piece.shape[dim] * self.tp
+            out[name] = DTensor.from_local(piece.contiguous(), mesh, [Shard(dim)], run_check=False,
+                                           shape=torch.Size(whole), stride=torch.empty(whole, device="meta").stride())
+        return out
+
+    def save_checkpoint(self, path: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._checkpoint_state(), checkpoint_id=path)
+        save_rank_state(path, self.ctx.rank, self.optim)
 
     def load_checkpoint(self, path: str) -> None:
-        state = torch.load(f"{path}/megatron_rank{self.ctx.rank}.pt", weights_only=False, map_location=self.device)
-        self._model.load_state_dict(state["model"])
+        """Reads this rank's slices, whatever layout wrote them (and the moments of the weights it steps)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.tensor import DTensor
+
+        if self.optim is not None:  # moments to read into, for the weights this rank steps
+            for param in self.optim.params:
+                if self.optim.steps_locally(param) and param not in self.optim.local_state:
+                    self.optim.local_state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
+                                                     "exp_avg_sq": torch.zeros_like(param)}
+        target = self._checkpoint_state()
+        dcp.load(target, checkpoint_id=path)
+
+        def read(pieces: dict, names: list[str]) -> dict[str, torch.Tensor]:
+            pieces = {name: t.to_local() if isinstance(t, DTensor) else t for name, t in pieces.items()}
+            return megatron_from_hf(pieces, self.shape, self.tp, self.tp_rank, names, self.first_layer)
+
+        state = self._model.state_dict()
+        with torch.no_grad():
+            for name, tensor in read(target["model"], self.names).items():
+                state[name].copy_(tensor)
         if self.optim is not None:
-            self.optim.optimizer.load_state_dict(state["optimizer"])
-            self.optim.scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
+            mine = self._stepped_here()
+            for key in ("exp_avg", "exp_avg_sq"):
+                for name, tensor in read(target["optim"][key], list(mine)).items():
+                    mine[name][key] = tensor.to(self.device).contiguous()
+            for moments in mine.values():
+                moments["step"] = target["optim"]["step"].clone()
+        load_rank_state(path, self.ctx.rank, self.optim)

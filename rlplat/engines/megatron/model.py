@@ -9,6 +9,7 @@ place of the spec's torch norm, which refuses sequence parallelism.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from rlplat.engines.megatron.convert import GPTShape
 
@@ -94,3 +95,16 @@ def build_gpt_model(hf_config, params_dtype: torch.dtype = torch.float32, pre_pr
     if value_head and post_process:
         model.output_layer = ValueHead(shape.hidden_size, params_dtype, config.sequence_parallel)
     return model
+
+
+def no_grad_at(padding_idx: int):
+    """A forward hook for the word embedding: positions holding ``padding_idx`` pass no gradient to the
+    embedding (the Hugging Face model's ``padding_idx`` semantics; a sampled pad token is one)."""
+
+    def hook(module, inputs, output):
+        at_pad = inputs[0] == padding_idx  # [B, T]
+        if module.reduce_scatter_embeddings:  # sequence parallel: output [T / tp, B, H], this rank's slice
+            at_pad = at_pad.t().chunk(dist.get_world_size(module.tp_group))[dist.get_rank(module.tp_group)]
+        return torch.where(at_pad.unsqueeze(-1), output.detach(), output)
+
+    return hook
