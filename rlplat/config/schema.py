@@ -97,6 +97,8 @@ class MegatronConfig:
     sequence_parallel: bool = False
     # shard AdamW's moments over the data-parallel replicas (ZeRO-1): each steps its share of the weights
     use_distributed_optimizer: bool = True
+    # auto = bf16 compute (CUDA autocast) with fp32 weights on GPU, fp32 on CPU | none | bf16 (GPU only)
+    mixed_precision: str = "auto"
 
 
 @dataclass

@@ -23,6 +23,10 @@ from rlplat.engines.optim import LR_SCHEDULES, Optimizer
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 
+# <role>.<engine>.mixed_precision: auto = bf16 compute with fp32 weights on a GPU, fp32 on CPU
+MIXED_PRECISION = ("auto", "none", "bf16")
+
+
 @dataclass(frozen=True)
 class ParallelLayout:
     """Where one worker sits among its engine's model replicas."""

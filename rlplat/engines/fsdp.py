@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
 from rlplat.engines.base import (
-    TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended, load_rank_state,
-    save_rank_state,
+    MIXED_PRECISION, TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended,
+    load_rank_state, save_rank_state,
 )
 from rlplat.engines.dist import DistContext
 from rlplat.engines.optim import Optimizer
@@ -28,8 +28,6 @@ from rlplat.engines.packing import PackedBatch
 from rlplat.engines.token_head import HeadRequest, TokenOutputHead
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask, response_log_probs
-
-MIXED_PRECISION = ("auto", "none", "bf16")  # actor.fsdp.mixed_precision: auto = bf16 compute on GPU
 
 
 def load_hf_model(path: str, model_cfg: DictConfig, value_head: bool = False) -> torch.nn.Module:

@@ -122,6 +122,9 @@ def test_two_ray_workers_match_unsharded(ray_cluster, tiny_model_path, tp, pp, s
      "critic.megatron: tensor x pipeline parallel sizes 4 x 1 must divide the 2 workers"),
     (["actor.megatron.sequence_parallel=true"],
      "actor.megatron.sequence_parallel=true needs actor.megatron.tensor_model_parallel_size > 1"),
+    (["actor.megatron.mixed_precision=fp8"], "actor.megatron.mixed_precision='fp8' is not one of: auto, none, bf16"),
+    (["trainer.device=cpu", "actor.megatron.mixed_precision=bf16"],
+     "actor.megatron.mixed_precision=bf16 needs a GPU (trainer.device resolved to cpu)"),
 ])
 def test_parallel_sizes_are_one_config_line(extra, message):
     with pytest.raises(ConfigError) as err:

@@ -20,13 +20,15 @@ On CPU (tests, small runs) Megatron-Core's CUDA-only calls are pointed at the CP
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended,
-                                 load_rank_state, save_rank_state)
+from rlplat.engines.base import (MIXED_PRECISION, ForwardOutput, ParallelLayout, TrainingEngine, blend_,
+                                 check_blended, load_rank_state, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
 from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_split_dim,
                                              megatron_from_hf, megatron_name, stage_layers, tp_slice)
@@ -84,14 +86,18 @@ class MegatronEngine(TrainingEngine):
             data_parallel_size(world_size, tp, pp, model_shape(cfg.model))
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
+        if engine_cfg.mixed_precision not in MIXED_PRECISION:
+            raise ConfigError(f"{key}.mixed_precision={engine_cfg.mixed_precision!r} is not one of: "
+                              f"{', '.join(MIXED_PRECISION)}")
+        if engine_cfg.mixed_precision == "bf16" and device != "cuda":
+            raise ConfigError(f"{key}.mixed_precision=bf16 needs a GPU (trainer.device resolved to {device}): "
+                              f"Megatron-Core's layers compute in bf16 only under CUDA autocast")
         if engine_cfg.sequence_parallel and tp == 1:
             raise ConfigError(f"{key}.sequence_parallel=true needs {key}.tensor_model_parallel_size > 1 (the "
                               f"sequence is split over the tensor-parallel ranks)")
 
     def __init__(self, model_path: str, model_cfg: DictConfig, engine_cfg: DictConfig, dist_ctx: DistContext,
                  optim_cfg: DictConfig | None = None, total_optimizer_steps: int = 1, value_head: bool = False):
-        import contextlib
-
         from megatron.core import parallel_state as ps
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -107,6 +113,10 @@ class MegatronEngine(TrainingEngine):
         self.tp_group, self.pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
         self.dp_group, self.model_parallel_group = ps.get_data_parallel_group(), ps.get_model_parallel_group()
         self.value_head, self.sequence_parallel = value_head, engine_cfg.sequence_parallel
+        # bf16 compute, fp32 weights, gradients and optimizer (as FSDP's mixed precision): Megatron-Core's
+        # layers cast under CUDA autocast, in forward and in backward
+        bf16 = self.device.type == "cuda" and engine_cfg.mixed_precision in ("auto", "bf16")
+        self.compute = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         self.tied_output = self.shape.tied_embeddings and not value_head  # the output layer is the embedding
         # the Hugging Face model first: a value model's fresh head draws from the seeded generator as the
         # FSDP engine's does, and every worker takes rank 0's (the replicas and shards must hold one head)
@@ -187,7 +197,8 @@ class MegatronEngine(TrainingEngine):
             self.tokens_computed += t["input_ids"].numel()
         causal = torch.ones(run, run, dtype=torch.bool, device=self.device).triu(1)
         masked = causal[None, None] | ~t["attention_mask"].bool()[:, None, None, :]  # True = not attended
-        out = self._model(t["input_ids"], t["position_ids"], masked)
+        with self.compute():
+            out = self._model(t["input_ids"], t["position_ids"], masked)
         return out[:, :seq] if self.last_stage else out
 
     def _outputs(self, logits: torch.Tensor, micro: Batch, temperature: float, need_entropy: bool,
