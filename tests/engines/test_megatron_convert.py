@@ -12,7 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlplat.engines.dist import free_port
 from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_split_dim,
-                                             hf_to_megatron, megatron_from_hf, megatron_to_hf, stage_layers, tp_slice)
+                                             hf_to_megatron, megatron_from_hf, megatron_name, megatron_to_hf, stage_layers,
+                                             tp_slice)
 from rlplat.models.tiny import TinyModelSpec, build_tiny_model
 
 
@@ -165,3 +166,14 @@ def test_converted_shards_run_in_megatron_core(hf_model_dir, tp, tmp_path):
         expected = AutoModelForCausalLM.from_pretrained(hf_model_dir, dtype=torch.float32)(input_ids=ids).logits
     vocab = expected.shape[-1]
     torch.testing.assert_close(logits[..., :vocab], expected, atol=2e-5, rtol=1e-5)
+
+
+def test_weights_outside_the_dense_layout_are_one_clear_error(hf_model_dir):
+    hf = hf_state(hf_model_dir)
+    shape = GPTShape.from_hf_config(AutoConfig.from_pretrained(hf_model_dir))
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.experts.0.w1.weight has no place in a dense Qwen2"):
+        megatron_name("model.layers.0.mlp.experts.0.w1.weight")
+    del hf["model.layers.1.self_attn.k_proj.weight"]
+    with pytest.raises(ValueError, match=r"Megatron's decoder.layers.1.self_attention.linear_qkv.weight needs the "
+                                         r"Hugging Face weight model.layers.1.self_attn.k_proj.weight, which is missing"):
+        hf_to_megatron(hf, shape, 1)

@@ -80,6 +80,8 @@ def test_gpu_script_composes_and_validates(script):
     assert cfg["data"]["train_files"].endswith("/train.parquet")
     assert cfg["trainer"]["seed"] == 5 and cfg["actor"]["strategy"] == strategy and cfg["rollout"]["name"] == rollout
     assert cfg["actor"]["optim"]["lr"] == 1e-6
+    megatron = cfg["actor"]["megatron"]  # sequence parallelism comes with tensor parallelism
+    assert megatron["sequence_parallel"] == (megatron["tensor_model_parallel_size"] > 1)
     if "multinode" in str(script):
         assert cfg["trainer"]["nnodes"] == 2 and cfg["trainer"]["ray_address"] == "auto"
 

@@ -152,29 +152,33 @@ def megatron_from_hf(pieces: Tensors, shape: GPTShape, tp: int, rank: int, names
     (layers numbered from 0; the stage's first layer is ``first_layer``); with tied embeddings the last
     stage's output layer is the embedding."""
     rows = shape.padded_vocab_size(tp) // tp
+
+    def build(name: str) -> torch.Tensor:
+        if name == "embedding.word_embeddings.weight":
+            return _pad_rows(pieces["model.embed_tokens.weight"], rows)
+        if name.startswith("output_layer."):
+            if "score.weight" in pieces:  # a value model (AutoModelForTokenClassification, 1 label): its head
+                return pieces[f"score.{name.split('.')[1]}"]
+            return _pad_rows(pieces["model.embed_tokens.weight" if shape.tied_embeddings else "lm_head.weight"], rows)
+        if name == "decoder.final_layernorm.weight":
+            return pieces["model.norm.weight"]
+        dst, rest = _layer(name, first_layer)
+        if rest in _LAYER_RENAMES:
+            return pieces[dst + _LAYER_RENAMES[rest]]
+        if rest.startswith("self_attention.linear_qkv."):
+            kind = rest.rsplit(".", 1)[1]
+            return _fuse_qkv(*(pieces[f"{dst}self_attn.{p}_proj.{kind}"] for p in "qkv"), shape)
+        if rest == "mlp.linear_fc1.weight":  # each rank: [its gate rows; its up rows]
+            return torch.cat([pieces[f"{dst}mlp.gate_proj.weight"], pieces[f"{dst}mlp.up_proj.weight"]])
+        raise ValueError(f"no Hugging Face weight maps to Megatron's {name}")
+
     out = {}
     for name in names:
-        if name == "embedding.word_embeddings.weight":
-            out[name] = _pad_rows(pieces["model.embed_tokens.weight"], rows)
-        elif name.startswith("output_layer."):
-            if "score.weight" in pieces:  # a value model (AutoModelForTokenClassification, 1 label): its head
-                out[name] = pieces[f"score.{name.split('.')[1]}"]
-            else:
-                out[name] = _pad_rows(pieces["model.embed_tokens.weight" if shape.tied_embeddings
-                                             else "lm_head.weight"], rows)
-        elif name == "decoder.final_layernorm.weight":
-            out[name] = pieces["model.norm.weight"]
-        else:
-            dst, rest = _layer(name, first_layer)
-            if rest in _LAYER_RENAMES:
-                out[name] = pieces[dst + _LAYER_RENAMES[rest]]
-            elif rest.startswith("self_attention.linear_qkv."):
-                kind = rest.rsplit(".", 1)[1]
-                out[name] = _fuse_qkv(*(pieces[f"{dst}self_attn.{p}_proj.{kind}"] for p in "qkv"), shape)
-            elif rest == "mlp.linear_fc1.weight":  # each rank: [its gate rows; its up rows]
-                out[name] = torch.cat([pieces[f"{dst}mlp.gate_proj.weight"], pieces[f"{dst}mlp.up_proj.weight"]])
-            else:
-                raise ValueError(f"no Hugging Face weight maps to Megatron's {name}")
+        try:
+            out[name] = build(name)
+        except KeyError as missing:
+            raise ValueError(f"Megatron's {name} needs the Hugging Face weight {missing.args[0]}, which is missing") \
+                from None
     return out
 
 

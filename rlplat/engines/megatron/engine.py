@@ -11,8 +11,12 @@ over the tensor- and pipeline-parallel shards.
 With ``pipeline_model_parallel_size`` > 1 each worker of a replica holds a stage of layers; micro-batches
 run through Megatron-Core's own schedule (1F1B; its ``get_forward_backward_func``), which calls rlplat's
 loss on the last stage. Every stage returns the last stage's results (broadcast over the pipeline group),
-so the roles see the same answers at any pp. A value head (critic) is not supported yet: validation says
-so in one line.
+so the roles see the same answers at any pp. A critic is the same backbone with a one-output head.
+
+Options (``<role>.megatron.*``): sequence parallelism, activation recomputation, the optimizer sharded over
+the data-parallel replicas (:mod:`rlplat.engines.optim`), bf16 compute on a GPU. Checkpoints are
+torch.distributed.checkpoint directories of Hugging Face-named slices, so they load into any parallel
+layout (``_checkpoint_state``). docs/megatron.md has the whole picture.
 
 On CPU (tests, small runs) Megatron-Core's CUDA-only calls are pointed at the CPU
 (:mod:`rlplat.engines.megatron.cpu`).
@@ -54,6 +58,23 @@ def model_shape(model_cfg) -> GPTShape | None:
         return None
     config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
     return GPTShape.from_hf_config(config)
+
+
+def _hf_weights(model_path: str, model_cfg, value_head: bool, device: torch.device) -> tuple[dict, int | None]:
+    """The Hugging Face model's weights (fp32, CPU) and its pad token id. A value model's fresh head draws from
+    the seeded generator as the FSDP engine's does, and every worker takes rank 0's (the replicas and shards
+    must hold one head)."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    hf_model = auto.from_pretrained(model_path, dtype=torch.float32, trust_remote_code=model_cfg.trust_remote_code,
+                                    **({"num_labels": 1} if value_head else {}))
+    hf = hf_model.state_dict()
+    for name in ("score.weight", "score.bias") if value_head else ():
+        head = hf[name].to(device)
+        dist.broadcast(head, src=0)
+        hf[name] = head.cpu()
+    return hf, hf_model.get_input_embeddings().padding_idx
 
 
 def _init_parallel_state(tp: int, pp: int, device: torch.device, seed: int) -> None:
@@ -99,7 +120,7 @@ class MegatronEngine(TrainingEngine):
     def __init__(self, model_path: str, model_cfg: DictConfig, engine_cfg: DictConfig, dist_ctx: DistContext,
                  optim_cfg: DictConfig | None = None, total_optimizer_steps: int = 1, value_head: bool = False):
         from megatron.core import parallel_state as ps
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+        from transformers import AutoConfig
 
         tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
         self.ctx, self.device = dist_ctx, dist_ctx.device
@@ -118,19 +139,8 @@ class MegatronEngine(TrainingEngine):
         bf16 = self.device.type == "cuda" and engine_cfg.mixed_precision in ("auto", "bf16")
         self.compute = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         self.tied_output = self.shape.tied_embeddings and not value_head  # the output layer is the embedding
-        # the Hugging Face model first: a value model's fresh head draws from the seeded generator as the
-        # FSDP engine's does, and every worker takes rank 0's (the replicas and shards must hold one head)
-        auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
-        hf_model = auto.from_pretrained(model_path, dtype=torch.float32, trust_remote_code=model_cfg.trust_remote_code,
-                                        **({"num_labels": 1} if value_head else {}))
-        hf = hf_model.state_dict()
-        for name in ("score.weight", "score.bias") if value_head else ():
-            head = hf[name].to(self.device)
-            dist.broadcast(head, src=0)
-            hf[name] = head.cpu()
+        hf, padding_idx = _hf_weights(model_path, model_cfg, value_head, self.device)
         self.hf_names = list(hf)  # exported under these names (a tied lm_head included, as HF lists it)
-        padding_idx = hf_model.get_input_embeddings().padding_idx
-        del hf_model
         recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1} \
             if engine_cfg.recompute_activations else {}
         if self.device.type == "cpu":
@@ -149,9 +159,10 @@ class MegatronEngine(TrainingEngine):
         try:
             for name in self.hf_names:
                 megatron_name(name)
+            weights = self._from_hf(hf)
         except ValueError as err:
             raise ValueError(f"{model_path}: {err}; only dense Qwen2 / Llama models convert to Megatron") from None
-        self._model.load_state_dict(self._from_hf(hf), strict=False)  # strict but for TransformerEngine's extra state
+        self._model.load_state_dict(weights, strict=False)  # every weight: only TransformerEngine's extra state is left
         self._model.to(self.device)
         if padding_idx is not None and self.first_stage:  # as torch's Embedding(padding_idx=...): no lookup gradient
             self._model.embedding.word_embeddings.register_forward_hook(no_grad_at(padding_idx))
