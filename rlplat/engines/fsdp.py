@@ -46,7 +46,8 @@ def load_hf_model(path: str, model_cfg: DictConfig, value_head: bool = False) ->
 
 @TRAINING_ENGINES.register("fsdp")
 class FSDPEngine(TrainingEngine):
-    """One model sharded with FSDP2 over the worker group's data-parallel mesh.
+    """One model sharded with FSDP2 over the worker group's data-parallel mesh (on one worker without
+    mixed precision or offloading, the plain module: there is nothing to shard).
 
     ``optim_cfg=None`` builds a frozen engine (the reference policy): no optimizer, no gradients.
     """
@@ -104,6 +105,8 @@ class FSDPEngine(TrainingEngine):
             kwargs["offload_policy"] = CPUOffloadPolicy()
         else:
             module.to(self.ctx.device)
+        if self.ctx.world_size == 1 and "mp_policy" not in kwargs and not self.offloaded:
+            return module  # nothing to shard, cast or offload: FSDP's hooks would only cost time (~5 ms a step)
         # Shard each decoder layer on its own so only one layer's full weights exist at a time.
         layer_classes = set(getattr(module, "_no_split_modules", None) or ())
         for sub in module.modules():

@@ -54,8 +54,11 @@ class Optimizer:
         self.params = [p for p in params if p.requires_grad]
         self.grad_norm = grad_norm or _local_grad_norm
         self.grad_clip = optim_cfg.grad_clip
+        # fused: one kernel for every tensor (on CPU ~4x faster than the default per-tensor loop at 25M
+        # parameters, docs/performance.md); float weights on CPU or CUDA, as the engines keep them
+        fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in self.params)
         adamw = dict(lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
-                     weight_decay=optim_cfg.weight_decay)
+                     weight_decay=optim_cfg.weight_decay, fused=fused or None)
         if shard_group is not None and dist.get_world_size(shard_group) > 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
