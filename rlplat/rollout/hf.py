@@ -6,9 +6,11 @@ the same device in the same dtype (one worker, e.g. CPU float32), the engine use
 Otherwise it holds its own copy and receives the actor's weights after each update (:meth:`load_weights`);
 vLLM and SGLang are the engines for large models.
 
-Sampling is rlplat's own loop over the model's forward with its KV cache (:meth:`HFRolloutEngine._sample`):
-stopped rows leave the batch, and the distribution is exactly rlplat's settings (temperature, top-k, top-p;
-no penalties). Rollout log-probs are ``log_softmax(raw logits / temperature)`` of the sampled token, the
+Sampling is rlplat's own loop (:meth:`HFRolloutEngine._sample`) over a forward pass with a KV cache: for
+dense Qwen2 / Llama models a short one over the model's own weights, checked against the model's forward
+at start-up (:mod:`rlplat.rollout.decoder`; ``rollout.hf.dense_forward=false`` turns it off), else the
+model's forward. Stopped rows leave the batch, and the distribution is exactly rlplat's settings
+(temperature, top-k, top-p; no penalties). Rollout log-probs are ``log_softmax(raw logits / temperature)`` of the sampled token, the
 same quantity the training engine recomputes (top-p/top-k only restrict sampling). The model directory's
 ``generation_config.json`` (which may set top-k, repetition penalties, ...) is ignored unless
 ``rollout.hf.use_model_generation_config=true``, which samples with transformers' ``generate`` on top of it.
@@ -18,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 from collections.abc import Iterable
 
 import torch
 
 from rlplat.protocol import Batch
 from rlplat.rollout.base import RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout
+from rlplat.rollout.decoder import DenseForward, ModelForward, matches_model
 from rlplat.sequence import position_ids_from_mask, response_log_probs, response_mask_from_ids
 
 
@@ -40,10 +42,21 @@ class HFRolloutEngine(RolloutEngine):
         ).to(setup.device)
         self.model.eval().requires_grad_(False)
         self.use_model_generation_config = engine_cfg.use_model_generation_config
-        # the KV cache's argument: ``cache`` in recent transformers, ``past_key_values`` before
-        forward_args = inspect.signature(type(self.model).forward).parameters
-        self._cache_argument = "cache" if "cache" in forward_args else "past_key_values"
-        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
+        self.forward = self._choose_forward(engine_cfg.dense_forward, setup)
+
+    def _choose_forward(self, dense: bool, setup: RolloutSetup):
+        """The dense forward when the model is one it computes and its logits agree with the model's
+        (float32: 1e-4; lower precisions: 5e-2), else the model's own."""
+        forward = DenseForward.of(self.model) if dense else None
+        if forward is None:
+            return ModelForward(self.model)
+        gap = matches_model(forward, self.model, 1e-4 if setup.dtype == torch.float32 else 5e-2)
+        if gap is not None:
+            if setup.rank == 0:
+                print(f"[rollout] the dense forward's logits differ from {type(self.model).__name__}'s by {gap:.2e}: "
+                      f"sampling with the model's own forward", flush=True)
+            return ModelForward(self.model)
+        return forward
 
     def _generation_config(self, params: SamplingParams):
         """``rollout.hf.use_model_generation_config=true``: the model's file is the base; rlplat's
@@ -86,13 +99,11 @@ class HFRolloutEngine(RolloutEngine):
         temperature = params.temperature if params.temperature > 0 else 1.0
         live = torch.arange(rows, device=self.device)  # the original row of each row still in the batch
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        prompt_positions = position_ids_from_mask(mask)
-        positions = prompt_positions[:, -1:]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=prompt_positions,
-                         use_cache=True, **self._last_logits_only)
-        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        positions = position_ids_from_mask(mask)
+        logits = self.forward.start(ids, mask, positions, limit)
+        positions = positions[:, -1]
         for step in range(limit):
-            scaled = out.logits[:, -1].float() / temperature
+            scaled = logits.float() / temperature
             step_log_probs = torch.log_softmax(scaled, dim=-1)
             token = choose_tokens(scaled, params)
             writing = ~done
@@ -103,12 +114,10 @@ class HFRolloutEngine(RolloutEngine):
                 break
             if int(done.sum()) * 4 >= len(done):  # compact: the stopped rows leave the batch
                 keep = (~done).nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
-                live, mask, positions, token, done = live[keep], mask[keep], positions[keep], token[keep], done[keep]
-            mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)
+                self.forward.keep(keep)
+                live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
             positions = positions + 1
-            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
-                             use_cache=True, **{self._cache_argument: cache})
+            logits = self.forward.step(token, positions)
         return tokens, log_probs
 
     def _generate_with_transformers(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams):
