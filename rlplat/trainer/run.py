@@ -35,8 +35,11 @@ def init_ray(cfg: DictConfig, quiet_env: dict[str, str]) -> bool:
         address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
         # Workers import rlplat from the same checkout as the controller.
         env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", **quiet_env}}
+        # a cluster started here pre-starts no idle workers: the worker groups start their own, and each
+        # idle one would hold ~80 MB for the whole run (docs/performance.md)
+        local = {} if address else {"_system_config": {"prestart_worker_first_driver": False}}
         ray.init(address=address, runtime_env=env, include_dashboard=False, log_to_driver=True,
-                 logging_level=logging.INFO if cfg.trainer.verbose else logging.ERROR)
+                 logging_level=logging.INFO if cfg.trainer.verbose else logging.ERROR, **local)
     return True
 
 
