@@ -22,6 +22,13 @@ def load_run_config(overrides: list[str] | None = None) -> tuple[DictConfig, Run
     return cfg, plan
 
 
+# A Ray cluster that rlplat starts itself pre-starts no idle workers (the worker groups start their own,
+# and each idle one would hold ~80 MB for the whole run), and passes call arguments and results up to
+# 4 MiB inside the call message instead of through the shared-memory object store (Ray's default limit is
+# 100 KiB; a step's batch is often larger): ~1 ms less per worker call (benchmarks/ray_calls.py).
+LOCAL_RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "max_direct_call_object_size": 4 * 2**20}
+
+
 def init_ray(cfg: DictConfig, quiet_env: dict[str, str]) -> bool:
     """Connect to ``trainer.ray_address`` / ``RAY_ADDRESS``, or start a local cluster. False = in-process.
     The workers get ``quiet_env`` (see :mod:`rlplat.utils.quiet`)."""
@@ -35,9 +42,7 @@ def init_ray(cfg: DictConfig, quiet_env: dict[str, str]) -> bool:
         address = cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS")
         # Workers import rlplat from the same checkout as the controller.
         env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", **quiet_env}}
-        # a cluster started here pre-starts no idle workers: the worker groups start their own, and each
-        # idle one would hold ~80 MB for the whole run (docs/performance.md)
-        local = {} if address else {"_system_config": {"prestart_worker_first_driver": False}}
+        local = {} if address else {"_system_config": dict(LOCAL_RAY_SYSTEM_CONFIG)}  # ray.init adds to it
         ray.init(address=address, runtime_env=env, include_dashboard=False, log_to_driver=True,
                  logging_level=logging.INFO if cfg.trainer.verbose else logging.ERROR, **local)
     return True
