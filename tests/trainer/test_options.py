@@ -79,6 +79,21 @@ def test_a_response_is_truncated_only_without_a_stop_token():
     assert Components.truncated(owner, Batch.from_dict({"responses": responses})).tolist() == [True, False, False, False]
 
 
+def test_decode_gives_the_sampled_text_of_each_response():
+    # the response part of attention_mask says what was sampled; special tokens (EOS) are dropped
+    from rlplat.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    owner = SimpleNamespace(tokenizer=tok)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    responses = torch.tensor([ids("12") + [eos, pad], ids("345") + [eos], ids("6789"), [pad] * 4])
+    generated = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 1, 1], [0, 0, 0, 0]])
+    prompt = torch.ones(4, 3, dtype=torch.long)
+    batch = Batch.from_dict({"responses": responses, "attention_mask": torch.cat([prompt, generated], -1)})
+    assert Components.decode(owner, batch) == ["12", "345", "689", ""]
+
+
 def test_mask_truncated_clears_the_loss_mask_after_the_advantages():
     cfg, plan = load_config(["algorithm.truncated_responses=mask"])
     trainer = PPOTrainer(cfg, plan, components=None)
