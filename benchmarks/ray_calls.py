@@ -72,7 +72,8 @@ def main() -> None:
         empty = round_trip_ms(None)
         plain = round_trip_ms(tensors)
         batch = round_trip_ms(Batch.from_dict(tensors))
-        print(f"{name:<12} {f'{rows} x {prompt + response}':>14} {size_mb:>6.2f} {empty:>11.2f} {plain:>8.2f} {batch:>9.2f}")
+        shape = f"{rows} x {prompt + response}"
+        print(f"{name:<12} {shape:>14} {size_mb:>6.2f} {empty:>11.2f} {plain:>8.2f} {batch:>9.2f}")
     ray.shutdown()
 
 

@@ -350,6 +350,7 @@ class Batch:
 def _unpickle_batch(size: int, order: list, packed: dict, other: dict, non_tensors: dict, meta: dict) -> Batch:
     """Inverse of :meth:`Batch.__reduce__`, in the sender's key order. Each tensor gets a writable copy: a
     received array may be a read-only view of the message."""
-    tensors = {key: torch.from_numpy(data.copy()).view(dtype).view(shape) for key, (data, dtype, shape) in packed.items()}
+    tensors = {key: torch.from_numpy(data.copy()).view(dtype).view(shape)
+               for key, (data, dtype, shape) in packed.items()}
     tensors.update(other)
     return Batch(TensorDict({key: tensors[key] for key in order}, batch_size=[size]), non_tensors, meta)
