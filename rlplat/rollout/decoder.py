@@ -40,6 +40,10 @@ class Forward:
         """Keep only ``rows`` (indices into the current rows) in the cache."""
         raise NotImplementedError
 
+    def release(self) -> None:
+        """Drop the cache (the next ``start`` builds a new one)."""
+        raise NotImplementedError
+
 
 class ModelForward(Forward):
     """The model's own forward with its cache (any architecture transformers runs)."""
@@ -69,6 +73,9 @@ class ModelForward(Forward):
     def keep(self, rows):
         self.cache.batch_select_indices(rows)
         self.mask = self.mask[rows]
+
+    def release(self):
+        self.cache = self.mask = None
 
 
 class DenseForward(Forward):
@@ -141,6 +148,9 @@ class DenseForward(Forward):
 
     def keep(self, rows):
         self.k, self.v, self.valid = self.k[:, rows], self.v[:, rows], self.valid[rows]
+
+    def release(self):
+        self.k = self.v = self.valid = None
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

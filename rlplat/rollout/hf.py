@@ -100,24 +100,27 @@ class HFRolloutEngine(RolloutEngine):
         live = torch.arange(rows, device=self.device)  # the original row of each row still in the batch
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         positions = position_ids_from_mask(mask)
-        logits = self.forward.start(ids, mask, positions, limit)
-        positions = positions[:, -1]
-        for step in range(limit):
-            scaled = logits.float() / temperature
-            step_log_probs = torch.log_softmax(scaled, dim=-1)
-            token = choose_tokens(scaled, params)
-            writing = ~done
-            tokens[live[writing], step] = token[writing]
-            log_probs[live[writing], step] = step_log_probs.gather(-1, token[:, None]).squeeze(-1)[writing]
-            done |= torch.isin(token, stops)
-            if step == limit - 1 or bool(done.all()):
-                break
-            if int(done.sum()) * 4 >= len(done):  # compact: the stopped rows leave the batch
-                keep = (~done).nonzero().squeeze(-1)
-                self.forward.keep(keep)
-                live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
-            positions = positions + 1
-            logits = self.forward.step(token, positions)
+        try:
+            logits = self.forward.start(ids, mask, positions, limit)
+            positions = positions[:, -1]
+            for step in range(limit):
+                scaled = logits.float() / temperature
+                step_log_probs = torch.log_softmax(scaled, dim=-1)
+                token = choose_tokens(scaled, params)
+                writing = ~done
+                tokens[live[writing], step] = token[writing]
+                log_probs[live[writing], step] = step_log_probs.gather(-1, token[:, None]).squeeze(-1)[writing]
+                done |= torch.isin(token, stops)
+                if step == limit - 1 or bool(done.all()):
+                    break
+                if int(done.sum()) * 4 >= len(done):  # compact: the stopped rows leave the batch
+                    keep = (~done).nonzero().squeeze(-1)
+                    self.forward.keep(keep)
+                    live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
+                positions = positions + 1
+                logits = self.forward.step(token, positions)
+        finally:  # the cache (every layer x row x token) is not held through the other stages
+            self.forward.release()
         return tokens, log_probs
 
     def _generate_with_transformers(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams):

@@ -50,9 +50,18 @@ def sample(model_path: str, dense: bool):
         group.init_model(model_path, with_ref=False)
         assert isinstance(group.worker.rollout.forward, DenseForward if dense else ModelForward)
         torch.manual_seed(3)
-        return group.generate_sequences(prompt_batch(model_path, temperature=1.3).repeat(4))
+        out = group.generate_sequences(prompt_batch(model_path, temperature=1.3).repeat(4))
+        # the key/value cache is dropped when the rollout returns, not held through the update
+        assert held_state(group.worker.rollout.forward) == []
+        return out
     finally:
         group.shutdown()
+
+
+def held_state(forward) -> list[str]:
+    """The per-batch state a forward holds: its tensors and transformers caches (its model aside)."""
+    return [name for name, value in vars(forward).items()
+            if isinstance(value, torch.Tensor) or type(value).__name__.endswith("Cache")]
 
 
 @pytest.mark.parametrize("which", ["qwen2", "llama"])
