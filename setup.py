@@ -17,7 +17,6 @@ setup(
         # the CPU wheel first (scripts/setup.sh does): an unpinned torch pulls a multi-GB CUDA build.
         "torch>=2.6",
         "numpy>=1.26",
-        "tensordict>=0.8",
         "hydra-core>=1.3.2",
         "omegaconf>=2.3",
         "ray>=2.40",

@@ -9,12 +9,12 @@ Where a Batch flows in one step; each arrow passes a Batch, and under each stage
     data_source     rollout_log_probs                                                  (then updates the
     ground_truth                                                                       critic and actor)
 
-A :class:`Batch` holds ``B`` rows: per-row tensors in a ``tensordict.TensorDict`` with
-``batch_size=[B]``, per-row Python objects in ``non_tensors`` (1-D numpy object arrays of length B)
-and batch-level ``meta`` (temperature, global token counts, step ...), which is copied to every piece
-and never split. Every operation returns a new Batch; only :meth:`Batch.pop` changes the batch it is
-called on. New Batches share tensor storage with their source (like tensor slicing), so clone before
-writing into a tensor in place.
+A :class:`Batch` holds ``B`` rows: per-row tensors in ``tensors`` (a dict of ``[B, ...]`` tensors),
+per-row Python objects in ``non_tensors`` (1-D numpy object arrays of length B) and batch-level
+``meta`` (temperature, global token counts, step ...), which is copied to every piece and never split.
+Every operation returns a new Batch; only :meth:`Batch.pop` changes the batch it is called on. New
+Batches share tensor storage with their source (like tensor slicing), so clone before writing into a
+tensor in place.
 
 Documented fields (``B`` rows, ``P`` prompt tokens, ``R`` response tokens); the same text is
 :data:`FIELDS`, and a test keeps the two identical::
@@ -55,7 +55,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 FIELDS: dict[str, str] = {
     # tensors
@@ -143,20 +142,35 @@ def _same_objects(a: np.ndarray, b: np.ndarray) -> bool:
     return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
 
 
-@dataclass(eq=False)  # field-wise == would compare TensorDicts and arrays, whose == is element-wise
+@dataclass(eq=False)  # field-wise == would compare tensors and arrays, whose == is element-wise
 class Batch:
-    """``B`` rows of tensors (``TensorDict``, ``batch_size=[B]``), object columns and shared meta."""
+    """``B`` rows: tensors ``[B, ...]`` and object columns by name, and shared meta. ``size`` (B) comes
+    from the fields when not given; a Batch without fields needs it.
 
-    tensors: TensorDict
+    The tensors are a plain dict rather than a ``TensorDict``: a Batch only ever indexes, selects and
+    concatenates rows, and importing tensordict costs every process that handles batches ~85 MB and
+    ~1 s (it loads torch's compiler stack), the controller included."""
+
+    tensors: dict[str, torch.Tensor]
     non_tensors: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.tensors.batch_dims != 1:
-            raise ValueError(f"tensors must have batch_size [B], got {list(self.tensors.batch_size)}")
+        for key, value in self.tensors.items():
+            if value.dim() == 0:
+                raise ValueError(f"tensor {key!r} is a scalar; a Batch's tensors are [B, ...]")
+        if self.size is None:
+            if not self.tensors and not self.non_tensors:
+                raise ValueError("a Batch without fields needs its size")
+            first = next(iter(self.tensors.values()), None)
+            self.size = len(next(iter(self.non_tensors.values()))) if first is None else first.shape[0]
+        for key, value in self.tensors.items():
+            if value.shape[0] != self.size:
+                raise ValueError(f"tensor {key!r} has shape {list(value.shape)}, expected [{self.size}, ...]")
         for key, column in self.non_tensors.items():
-            if len(column) != len(self):
-                raise ValueError(f"non-tensor {key!r} has {len(column)} rows, expected {len(self)}")
+            if len(column) != self.size:
+                raise ValueError(f"non-tensor {key!r} has {len(column)} rows, expected {self.size}")
 
     @classmethod
     def from_dict(
@@ -184,11 +198,11 @@ class Batch:
         for key, length in lengths.items():
             if length != size:
                 raise ValueError(f"field {key!r} has {length} rows, expected {size} (as {first_key!r})")
-        return cls(TensorDict(tensors, batch_size=[size]), columns, dict(meta or {}))
+        return cls(tensors, columns, dict(meta or {}), size)
 
     # ------------------------------------------------------------------ size and access
     def __len__(self) -> int:
-        return int(self.tensors.batch_size[0])
+        return self.size
 
     @property
     def batch_size(self) -> int:
@@ -199,15 +213,17 @@ class Batch:
         """(tensor keys, non-tensor keys)."""
         return list(self.tensors.keys()), list(self.non_tensors)
 
-    def _with(self, tensors: TensorDict, non_tensors: dict[str, np.ndarray]) -> Batch:
+    def _with(self, tensors: dict[str, torch.Tensor], non_tensors: dict[str, np.ndarray], size: int) -> Batch:
         """A new Batch of these fields carrying a copy of this batch's meta."""
-        return Batch(tensors, non_tensors, dict(self.meta))
+        return Batch(tensors, non_tensors, dict(self.meta), size)
 
     def __getitem__(self, index: Any) -> Batch:
         """Rows by int (a Batch of 1 row), slice, index list/array/LongTensor or bool mask [B]."""
         rows = _row_index(index, len(self))
         np_rows = rows.numpy() if isinstance(rows, torch.Tensor) else rows
-        return self._with(self.tensors[rows], {k: _object_array(v[np_rows]) for k, v in self.non_tensors.items()})
+        size = len(rows) if isinstance(rows, torch.Tensor) else len(range(len(self))[rows])
+        return self._with({k: v[rows] for k, v in self.tensors.items()},
+                          {k: _object_array(v[np_rows]) for k, v in self.non_tensors.items()}, size)
 
     def _check_keys(
         self, tensor_keys: Sequence[str] | None, non_tensor_keys: Sequence[str] | None
@@ -226,7 +242,7 @@ class Batch:
     def select(self, tensor_keys: Sequence[str] | None = None, non_tensor_keys: Sequence[str] | None = None) -> Batch:
         """A Batch with only the named fields (None = all fields of that kind)."""
         t_keys, n_keys = self._check_keys(tensor_keys, non_tensor_keys)
-        return self._with(self.tensors.select(*t_keys), {k: self.non_tensors[k] for k in n_keys})
+        return self._with({k: self.tensors[k] for k in t_keys}, {k: self.non_tensors[k] for k in n_keys}, len(self))
 
     def pop(self, tensor_keys: Sequence[str] = (), non_tensor_keys: Sequence[str] = ()) -> Batch:
         """Remove the named fields from this batch (mutates it) and return them as a new Batch.
@@ -245,9 +261,9 @@ class Batch:
         data coming back from a worker); meta is merged, this batch's values winning."""
         if len(self) != len(other):
             raise ValueError(f"cannot union batches of {len(self)} and {len(other)} rows")
-        tensors = self.tensors.clone(recurse=False)  # new container, same tensors
+        tensors = dict(self.tensors)  # new container, same tensors
         for key, value in other.tensors.items():
-            if key in tensors.keys() and not _same_tensor(tensors[key], value):
+            if key in tensors and not _same_tensor(tensors[key], value):
                 raise ValueError(f"union: tensor field {key!r} differs between the two batches")
             tensors[key] = value
         non_tensors = dict(self.non_tensors)
@@ -255,7 +271,7 @@ class Batch:
             if key in non_tensors and not _same_objects(non_tensors[key], value):
                 raise ValueError(f"union: non-tensor field {key!r} differs between the two batches")
             non_tensors[key] = value
-        return Batch(tensors, non_tensors, {**other.meta, **self.meta})
+        return Batch(tensors, non_tensors, {**other.meta, **self.meta}, len(self))
 
     # ------------------------------------------------------------------ split and join
     def split(self, size: int) -> list[Batch]:
@@ -289,9 +305,9 @@ class Batch:
                         f"concat: tensor field {key!r} has shape {list(b.tensors[key].shape)} in batch {i}, "
                         f"{list(first.tensors[key].shape)} in batch 0 (all but the first dim must match)"
                     )
-        tensors = torch.cat([b.tensors for b in batches], dim=0)
+        tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
         non_tensors = {k: _object_array(np.concatenate([b.non_tensors[k] for b in batches])) for k in keys[1]}
-        return first._with(tensors, non_tensors)
+        return first._with(tensors, non_tensors, sum(len(b) for b in batches))
 
     def repeat(self, n: int, interleave: bool = True) -> Batch:
         """Each row ``n`` times: interleaved [a, a, b, b] (a prompt's samples adjacent) or tiled
@@ -320,7 +336,7 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         """Tensors moved to ``device``; non-tensors and meta stay on the host."""
-        return self._with(self.tensors.to(device), dict(self.non_tensors))
+        return self._with({k: v.to(device) for k, v in self.tensors.items()}, dict(self.non_tensors), len(self))
 
     # ------------------------------------------------------------------ pickling (Ray calls, processes)
     def __reduce__(self):
@@ -353,4 +369,4 @@ def _unpickle_batch(size: int, order: list, packed: dict, other: dict, non_tenso
     tensors = {key: torch.from_numpy(data.copy()).view(dtype).view(shape)
                for key, (data, dtype, shape) in packed.items()}
     tensors.update(other)
-    return Batch(TensorDict({key: tensors[key] for key in order}, batch_size=[size]), non_tensors, meta)
+    return Batch({key: tensors[key] for key in order}, non_tensors, meta, size)

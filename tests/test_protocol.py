@@ -75,6 +75,13 @@ def test_from_dict_rejects_scalars_and_empty():
 def test_constructor_checks_column_lengths():
     with pytest.raises(ValueError, match="non-tensor 'uid' has 1 rows, expected 2"):
         Batch(make(2).tensors, {"uid": np.array(["a"], dtype=object)})
+    with pytest.raises(ValueError, match=r"tensor 'x' has shape \[2\], expected \[3, \.\.\.\]"):
+        Batch({"x": torch.zeros(2)}, size=3)
+    with pytest.raises(ValueError, match="tensor 'x' is a scalar"):
+        Batch({"x": torch.tensor(1.0)})
+    with pytest.raises(ValueError, match="a Batch without fields needs its size"):
+        Batch({})
+    assert len(Batch({}, size=3)) == 3 and len(Batch({}, {"uid": np.array(["a"], dtype=object)})) == 1
 
 
 # ---------------------------------------------------------------- indexing
@@ -299,7 +306,7 @@ def test_repr_shows_size_and_shapes():
 
 def test_batches_compare_by_identity():
     b = make(2)
-    assert b == b and b != make(2)  # no element-wise TensorDict comparison, no ambiguous bool
+    assert b == b and b != make(2)  # no element-wise tensor comparison, no ambiguous bool
 
 
 # ---------------------------------------------------------------- documented fields

@@ -12,13 +12,15 @@ import math
 
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import torch
 
 from rlplat.data.synthetic import DataError
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a DataFrame is built: ~60 MB that training never needs
 
 REQUIRED = ("data_source", "prompt", "reward_model")
 TRUNCATION = ("error", "left", "right", "filter")
@@ -90,21 +92,22 @@ def _check_row(record: dict, path: str, index: int) -> dict:
     return {**record, **checked, "source_file": path, "source_row": index}
 
 
-def _read_file(path: str) -> pd.DataFrame:
+def _read_file(path: str) -> tuple[list[dict], list[str]]:
+    """The checked rows of one parquet file, and its columns plus the ones the checks add."""
     import pyarrow.parquet as pq
 
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such parquet file")
     try:
-        table = pq.read_table(path)
+        with pq.ParquetFile(path) as file:  # pq.read_table would import pyarrow.dataset, and pandas with it
+            table = file.read()
     except Exception as err:  # pyarrow raises several types for unreadable files
         raise DataError(f"{path}: cannot read as parquet ({err})") from None
     missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
         raise DataError(f"{path}: missing column(s) {missing}; expected {list(REQUIRED)} (+ optional extra_info)")
     rows = [_check_row(record, path, i) for i, record in enumerate(table.to_pylist())]
-    columns = list(dict.fromkeys([*table.column_names, "extra_info", "ground_truth", "source_file", "source_row"]))
-    return pd.DataFrame(rows, columns=columns)
+    return rows, list(dict.fromkeys([*table.column_names, "extra_info", "ground_truth", "source_file", "source_row"]))
 
 
 def load_rows(files: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.DataFrame:
@@ -113,10 +116,16 @@ def load_rows(files: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.Data
     Columns: the file's own, with ``prompt`` normalised to a list of messages and ``extra_info`` to a
     dict (``{}`` when absent), plus ``ground_truth`` (str), ``source_file`` and ``source_row`` (0-based).
     """
+    import pandas as pd
+
+    return pd.concat([pd.DataFrame(rows, columns=columns) for rows, columns in _read_files(files)], ignore_index=True)
+
+
+def _read_files(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[tuple[list[dict], list[str]]]:
     paths = _paths(files)
     if not paths:
         raise DataError("no parquet files given")
-    return pd.concat([_read_file(path) for path in paths], ignore_index=True)
+    return [_read_file(path) for path in paths]
 
 
 def _paths(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
@@ -140,8 +149,8 @@ class RLDataset:
             raise ValueError(f"data.max_prompt_length must be positive, got {max_prompt_length}")
         self.tokenizer, self.max_prompt_length = tokenizer, max_prompt_length
         self.truncation, self.apply_chat_template = truncation, apply_chat_template
-        rows = load_rows(files)
-        encoded = self._encode(rows.to_dict("records"))
+        rows = [row for file_rows, _ in _read_files(files) for row in file_rows]
+        encoded = self._encode(rows)
         self.items: list[dict] = [item for item in encoded if item is not None]
         self.num_filtered = len(encoded) - len(self.items)
         if self.num_filtered:

@@ -266,7 +266,7 @@ class PPOTrainer:
         repeated = prompts.repeat(self.cfg.rollout.n, interleave=True)
         out = self.c.actor.generate_sequences(tensors_only(repeated)).union(repeated.select(tensor_keys=[]))
         if getattr(self.estimator, "needs_baseline", False):  # ReMax: the greedy response's score
-            greedy = Batch.from_dict(prompts.tensors.to_dict(), prompts.non_tensors, {**prompts.meta, "temperature": 0.0})
+            greedy = Batch.from_dict(dict(prompts.tensors), prompts.non_tensors, {**prompts.meta, "temperature": 0.0})
             scored = self.reward(self.c.actor.generate_sequences(greedy), {})
             baseline = scored.tensors["token_level_scores"].sum(-1).repeat_interleave(self.cfg.rollout.n)
             out = out.union(Batch.from_dict({"baseline_scores": baseline}))
