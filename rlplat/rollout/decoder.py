@@ -175,5 +175,6 @@ def matches_model(forward: Forward, model: torch.nn.Module, tolerance: float) ->
     expected = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
     got = [forward.start(ids[:, :prompt], mask[:, :prompt], positions[:, :prompt], 3)]
     got += [forward.step(ids[:, i], positions[:, i]) for i in range(prompt, 9)]
+    forward.release()
     gap = (torch.stack(got, 1) - expected[:, prompt - 1:]).abs().max().item()
     return None if gap <= tolerance else gap
