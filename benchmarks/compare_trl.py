@@ -66,6 +66,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -328,8 +329,8 @@ def _label(proc) -> str:
         return name
     args = proc.cmdline()[1:]
     if "-c" in args[:-1]:
-        code = args[args.index("-c") + 1]
-        return "python -c " + code.split("import")[0].replace("from", "").strip()  # multiprocessing.spawn, ...
+        found = re.search(r"from ([\w.]+) import", args[args.index("-c") + 1])  # multiprocessing.spawn, ...
+        return "python -c " + (found.group(1) if found else "...")
     script = next((a for a in args if not a.startswith("-")), "")
     return f"python {Path(script).name}" if script else name
 

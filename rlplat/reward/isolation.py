@@ -5,7 +5,7 @@ Reward functions are user code. Two things protect the run from them:
 * :func:`check_result` turns what a function returned into ``(score, acc, extras)`` and refuses anything
   that is not a finite number or a dict with a finite ``score`` (``None``, strings, NaN, ±inf, lists,
   tuples, ...), with a message naming the function, the sample and the value.
-* :class:`ProcessExecutor` runs the functions in a separate (spawned) process. The controller waits at most
+* :class:`ProcessExecutor` runs the functions in a separate worker process. The controller waits at most
   ``reward.timeout_s`` for each call; a call that hangs or a process that dies (segfault, ``os._exit``,
   out of memory) costs that one sample (scored 0 and counted as an error): the process is replaced and
   scoring goes on with the next sample. :class:`InProcessExecutor` (``reward.isolation=inprocess``) calls
@@ -15,18 +15,22 @@ Reward functions are user code. Two things protect the run from them:
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import numbers
+import os
 import pickle
+import pickletools
 import signal
+import subprocess
+import sys
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 # (score, acc or None, extra numeric fields) or an error message.
 Outcome = tuple[float, "float | None", dict[str, float]] | str
 Row = tuple[str, str, str, Any]  # (data_source, solution_str, ground_truth, extra_info)
-# Spawning the worker imports torch (through rlplat.reward); generous because CI machines are shared.
+# Generous because CI machines are shared (the worker itself starts in ~0.1 s).
 STARTUP_TIMEOUT_S = 120.0
 
 
@@ -124,13 +128,39 @@ def _spec(fn: Callable) -> tuple:
                                 ) from None
 
 
-def _serve(conn, specs: list[tuple], names: list[str]) -> None:
-    """The worker process: load the functions, then answer ``(fn_index, first_index, rows)`` requests with
-    one :data:`Outcome` per row, in order, as each is computed."""
+def _names_main(pickled: bytes) -> bool:
+    """Whether a pickle refers to something defined in the ``__main__`` module (a script's function)."""
+    return any(arg == "__main__" for _, arg, _ in pickletools.genops(pickled))
+
+
+def _main_preparation(specs: list[tuple]) -> dict:
+    """How the worker process recreates the controller's ``__main__`` module, as multiprocessing's spawn
+    does, when a pickled function lives there; empty otherwise (the worker then runs no script code)."""
+    if not any(kind == "pickle" and _names_main(data) for kind, data, *_ in specs):
+        return {}
+    from multiprocessing import spawn
+
+    data = spawn.get_preparation_data("rlplat-reward")
+    return {key: data[key] for key in ("init_main_from_path", "init_main_from_name") if key in data}
+
+
+def serve(fd: int) -> None:
+    """The worker process (started as ``python -c BOOT fd``): read the functions from the socket ``fd``,
+    load them, then answer ``(fn_index, first_index, rows)`` requests with one :data:`Outcome` per row,
+    in order, as each is computed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    from multiprocessing.connection import Connection
+
     from rlplat.reward.scorers import UnknownDataSourceError, load_custom_function
 
+    conn = Connection(fd)
+    path, main, specs, names = conn.recv()
+    sys.path[:0] = [p for p in path if p not in sys.path]
     try:
+        if main:
+            from multiprocessing import spawn
+
+            spawn.prepare(main)
         functions = [load_custom_function(s[1], s[2]) if s[0] == "file" else pickle.loads(s[1]) for s in specs]
     except Exception as err:
         conn.send(("error", f"{type(err).__name__}: {err}"))
@@ -151,46 +181,84 @@ def _serve(conn, specs: list[tuple], names: list[str]) -> None:
                 conn.send(("config_error", str(err)))
 
 
+def _kill(proc: subprocess.Popen) -> None:
+    proc.kill()  # nothing when it has already exited
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+#: the worker process's command: ``python -c BOOT <socket fd>``
+BOOT = "import sys; from rlplat.reward.isolation import serve; serve(int(sys.argv[1]))"
+#: set in the worker process's environment
+WORKER_ENV = "RLPLAT_REWARD_WORKER"
+
+
 class ProcessExecutor:
-    """Runs the functions in a spawned worker process; each call gets at most ``timeout_s`` seconds."""
+    """Runs the functions in a worker process; each call gets at most ``timeout_s`` seconds.
+
+    The worker is a fresh interpreter (``subprocess``, not ``fork``, which would copy Ray's and torch's
+    threads) that imports only this module and the reward functions; nor multiprocessing's ``spawn``, which
+    re-imports the controller's whole script and starts a resource-tracker process (~13 MB) as well."""
 
     def __init__(self, functions: Sequence[Callable], names: Sequence[str], timeout_s: float):
+        if os.environ.get(WORKER_ENV):
+            from rlplat.reward.scorers import RewardConfigError
+
+            raise RewardConfigError("the reward worker process runs the script that defines a reward function "
+                                    "to load it, and the script started a run there: put the script's start "
+                                    "under `if __name__ == \"__main__\":`")
         self.specs, self.names, self.timeout_s = [_spec(fn) for fn in functions], list(names), float(timeout_s)
-        self._proc = None
+        self._proc: subprocess.Popen | None = None
         self._conn = None
+        self._finalizer = None
 
     def _start(self) -> None:
+        from multiprocessing import Pipe
+
+        import rlplat
         from rlplat.reward.scorers import RewardConfigError
 
-        ctx = mp.get_context("spawn")  # fork would copy Ray's and torch's threads into the child
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, self.specs, self.names), daemon=True,
-                                 name="rlplat-reward")
+        self._conn, child = Pipe()
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(rlplat.__file__)))
+        env = {**os.environ, WORKER_ENV: "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         try:
-            self._proc.start()  # a script without an ``if __name__ == "__main__":`` guard fails here
+            self._proc = subprocess.Popen([sys.executable, "-c", BOOT, str(child.fileno())], env=env,
+                                          pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
+                                          start_new_session=True)  # a Ctrl-C in the terminal is the controller's
         except BaseException:
-            self._proc = None  # never started: nothing to stop, and the start's own error is the one to see
+            self._stop()
             raise
         finally:
             child.close()
-        if not self._conn.poll(STARTUP_TIMEOUT_S):
-            self._stop()
-            raise RewardConfigError(f"the reward worker process did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        self._finalizer = weakref.finalize(self, _kill, self._proc)  # at exit too
+        path = [os.path.abspath(p) for p in sys.path]  # "" is the working directory, which the worker shares
         try:
-            kind, message = self._conn.recv()
-        except EOFError:
-            kind, message = "error", f"it exited with code {self._proc.exitcode} while loading the functions"
+            self._conn.send((path, _main_preparation(self.specs), self.specs, self.names))
+            if not self._conn.poll(STARTUP_TIMEOUT_S):
+                kind, message = "error", f"it did not start within {STARTUP_TIMEOUT_S:.0f} s"
+            else:
+                kind, message = self._conn.recv()
+        except (EOFError, OSError):
+            kind, message = "error", f"it exited with code {self._exit_code()} while loading the functions"
         if kind != "ready":
             self._stop()
             raise RewardConfigError(f"the reward worker process could not load the reward functions: {message}")
 
+    def _exit_code(self) -> int | None:
+        try:
+            return self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            return None
+
     def _stop(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.join(5)
+        if self._finalizer is not None:
+            self._finalizer()  # kills and reaps the process
         if self._conn is not None:
             self._conn.close()
-        self._proc = self._conn = None
+        self._proc = self._conn = self._finalizer = None
 
     def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[Outcome]:
         from rlplat.reward.scorers import UnknownDataSourceError
@@ -222,9 +290,8 @@ class ProcessExecutor:
         try:
             kind, payload = self._conn.recv()
         except (EOFError, ConnectionError):
-            self._proc.join(5)
             return (f"{_where(name, index, row)} killed the reward worker process (exit code "
-                    f"{self._proc.exitcode}); it was restarted")
+                    f"{self._exit_code()}); it was restarted")
         out.append(payload if kind == "ok" else (kind, payload))
         return None
 

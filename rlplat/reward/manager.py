@@ -17,6 +17,7 @@ configuration error, propagates.
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +106,13 @@ class RewardManager:
         else:
             raise RewardConfigError(f"reward.isolation={isolation!r}: expected process or inprocess")
         self._reported = False
+
+    def for_validation(self) -> RewardManager:
+        """The same functions, weights and gating, without the training-only overlong shaping; it shares
+        this manager's reward worker process (one process per run, not one per manager)."""
+        twin = copy.copy(self)
+        twin.overlong, twin._reported = None, False
+        return twin
 
     def _report(self, message: str) -> None:
         if not self._reported:

@@ -200,7 +200,7 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
     sampler = PromptSampler(len(train_data), data.train_batch_size_prompts, shuffle=data.shuffle, seed=data.seed)
     overlong = cfg.algorithm.overlong_buffer
     reward_train = build_reward_manager(cfg.reward, overlong, data.max_response_length)
-    reward_val = build_reward_manager(cfg.reward, None, data.max_response_length)
+    reward_val = reward_train.for_validation()
     tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg),
                       project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name)
     actor, ref, critic, pools = _groups(cfg, plan, model_path)

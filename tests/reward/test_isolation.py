@@ -1,6 +1,9 @@
 """Reward results are checked, and reward code runs in a worker process with a per-call timeout."""
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -103,3 +106,85 @@ def test_the_reward_worker_process_does_not_load_torch(tmp_path):
         assert manager.score(["7"], ["s"], ["7"], [{}], [1]).scores == [0.0]
     finally:
         manager.close()
+
+
+def _child_pids() -> list[int]:
+    """This process's live children (from /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_training_and_validation_share_one_worker_process_and_only_training_is_shaped():
+    overlong = {"enable": True, "length": 4, "penalty_factor": 1.0}
+    train = build_reward_manager({"functions": ["arithmetic"]}, overlong, 8)
+    val = train.for_validation()
+    before = set(_child_pids())
+    try:
+        args = (["7", "7"], ["s"] * 2, ["7"] * 2, [{}] * 2, [2, 8])  # the second response is at the length limit
+        assert train.score(*args).scores == [1.0, 0.0]
+        assert val.score(*args).scores == [1.0, 1.0]
+        assert len(set(_child_pids()) - before) == 1  # one worker; no multiprocessing resource tracker either
+    finally:
+        train.close()
+        val.close()
+    assert set(_child_pids()) - before == set()
+
+
+SCRIPT = '''
+import os
+
+from rlplat.reward import RewardManager, build_reward_manager
+
+print("top level ran", flush=True)
+
+
+def mine(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str == ground_truth)
+
+
+def score(manager):
+    try:
+        print(manager.score(["7", "8"], ["s", "s"], ["7", "7"], [{}, {}], [1, 1]).scores, flush=True)
+    finally:
+        manager.close()
+
+
+MODE = os.environ["MODE"]  # the worker process inherits it
+if MODE == "unguarded":
+    score(RewardManager([(mine, 1.0)], isolation="process"))
+if __name__ == "__main__":
+    if MODE == "script":
+        score(RewardManager([(mine, 1.0)], isolation="process"))
+    if MODE == "builtin":
+        score(build_reward_manager({"functions": ["arithmetic"]}))
+'''
+
+
+def test_a_function_of_the_running_script_is_loaded_by_running_the_script_again(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+
+    def run(mode):
+        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "MODE": mode})
+
+    builtin = run("builtin")  # nothing of the script is needed: the worker does not run it
+    assert builtin.returncode == 0, builtin.stderr
+    assert builtin.stdout.count("top level ran") == 1 and "[1.0, 0.0]" in builtin.stdout
+    own = run("script")  # the worker runs the script's top level (not its __main__ part) to load ``mine``
+    assert own.returncode == 0, own.stderr
+    assert own.stdout.count("top level ran") == 2 and own.stdout.count("[1.0, 0.0]") == 1
+    unguarded = run("unguarded")  # starting a run at the top level would start it again in the worker
+    assert unguarded.returncode != 0 and "[1.0, 0.0]" not in unguarded.stdout
+    assert 'could not load the reward functions' in unguarded.stderr
+    assert 'under `if __name__ == "__main__":`' in unguarded.stderr
