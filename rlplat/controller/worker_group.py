@@ -71,7 +71,7 @@ class InProcessWorkerGroup(WorkerGroup):
         # Several in-process groups (actor, critic) share this process's world-size-1 process group;
         # the one that created it destroys it.
         self._owns_process_group = not dist.is_initialized()
-        self.worker.setup_distributed(*self.worker.master_address())
+        self.worker.setup_distributed(self.worker.master_address())
 
     @property
     def world_size(self) -> int:
@@ -107,39 +107,51 @@ class RayWorkerGroup(WorkerGroup):
             )
             for index in range(pool.world_size)
         ]
+        # Set-up calls are queued without waiting (an actor runs its calls in order), so the worker processes
+        # start while the controller goes on; the group's first call waits for them and reports their errors.
+        setup = []
         if pool.device == "cpu":  # each worker computes with its share of its node's cores
-            ray.get([a.use_threads.remote(pool.threads_per_worker) for a in self.actors])
+            setup += [a.use_threads.remote(pool.threads_per_worker) for a in self.actors]
         if imports:  # before any work: plug-ins (e.g. a policy loss) are looked up inside the workers
-            ray.get([a.import_modules.remote(imports) for a in self.actors])
-        addr, port = ray.get(self.actors[0].master_address.remote())
-        ray.get([a.setup_distributed.remote(addr, port) for a in self.actors])
+            setup += [a.import_modules.remote(imports) for a in self.actors]
+        master = self.actors[0].master_address.remote()
+        setup += [a.setup_distributed.remote(master) for a in self.actors]
+        self._setup = (setup, list(range(len(self.actors))) * (len(setup) // len(self.actors)))
 
     @property
     def world_size(self) -> int:
         return len(self.actors)
 
     def _run(self, name, per_rank):
+        if self._setup is not None:
+            (setup, ranks), self._setup = self._setup, None
+            self._results(setup, ranks, "set-up")
+        refs = [getattr(actor, name).remote(*a, **k) for actor, (a, k) in zip(self.actors, per_rank)]
+        return self._results(refs, list(range(len(refs))), f"{name}()")
+
+    def _results(self, refs: list, ranks: list[int], what: str) -> list[Any]:
+        """The values of ``refs`` in order; a worker's error or death is raised as soon as it happens."""
         import ray
 
-        refs = [getattr(actor, name).remote(*a, **k) for actor, (a, k) in zip(self.actors, per_rank)]
         # Wait for whichever rank finishes first rather than in rank order: when one rank dies or raises,
         # the others may be blocked in a collective waiting for it, and ray.get(refs) would hang with them.
+        values: dict[Any, Any] = {}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             try:
-                ray.get(done[0])
+                values[done[0]] = ray.get(done[0])
             except ray.exceptions.RayTaskError as err:
                 if isinstance(err.cause, RunError):  # a worker's own one-line error: no Ray traceback around it
                     raise err.cause from None
                 raise
             except ray.exceptions.RayActorError as err:
-                rank = refs.index(done[0])
+                rank = ranks[refs.index(done[0])]
                 cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise RunError(f"{self.worker_cls.__name__} rank {rank} of {len(refs)} died during {name}() "
+                raise RunError(f"{self.worker_cls.__name__} rank {rank} of {len(self.actors)} died during {what} "
                                f"({cause}); its process exited (out of memory, a crash or a kill): see the Ray "
                                f"logs of that worker") from None
-        return ray.get(refs)
+        return [values[ref] for ref in refs]
 
     def shutdown(self) -> None:
         import ray

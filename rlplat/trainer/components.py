@@ -2,7 +2,8 @@
 
 :func:`build_components` starts the worker groups (on Ray, or in-process for
 ``trainer.ray_address=inprocess``), loads the datasets and builds the reward managers; the trainer only
-calls the small methods below, so a test or recipe can swap any part.
+calls the small methods below, so a test or recipe can swap any part. Ray workers start before the data
+is read (their processes take seconds to import torch) and load the model after it has been checked.
 """
 
 from __future__ import annotations
@@ -155,38 +156,46 @@ class Components:
         self.reward_val.close()
 
 
-def _groups(cfg: DictConfig, plan: RunPlan, model_path: str):
-    """Start the worker groups: colocated actor+rollout(+ref), then optional critic and separate ref."""
+def _in_process_groups(cfg: DictConfig, plan: RunPlan, model_path: str):
+    """The worker groups in this process: actor+rollout(+ref), then the critic if one is needed."""
     kwargs = {"cfg": cfg, "plan": plan}
-    colocated_ref = plan.needs_ref and cfg.ref.placement == "colocated"
-    if cfg.trainer.ray_address == "inprocess":
-        actor = InProcessWorkerGroup(ActorRolloutRefWorker, plan.device, **kwargs)
-        actor.init_model(model_path, with_ref=colocated_ref)
-        # One process holds one torch.distributed group: the in-process critic joins the actor's.
-        critic = InProcessWorkerGroup(CriticWorker, plan.device, **kwargs) if plan.needs_critic else None
-        if critic is not None:
-            critic.init_model(model_path)
-        return actor, None, critic, []
-    kwargs["imports"] = import_user_modules(cfg.trainer.imports)  # already imported here: returns their paths
+    actor = InProcessWorkerGroup(ActorRolloutRefWorker, plan.device, **kwargs)
+    actor.init_model(model_path, with_ref=plan.needs_ref and cfg.ref.placement == "colocated")
+    # One process holds one torch.distributed group: the in-process critic joins the actor's.
+    critic = InProcessWorkerGroup(CriticWorker, plan.device, **kwargs) if plan.needs_critic else None
+    if critic is not None:
+        critic.init_model(model_path)
+    return actor, None, critic, []
+
+
+def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
+    """The Ray worker groups: colocated actor+rollout(+ref), then optional critic and separate ref. Nothing
+    here waits for the workers: their processes start (and import torch) while the controller reads the
+    data; the models are loaded by :func:`_load_models` afterwards."""
+    kwargs = {"cfg": cfg, "plan": plan, "imports": import_user_modules(cfg.trainer.imports)}
     pool = ResourcePool(cfg.trainer.nnodes, cfg.trainer.workers_per_node, plan.device).create()
     pools = [pool]
     share = 0.5 if plan.needs_critic else 1.0
     actor = RayWorkerGroup(ActorRolloutRefWorker, pool, share=share, **kwargs)
-    actor.init_model(model_path, with_ref=colocated_ref)
-    critic = None
-    if plan.needs_critic:
-        critic = RayWorkerGroup(CriticWorker, pool, share=share, **kwargs)
-        critic.init_model(model_path)
+    critic = RayWorkerGroup(CriticWorker, pool, share=share, **kwargs) if plan.needs_critic else None
     ref = None
-    if plan.needs_ref and not colocated_ref:
+    if plan.needs_ref and cfg.ref.placement != "colocated":
         ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device).create()
         pools.append(ref_pool)
         ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
-        ref.init_model(model_path)
     return actor, ref, critic, pools
 
 
+def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic) -> None:
+    actor.init_model(model_path, with_ref=plan.needs_ref and cfg.ref.placement == "colocated")
+    for group in (critic, ref):
+        if group is not None:
+            group.init_model(model_path)
+
+
 def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Components:
+    in_process = cfg.trainer.ray_address == "inprocess"
+    launched = None if in_process else _launch_ray_groups(cfg, plan)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
@@ -203,7 +212,11 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
     reward_val = reward_train.for_validation()
     tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg),
                       project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name)
-    actor, ref, critic, pools = _groups(cfg, plan, model_path)
+    if in_process:
+        actor, ref, critic, pools = _in_process_groups(cfg, plan, model_path)
+    else:
+        actor, ref, critic, pools = launched
+        _load_models(cfg, plan, model_path, actor, ref, critic)
     return Components(
         cfg=cfg, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
         val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,

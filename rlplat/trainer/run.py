@@ -85,7 +85,7 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     model_path = resolve_model_path(cfg)
     using_ray = init_ray(cfg, quiet_env)
     try:
-        components = build_components(cfg, plan, model_path)  # data and rewards are checked before workers start
+        components = build_components(cfg, plan, model_path)  # data and rewards are checked before the model loads
         try:
             summary = trainer_cls(cfg, plan, components).fit()
         finally:

@@ -85,8 +85,9 @@ class Worker:
         import_in_worker(modules)
 
     @register(Dispatch.ONE_TO_ALL)
-    def setup_distributed(self, master_addr: str, master_port: int) -> int:
-        self.dist = init_distributed(self.rank, self.world_size, master_addr, master_port, self.device_type)
+    def setup_distributed(self, master: tuple[str, int]) -> int:
+        """Join the group's torch.distributed process group at ``master`` (rank 0's ``master_address()``)."""
+        self.dist = init_distributed(self.rank, self.world_size, *master, self.device_type)
         return self.rank
 
     @register(Dispatch.ONE_TO_ALL)

@@ -142,6 +142,19 @@ def test_one_ray_worker_computes_with_every_core(ray_cluster, by_value):
         pool.release()
 
 
+def test_a_failed_set_up_is_reported_by_the_first_call(ray_cluster, by_value):
+    import ray
+
+    pool = ResourcePool(nnodes=1, workers_per_node=1, device="cpu").create()
+    group = RayWorkerGroup(Probe, pool, imports=[("no_such_plugin_module", None)])  # returns without waiting
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError, match="No module named 'no_such_plugin_module'"):
+            group.where()  # not lost: the call waits for the queued set-up first
+    finally:
+        group.shutdown()
+        pool.release()
+
+
 @pytest.mark.slow
 def test_a_worker_that_dies_mid_call_is_named_not_waited_for(ray_cluster, by_value):
     from rlplat.utils.errors import RunError
