@@ -156,11 +156,16 @@ class Components:
         self.reward_val.close()
 
 
+def _colocated_ref(cfg: DictConfig, plan: RunPlan) -> bool:
+    """Whether the reference policy lives in the actor's worker (else in its own group, or not at all)."""
+    return plan.needs_ref and cfg.ref.placement == "colocated"
+
+
 def _in_process_groups(cfg: DictConfig, plan: RunPlan, model_path: str):
     """The worker groups in this process: actor+rollout(+ref), then the critic if one is needed."""
     kwargs = {"cfg": cfg, "plan": plan}
     actor = InProcessWorkerGroup(ActorRolloutRefWorker, plan.device, **kwargs)
-    actor.init_model(model_path, with_ref=plan.needs_ref and cfg.ref.placement == "colocated")
+    actor.init_model(model_path, with_ref=_colocated_ref(cfg, plan))
     # One process holds one torch.distributed group: the in-process critic joins the actor's.
     critic = InProcessWorkerGroup(CriticWorker, plan.device, **kwargs) if plan.needs_critic else None
     if critic is not None:
@@ -179,7 +184,7 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
     actor = RayWorkerGroup(ActorRolloutRefWorker, pool, share=share, **kwargs)
     critic = RayWorkerGroup(CriticWorker, pool, share=share, **kwargs) if plan.needs_critic else None
     ref = None
-    if plan.needs_ref and cfg.ref.placement != "colocated":
+    if plan.needs_ref and not _colocated_ref(cfg, plan):
         ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device).create()
         pools.append(ref_pool)
         ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
@@ -187,7 +192,7 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
 
 
 def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic) -> None:
-    actor.init_model(model_path, with_ref=plan.needs_ref and cfg.ref.placement == "colocated")
+    actor.init_model(model_path, with_ref=_colocated_ref(cfg, plan))
     for group in (critic, ref):
         if group is not None:
             group.init_model(model_path)
