@@ -170,7 +170,8 @@ def run_rlplat(framework: str, size: str, length: str, workdir: Path, steps: int
     for r in step_rows[warmup:]:
         tokens = r["perf/tokens_per_s"] * r["timing/step_s"]  # attention_mask.sum(): prompt + response, no padding
         gen = r["response_length/mean"] * seqs
-        stages = {"generate": r["timing/generate_s"], "score": r["timing/reward_s"],
+        score = r.get("timing/reward_s", r.get("timing/reward_start_s", 0.0) + r.get("timing/reward_wait_s", 0.0))
+        stages = {"generate": r["timing/generate_s"], "score": score,
                   "logprob": r.get("timing/old_log_probs_s", 0.0) + r.get("timing/reference_s", 0.0),
                   "update": r["timing/update_actor_s"]}
         per_step.append({"step_s": r["timing/step_s"], **stages, "other": r["timing/step_s"] - sum(stages.values()),

@@ -2,7 +2,9 @@
 
     prompts (parquet -> sampler) --repeat n, tag uid-->
     generate      actor group: rollout engine samples responses (+ rollout log-probs)
-    reward        reward manager: scores per data_source -> score on the last response token
+    reward        reward manager: scores per data_source -> score on the last response token (when worker
+                  passes that do not need the scores follow, it runs as reward_start ... reward_wait around
+                  them: the reward worker process scores while the workers compute)
     filter_groups (dynamic sampling only) drop zero-variance groups, sample more prompts
     balance_batch (several workers only) reorder rows so every data-parallel replica gets ~equal tokens
     old_log_probs actor group: log-probs under the policy that sampled (skipped when it provably
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import numbers
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +63,10 @@ from rlplat.utils.errors import Interrupted, RunError
 from rlplat.utils.progress import Progress
 
 
+#: stages that neither read nor reorder the scores: rewards are computed while they run
+SCORE_FREE_STAGES = frozenset({"old_log_probs", "reference", "values"})
+
+
 def tensors_only(batch: Batch) -> Batch:
     """What a model stage sends its workers: the tensors and meta. The text columns (prompts, ground
     truths, extra_info, uid) stay on the controller, which reads them (rewards, groups); pickling them
@@ -84,6 +91,7 @@ class PPOTrainer:
         self.prompt_hook = load_callable("data.dynamic_prompts_fn", hook) if hook else None
         self.queued_prompts: list[int | dict] = []  # the hook's picks, served before the dataset's order
         self.stages = self.build_stages()
+        self._scoring = None  # reward_start's pending scores
         self.progress = Progress("off", cfg.trainer.total_steps)  # fit() replaces it with trainer.progress's
 
     def state_dict(self) -> dict:
@@ -152,11 +160,24 @@ class PPOTrainer:
         return wanted.get(name, True)
 
     def build_stages(self) -> list[str]:
-        """The step's stages in order: ``stage_order`` without the optional ones this config does not need."""
+        """The step's stages in order: ``stage_order`` without the optional ones this config does not need.
+
+        When worker passes that do not read the scores (old log-probs, reference, values) follow ``reward``
+        directly, scoring overlaps them: ``reward`` becomes ``reward_start`` (the scores are computed in
+        the background) and ``reward_wait`` joins them before the next stage (verl's asynchronous reward
+        function). A trainer that overrides ``reward`` keeps it as one stage."""
         missing = [name for name in self.stage_order if not callable(getattr(self, name, None))]
         if missing:
             raise TypeError(f"{type(self).__name__}.stage_order names stages with no method: {', '.join(missing)}")
-        return [name for name in self.stage_order if self.stage_enabled(name)]
+        stages = [name for name in self.stage_order if self.stage_enabled(name)]
+        if "reward" in stages and type(self).reward is PPOTrainer.reward:
+            start = stages.index("reward")
+            end = start + 1
+            while end < len(stages) and stages[end] in SCORE_FREE_STAGES:
+                end += 1
+            if end > start + 1:
+                stages[start:end] = ["reward_start", *stages[start + 1:end], "reward_wait"]
+        return stages
 
     def train_step(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -274,7 +295,22 @@ class PPOTrainer:
         return out
 
     def reward(self, batch: Batch, metrics: dict) -> Batch:
-        scores, terms, self.reward_term_weights, reward_metrics = self.c.score_terms(batch)
+        return self._with_scores(batch, self.c.score_terms(batch), metrics)
+
+    def reward_start(self, batch: Batch, metrics: dict) -> Batch:
+        """Start scoring ``batch`` in a background thread (the reward worker process computes); the worker
+        passes run meanwhile, and :meth:`reward_wait` adds the scores."""
+        pool = ThreadPoolExecutor(1, thread_name_prefix="rlplat-reward")
+        self._scoring = pool.submit(self.c.score_terms, batch)
+        pool.shutdown(wait=False)  # its thread ends with the task
+        return batch
+
+    def reward_wait(self, batch: Batch, metrics: dict) -> Batch:
+        scoring, self._scoring = self._scoring, None
+        return self._with_scores(batch, scoring.result(), metrics)  # the scoring's error, if any, is raised here
+
+    def _with_scores(self, batch: Batch, scored: tuple, metrics: dict) -> Batch:
+        scores, terms, self.reward_term_weights, reward_metrics = scored
         metrics.update(reward_metrics)
         if self.cfg.algorithm.truncated_responses == "penalize" and "truncated" in batch.tensors.keys():
             scores = torch.where(batch.tensors["truncated"], self.cfg.algorithm.truncated_penalty, scores)

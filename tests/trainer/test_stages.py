@@ -160,3 +160,24 @@ def test_balance_batch_runs_with_several_workers_and_reorders_whole_rows():
     assert out.non_tensors["uid"].tolist() == [batch.non_tensors["uid"][r] for r in rows.tolist()]  # whole rows
     assert torch.equal(out.tensors["attention_mask"].sum(-1), lengths[rows])
     assert metrics["batch/replica_token_imbalance"] == pytest.approx(1.0)  # 16 | 16
+
+
+def test_scoring_overlaps_the_worker_passes_that_do_not_read_the_scores():
+    cfg, plan = load_config(["algorithm=ppo"])
+    stages = PPOTrainer(cfg, plan, components=None).stages
+    assert "reward" not in stages
+    assert stages[stages.index("generate") + 1:stages.index("advantages")] == [
+        "reward_start", "old_log_probs", "reference", "values", "reward_wait"]
+    # dynamic sampling reads the scores right after the reward stage: nothing to overlap
+    stages = PPOTrainer(*load_config(["algorithm=dapo"]), components=None).stages
+    assert stages[stages.index("reward") + 1] == "filter_groups" and "reward_start" not in stages
+    # on-policy GRPO without KL has no pass between the reward and the advantages
+    no_pass = ["algorithm=grpo", "algorithm.use_kl_loss=false", "actor.mini_batch_size_prompts=64"]
+    assert PPOTrainer(*load_config(no_pass), components=None).stages[:3] == ["generate", "reward", "advantages"]
+
+    class OwnReward(PPOTrainer):  # a recipe's reward stage runs as it is written
+        def reward(self, batch, metrics):
+            return super().reward(batch, metrics)
+
+    stages = OwnReward(cfg, plan, components=None).stages
+    assert stages[stages.index("reward") + 1] == "old_log_probs" and "reward_wait" not in stages

@@ -66,6 +66,23 @@ def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(embedded_cache, s
     assert {"initial_val_accuracy", "final_val_accuracy", "steps", "wall_time_s"} <= set(summary_file)
 
 
+def test_overlapped_scoring_trains_exactly_as_scoring_in_turn(embedded_cache, small_val, tmp_path):
+    from rlplat.trainer.ppo import PPOTrainer
+
+    class InTurn(PPOTrainer):  # overriding ``reward`` keeps it one stage: scores before the worker passes
+        def reward(self, batch, metrics):
+            return super().reward(batch, metrics)
+
+    args = ("trainer.ray_address=inprocess", "algorithm=ppo")  # old log-probs, reference and values passes
+    for name, trainer_cls in (("overlapped", PPOTrainer), ("in_turn", InTurn)):
+        cfg, plan = load_config(overrides(tmp_path / name, 2, small_val, *args))
+        run(cfg, plan, trainer_cls=trainer_cls)
+    overlapped, in_turn = metrics(tmp_path / "overlapped"), metrics(tmp_path / "in_turn")
+    assert "timing/reward_wait_s" in overlapped[1] and "timing/reward_s" in in_turn[1]
+    for step in (1, 2):
+        assert comparable(overlapped[step]) == comparable(in_turn[step]), step
+
+
 @pytest.mark.slow
 def test_two_workers_fsdp_over_ray(embedded_cache, small_val, tmp_path, ray_cluster):
     summary = train(overrides(tmp_path, 2, small_val, "trainer.workers_per_node=2"))
