@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import numbers
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -183,10 +183,15 @@ class PPOTrainer:
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         batch = None
-        for name in self.stages:
-            self.progress.stage(name)
-            with timed(metrics, name):
-                batch = getattr(self, name)(batch, metrics)
+        try:
+            for name in self.stages:
+                self.progress.stage(name)
+                with timed(metrics, name):
+                    batch = getattr(self, name)(batch, metrics)
+        finally:
+            if self._scoring is not None:  # a stage failed while scoring ran: it ends before anything shuts down
+                wait([self._scoring])
+                self._scoring = None
         metrics.update(data_metrics(batch, self.cfg.data.max_response_length))
         metrics["timing/step_s"] = time.perf_counter() - start
         metrics.update(throughput_metrics(batch, metrics))

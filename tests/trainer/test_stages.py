@@ -181,3 +181,27 @@ def test_scoring_overlaps_the_worker_passes_that_do_not_read_the_scores():
 
     stages = OwnReward(cfg, plan, components=None).stages
     assert stages[stages.index("reward") + 1] == "old_log_probs" and "reward_wait" not in stages
+
+
+def test_a_pass_that_fails_while_scoring_runs_waits_for_the_scoring():
+    import time
+    from types import SimpleNamespace
+
+    finished = []
+
+    def slow_score_terms(batch):
+        time.sleep(0.3)
+        finished.append(len(batch))
+
+    class FailingPass(PPOTrainer):
+        def generate(self, batch, metrics):
+            return Batch.from_dict({"x": torch.zeros(2)})
+
+        def old_log_probs(self, batch, metrics):
+            raise RuntimeError("the pass failed")
+
+    cfg, plan = load_config(["algorithm=ppo"])
+    trainer = FailingPass(cfg, plan, components=SimpleNamespace(score_terms=slow_score_terms))
+    with pytest.raises(RuntimeError, match="the pass failed"):
+        trainer.train_step()
+    assert finished == [2] and trainer._scoring is None  # done before the error reaches the teardown
