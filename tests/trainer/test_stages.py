@@ -182,6 +182,15 @@ def test_scoring_overlaps_the_worker_passes_that_do_not_read_the_scores():
     stages = OwnReward(cfg, plan, components=None).stages
     assert stages[stages.index("reward") + 1] == "old_log_probs" and "reward_wait" not in stages
 
+    class ReadsScores(PPOTrainer):  # a stage inserted after the passes gets the scores: the wait comes first
+        stage_order = PPOTrainer.insert_stage("mine", after="reference")
+
+        def mine(self, batch, metrics):
+            return batch
+
+    stages = ReadsScores(cfg, plan, components=None).stages
+    assert stages[stages.index("reference") + 1:stages.index("reference") + 3] == ["reward_wait", "mine"]
+
 
 def test_a_pass_that_fails_while_scoring_runs_waits_for_the_scoring():
     import time
