@@ -161,15 +161,12 @@ def _colocated_ref(cfg: DictConfig, plan: RunPlan) -> bool:
     return plan.needs_ref and cfg.ref.placement == "colocated"
 
 
-def _in_process_groups(cfg: DictConfig, plan: RunPlan, model_path: str):
-    """The worker groups in this process: actor+rollout(+ref), then the critic if one is needed."""
+def _in_process_groups(cfg: DictConfig, plan: RunPlan):
+    """The worker groups in this process: actor+rollout(+ref), and the critic if one is needed."""
     kwargs = {"cfg": cfg, "plan": plan}
     actor = InProcessWorkerGroup(ActorRolloutRefWorker, plan.device, **kwargs)
-    actor.init_model(model_path, with_ref=_colocated_ref(cfg, plan))
     # One process holds one torch.distributed group: the in-process critic joins the actor's.
     critic = InProcessWorkerGroup(CriticWorker, plan.device, **kwargs) if plan.needs_critic else None
-    if critic is not None:
-        critic.init_model(model_path)
     return actor, None, critic, []
 
 
@@ -192,6 +189,7 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
 
 
 def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic) -> None:
+    """Each group loads its model (in-process or Ray), once the data has been checked."""
     actor.init_model(model_path, with_ref=_colocated_ref(cfg, plan))
     for group in (critic, ref):
         if group is not None:
@@ -217,11 +215,8 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
     reward_val = reward_train.for_validation()
     tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg),
                       project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name)
-    if in_process:
-        actor, ref, critic, pools = _in_process_groups(cfg, plan, model_path)
-    else:
-        actor, ref, critic, pools = launched
-        _load_models(cfg, plan, model_path, actor, ref, critic)
+    actor, ref, critic, pools = _in_process_groups(cfg, plan) if in_process else launched
+    _load_models(cfg, plan, model_path, actor, ref, critic)
     return Components(
         cfg=cfg, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
         val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,
