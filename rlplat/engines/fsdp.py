@@ -23,6 +23,7 @@ from rlplat.engines.base import (
     load_rank_state, save_rank_state,
 )
 from rlplat.engines.dist import DistContext
+from rlplat.engines.gated_mlp import install_gated_mlp
 from rlplat.engines.optim import Optimizer
 from rlplat.engines.packing import PackedBatch
 from rlplat.engines.token_head import HeadRequest, TokenOutputHead
@@ -81,6 +82,7 @@ class FSDPEngine(TrainingEngine):
         if optim_cfg is None:
             module.requires_grad_(False)
         self.head = None if value_head else TokenOutputHead.install(module)
+        install_gated_mlp(module)  # keeps half of the MLP's activations for the backward pass
         self.vocab_size = module.config.vocab_size
         self._model = self._shard(module, fsdp_cfg)
         self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps) if optim_cfg else None

@@ -1,0 +1,74 @@
+"""The gated MLP of Llama-style decoders, ``down(silu(gate(x)) * up(x))``, keeping half as much for the
+backward pass.
+
+Autograd keeps four ``[tokens, ffn]`` tensors of this block per layer until the backward pass: ``gate(x)``,
+``silu(gate(x))``, ``up(x)`` and their product (the input of ``down``). With the feed-forward width 3-5x
+the hidden width, they are the largest activations of a training forward pass. :class:`_SiluMulDown`
+keeps only ``gate(x)`` and ``up(x)`` and recomputes ``silu`` and the product in the backward pass: two
+elementwise operations over ``[tokens, ffn]``, next to the block's three ``tokens x hidden x ffn``
+matmuls. Its gradients come from the same kernels as autograd's (bit-identical on our machines). The
+recomputation is that of fused SwiGLU kernels (Liger Kernel's ``LigerSiLUMulFunction``: Hsu et al. 2024,
+arXiv:2410.10989), here with the ``down`` projection folded in so that the product is not kept either.
+SwiGLU itself: Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202.
+
+:func:`install_gated_mlp` replaces the ``forward`` of each such block of a model in place (the weights,
+their names and the module tree stay as they are), for model types whose MLP is exactly this block.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+#: model types whose decoder MLP is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+GATED_MLP_MODELS = frozenset({"llama", "qwen2", "qwen3", "mistral", "olmo2", "smollm3"})
+
+
+class _SiluMulDown(torch.autograd.Function):
+    """``(g, u, w_down) -> (silu(g) * u) @ w_down.T``, keeping ``g`` and ``u`` (not the product)."""
+
+    @staticmethod
+    def forward(ctx, gate, up, weight):
+        ctx.save_for_backward(gate, up, weight)
+        return F.linear(F.silu(gate) * up, weight)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        gate, up, weight = ctx.saved_tensors
+        act = F.silu(gate)
+        grad_weight = None
+        if ctx.needs_input_grad[2]:
+            product = act * up
+            grad_weight = grad_out.reshape(-1, grad_out.shape[-1]).T @ product.reshape(-1, product.shape[-1])
+            del product
+        grad_product = grad_out @ weight
+        grad_up = grad_product * act if ctx.needs_input_grad[1] else None
+        del act
+        grad_gate = torch.ops.aten.silu_backward(grad_product * up, gate) if ctx.needs_input_grad[0] else None
+        return grad_gate, grad_up, grad_weight
+
+
+def _gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return _SiluMulDown.apply(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)
+
+
+def _is_gated_mlp(module: torch.nn.Module) -> bool:
+    parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    return (all(type(part) is torch.nn.Linear for part in parts) and parts[2].bias is None
+            and type(getattr(module, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"))
+
+
+def install_gated_mlp(model: torch.nn.Module) -> int:
+    """Give each decoder MLP of ``model`` the forward above; returns how many (0 when the model type is not
+    known to use exactly this block; a module that differs from it keeps its own forward)."""
+    config = model.config
+    if getattr(config, "model_type", None) not in GATED_MLP_MODELS or getattr(config, "hidden_act", None) != "silu":
+        return 0
+    installed = 0
+    for module in model.modules():
+        if _is_gated_mlp(module):
+            module.forward = types.MethodType(_gated_mlp_forward, module)
+            installed += 1
+    return installed
