@@ -85,7 +85,8 @@ class FSDPEngine(TrainingEngine):
         install_gated_mlp(module)  # keeps half of the MLP's activations for the backward pass
         self.vocab_size = module.config.vocab_size
         self._model = self._shard(module, fsdp_cfg)
-        self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps) if optim_cfg else None
+        self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps,
+                               flat_state=True) if optim_cfg else None
         self.pack_sequences = fsdp_cfg.pack_sequences and self._packing_matches_padding()
         if fsdp_cfg.pack_sequences and not self.pack_sequences and dist_ctx.rank == 0:
             print(f"[engine] {type(module).__name__} scores packed sequences differently from padded ones "

@@ -46,12 +46,15 @@ class Optimizer:
     """AdamW + LR schedule + clipping over ``params``, for ``total_steps`` optimizer steps. ``grad_norm``
     computes the global gradient norm of ``params`` (default: over the local tensors, DTensors gathered);
     a tensor-parallel engine passes one that counts each shard once. ``shard_group``: the processes that
-    hold the same ``params`` (data-parallel replicas) and share the optimizer state out among them."""
+    hold the same ``params`` (data-parallel replicas) and share the optimizer state out among them.
+    ``flat_state``: keep the gradients and AdamW's moments of plain (unsharded) ``params`` in flat buffers
+    for the whole run (:func:`attach_flat_grads`)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], optim_cfg: DictConfig, total_steps: int,
                  grad_norm: Callable[[list[torch.nn.Parameter]], torch.Tensor] | None = None,
-                 shard_group: dist.ProcessGroup | None = None):
+                 shard_group: dist.ProcessGroup | None = None, flat_state: bool = False):
         self.params = [p for p in params if p.requires_grad]
+        self.grad_buffer = attach_flat_grads(self.params) if flat_state else None
         self.grad_norm = grad_norm or _local_grad_norm
         self.grad_clip = optim_cfg.grad_clip
         # fused: one kernel for every tensor (on CPU ~4x faster than the default per-tensor loop at 25M
@@ -66,6 +69,8 @@ class Optimizer:
                                                      process_group=shard_group, **adamw)
         else:
             self.optimizer = torch.optim.AdamW(self.params, **adamw)
+            if self.grad_buffer is not None:
+                _start_flat_moments(self.optimizer, self.params)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_lambda(optim_cfg.lr_schedule, optim_cfg.warmup_steps, total_steps, optim_cfg.min_lr_ratio),
@@ -81,7 +86,10 @@ class Optimizer:
         lr = self.scheduler.get_last_lr()[0]
         if torch.isfinite(grad_norm):
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.grad_buffer is not None:
+            self.grad_buffer.zero_()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return {"grad_norm": float(grad_norm), "lr": lr}
 
@@ -96,6 +104,44 @@ class Optimizer:
         """Whether this process keeps ``param``'s optimizer state (always, unless sharded)."""
         owner = getattr(self.optimizer, "_param_to_rank", None)
         return owner is None or owner[param] == self.optimizer.rank
+
+
+def attach_flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor | None:
+    """Give every parameter a zeroed ``.grad`` that is a view of one flat buffer, and return the buffer
+    (None, attaching nothing, unless the parameters are plain tensors of one dtype on one device).
+
+    The backward pass then adds each gradient into its view instead of keeping the tensor it computed. A
+    gradient set to None after each step is allocated again in the next backward pass, at whatever place
+    the allocator finds among the activations being freed; there it stays through the optimizer step and
+    splits the free memory that the next forward pass's activations would fill, so the heap grows by more
+    than the activations need (glibc's malloc on CPU; docs/performance.md). One buffer above malloc's mmap
+    threshold is mapped on its own, outside that heap, the way DDP keeps gradients as views of its buckets
+    (``gradient_as_bucket_view``). As there, a parameter that gets no gradient in a step is stepped with
+    a zero one (AdamW skips a parameter whose gradient is None).
+    """
+    if not params or any(type(p.data) is not torch.Tensor for p in params):
+        return None  # e.g. FSDP's DTensor parameters, whose gradients FSDP allocates itself
+    if len({(p.dtype, p.device) for p in params}) != 1:
+        return None
+    buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    offset = 0
+    for p in params:
+        p.grad = buffer[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return buffer
+
+
+def _start_flat_moments(optimizer: torch.optim.AdamW, params: list[torch.nn.Parameter]) -> None:
+    """Start AdamW's state as its first step would (step 0, both moments zero), with the moments as views
+    of one buffer, for the reason given in :func:`attach_flat_grads`. Loaded through ``load_state_dict``,
+    which keeps tensors of the parameters' dtype and device as they are given."""
+    moments = params[0].new_zeros(2, sum(p.numel() for p in params))
+    state, offset = {}, 0
+    for index, p in enumerate(params):
+        exp_avg, exp_avg_sq = moments[:, offset : offset + p.numel()]
+        state[index] = {"step": torch.tensor(0.0), "exp_avg": exp_avg.view_as(p), "exp_avg_sq": exp_avg_sq.view_as(p)}
+        offset += p.numel()
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 def _local_grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:

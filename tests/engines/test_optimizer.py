@@ -61,3 +61,28 @@ def test_sharded_optimizer_steps_as_the_unsharded_one(tmp_path):
     for got in ranks:
         for name, tensor in net.state_dict().items():
             torch.testing.assert_close(got["weights"][name], tensor, atol=1e-6, rtol=1e-6)
+
+
+def test_flat_gradients_step_as_gradients_set_to_none():
+    """Gradients kept as views of one buffer (added into and zeroed each step) give the same weights as
+    gradients allocated anew by each backward pass."""
+    fresh, flat = model(), model()
+    plain_optim = Optimizer(fresh.parameters(), CFG, total_steps=3)
+    flat_optim = Optimizer(flat.parameters(), CFG, total_steps=3, flat_state=True)
+    assert plain_optim.grad_buffer is None
+    buffer = flat_optim.grad_buffer
+    assert buffer.numel() == sum(p.numel() for p in flat.parameters())
+    assert all(p.grad.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr() for p in flat.parameters())
+    steps(fresh, plain_optim, 0, 1)
+    steps(flat, flat_optim, 0, 1)
+    for (name, a), b in zip(fresh.state_dict().items(), flat.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+    assert buffer.abs().sum() == 0  # zeroed after the step, the views still in place
+    assert all(p.grad.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr() for p in flat.parameters())
+
+
+def test_flat_gradients_only_for_plain_tensors_of_one_dtype():
+    net = model()
+    net[2].double()
+    assert Optimizer(net.parameters(), CFG, total_steps=1, flat_state=True).grad_buffer is None
+    assert all(p.grad is None for p in net.parameters())
