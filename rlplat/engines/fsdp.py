@@ -5,6 +5,10 @@ with bf16 compute and fp32 gradient reduction (``MixedPrecisionPolicy``), option
 parameters and optimizer state. The optimizer is :class:`rlplat.engines.optim.Optimizer`. Every worker
 is its own data-parallel replica.
 
+Memory: Llama/Qwen-style MLPs keep half their activations for the backward pass
+(:mod:`rlplat.engines.gated_mlp`); as a plain module (one worker, fp32, no offloading) the gradients and
+AdamW's moments live in flat buffers for the whole run (:func:`rlplat.engines.optim.attach_flat_grads`).
+
 Gradients: FSDP averages gradients over the data-parallel ranks, while rlplat's losses are normalised by
 global (whole mini-batch) denominators and must be *summed* over ranks;
 :meth:`FSDPEngine.train_mini_batch` therefore multiplies the loss by the data-parallel size.
