@@ -63,9 +63,10 @@ def test_sharded_optimizer_steps_as_the_unsharded_one(tmp_path):
             torch.testing.assert_close(got["weights"][name], tensor, atol=1e-6, rtol=1e-6)
 
 
-def test_flat_gradients_step_as_gradients_set_to_none():
-    """Gradients kept as views of one buffer (added into and zeroed each step) give the same weights as
-    gradients allocated anew by each backward pass."""
+def test_flat_gradients_and_moments_step_as_separate_tensors():
+    """Gradients kept as views of one buffer (added into and zeroed each step) and AdamW's moments as views
+    of another give the same weights as gradients allocated anew by each backward pass and moments
+    created by the first step."""
     fresh, flat = model(), model()
     plain_optim = Optimizer(fresh.parameters(), CFG, total_steps=3)
     flat_optim = Optimizer(flat.parameters(), CFG, total_steps=3, flat_state=True)
@@ -73,12 +74,16 @@ def test_flat_gradients_step_as_gradients_set_to_none():
     buffer = flat_optim.grad_buffer
     assert buffer.numel() == sum(p.numel() for p in flat.parameters())
     assert all(p.grad.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr() for p in flat.parameters())
+    moments = {state[key].untyped_storage().data_ptr() for state in flat_optim.local_state.values()
+               for key in ("exp_avg", "exp_avg_sq")}
+    assert len(flat_optim.local_state) == len(flat_optim.params) and len(moments) == 1  # one buffer for both
     steps(fresh, plain_optim, 0, 1)
     steps(flat, flat_optim, 0, 1)
     for (name, a), b in zip(fresh.state_dict().items(), flat.state_dict().values()):
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
     assert buffer.abs().sum() == 0  # zeroed after the step, the views still in place
     assert all(p.grad.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr() for p in flat.parameters())
+    assert {state["exp_avg"].untyped_storage().data_ptr() for state in flat_optim.local_state.values()} == moments
 
 
 def test_flat_gradients_only_for_plain_tensors_of_one_dtype():
