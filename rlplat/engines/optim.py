@@ -123,11 +123,9 @@ def attach_flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor | None:
         return None  # e.g. FSDP's DTensor parameters, whose gradients FSDP allocates itself
     if len({(p.dtype, p.device) for p in params}) != 1:
         return None
-    buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-    offset = 0
-    for p in params:
-        p.grad = buffer[offset : offset + p.numel()].view_as(p)
-        offset += p.numel()
+    buffer = params[0].new_zeros(sum(p.numel() for p in params))
+    for p, view in zip(params, _views(buffer, params)):
+        p.grad = view
     return buffer
 
 
@@ -135,13 +133,16 @@ def _start_flat_moments(optimizer: torch.optim.AdamW, params: list[torch.nn.Para
     """Start AdamW's state as its first step would (step 0, both moments zero), with the moments as views
     of one buffer, for the reason given in :func:`attach_flat_grads`. Loaded through ``load_state_dict``,
     which keeps tensors of the parameters' dtype and device as they are given."""
-    moments = params[0].new_zeros(2, sum(p.numel() for p in params))
-    state, offset = {}, 0
-    for index, p in enumerate(params):
-        exp_avg, exp_avg_sq = moments[:, offset : offset + p.numel()]
-        state[index] = {"step": torch.tensor(0.0), "exp_avg": exp_avg.view_as(p), "exp_avg_sq": exp_avg_sq.view_as(p)}
-        offset += p.numel()
+    exp_avg, exp_avg_sq = params[0].new_zeros(2, sum(p.numel() for p in params))
+    state = {index: {"step": torch.tensor(0.0), "exp_avg": first, "exp_avg_sq": second}
+             for index, (first, second) in enumerate(zip(_views(exp_avg, params), _views(exp_avg_sq, params)))}
     optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+
+
+def _views(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Consecutive pieces of ``flat``, shaped like ``params``."""
+    pieces = flat.split([p.numel() for p in params])
+    return [piece.view_as(p) for piece, p in zip(pieces, params)]
 
 
 def _local_grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
