@@ -82,7 +82,7 @@ class OptimConfig:
 class FSDPConfig:
     param_offload: bool = False  # GPU only: FSDP2 CPU offload of sharded params, grads and optimizer state
     reshard_after_forward: bool = True  # free gathered weights after forward (ZeRO-3 style)
-    mixed_precision: str = "auto"  # auto = bf16 compute / fp32 reduce on GPU, none on CPU | none | bf16
+    mixed_precision: str = "auto"  # auto = bf16 compute / fp32 reduce on GPU, none on CPU | none | bf16 (GPU only)
     # forward passes on each micro-batch's sequences packed end to end, without padding (position ids restart
     # per sequence; checked against the padded forward at start-up, padded if the model differs)
     pack_sequences: bool = True

@@ -64,6 +64,9 @@ class FSDPEngine(TrainingEngine):
         if engine_cfg.mixed_precision not in MIXED_PRECISION:
             raise ConfigError(f"{key}.mixed_precision={engine_cfg.mixed_precision!r} is not one of: "
                               f"{', '.join(MIXED_PRECISION)}")
+        if engine_cfg.mixed_precision == "bf16" and device != "cuda":
+            raise ConfigError(f"{key}.mixed_precision=bf16 needs a GPU (trainer.device resolved to {device}): "
+                              f"on CPU the FSDP engine computes in float32 (auto or none)")
         if engine_cfg.param_offload and device != "cuda":
             raise ConfigError(f"{key}.param_offload needs a GPU (trainer.device resolved to {device})")
 

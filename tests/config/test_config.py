@@ -83,6 +83,8 @@ BAD = [
     (["algorithm=grpo", "ref.enable=false"], "a KL term is enabled (algorithm.use_kl_*) but ref.enable=false"),
     (["trainer.device=cpu", "actor.fsdp.param_offload=true"],
      "actor.fsdp.param_offload needs a GPU"),
+    (["trainer.device=cpu", "ref.fsdp.mixed_precision=bf16"],
+     "ref.fsdp.mixed_precision=bf16 needs a GPU (trainer.device resolved to cpu)"),
     (["algorithm.kl_loss_type=full"], "algorithm.kl_loss_type='full' is not registered"),
     (["reward.weights=[1.0,2.0]"], "reward.weights has 2 entries but reward.functions has 1"),
     (["algorithm.policy_loss_options.dro_beta=0"],
