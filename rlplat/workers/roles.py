@@ -257,16 +257,17 @@ class ActorRolloutRefWorker(_Role):
         return out
 
     @register(Dispatch.DP_SPLIT)
-    def compute_log_probs(self, batch: Batch) -> Batch:
-        """``old_log_probs`` and ``entropy`` ``[B, R]`` under the current actor (and ``sum_pi_squared``
-        when the advantage estimator reads it)."""
+    def compute_log_probs(self, batch: Batch, entropy: bool = False) -> Batch:
+        """``old_log_probs`` ``[B, R]`` under the current actor, with ``sum_pi_squared`` when the advantage
+        estimator reads it and ``entropy`` when asked (the trainer does not: the update reports the entropy
+        of the same policy, and at a large vocabulary it costs another pass over each token's logits)."""
         from rlplat.algorithms import get_advantage_estimator
 
         estimator = get_advantage_estimator(self.cfg.algorithm.adv_estimator)
         out = self.actor.infer(
             micro_batches(self.actor, batch, self.cfg.actor.log_prob_micro_batch_size_seqs_per_worker,
                           self.cfg.actor.micro_batch_max_tokens_per_worker), temperature=batch.meta["temperature"],
-            need_entropy=True, need_sum_pi_squared=getattr(estimator, "needs_sum_pi_squared", False),
+            need_entropy=entropy, need_sum_pi_squared=getattr(estimator, "needs_sum_pi_squared", False),
         )
         out["old_log_probs"] = out.pop("log_probs")
         return Batch.from_dict(out)

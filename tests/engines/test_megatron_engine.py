@@ -33,7 +33,7 @@ def check_matches_unsharded(group, cfg, plan, model_path: str, ranks: int) -> No
         expected = reference_log_probs(plain, out, 0.7)
         logits = plain(input_ids=out.tensors["input_ids"], attention_mask=out.tensors["attention_mask"],
                        position_ids=out.tensors["position_ids"]).logits[:, -mask.shape[1] - 1: -1] / 0.7
-    got = group.compute_log_probs(out)
+    got = group.compute_log_probs(out, entropy=True)
     torch.testing.assert_close(got.tensors["old_log_probs"][mask], expected[mask], atol=1e-5, rtol=0)
     entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
     torch.testing.assert_close(got.tensors["entropy"][mask], entropy[mask], atol=1e-5, rtol=0)
