@@ -239,6 +239,10 @@ class AlgorithmConfig:
     clip_ratio_high: float = 0.2  # epsilon_high (DAPO clip-higher: 0.28; dppo_*: the threshold for A > 0)
     clip_ratio_c: float = 3.0  # dual-clip constant (> 1); dppo_*: cap of the truncated importance weight
     tis_cap: Optional[float] = None  # truncated importance sampling: weight tokens by min(pi_old / pi_rollout, cap); None = off
+    # pi_old of the PPO ratio when the update is off-policy (several mini-batches or epochs): recompute = the
+    # actor's log-prob pass before the update | rollout = the rollout engine's log-probs (no pass) | auto =
+    # rollout where the engine samples with the actor's weights in float32 (hf, no mixed precision), else recompute
+    old_log_probs: str = "auto"
     policy_loss_options: PolicyLossOptions = field(default_factory=PolicyLossOptions)
     use_kl_in_reward: bool = False  # r_t - beta * KL_t with algorithm.kl_ctrl
     kl_penalty: str = "k1"  # KL estimator used in the reward (registry)

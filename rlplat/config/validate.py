@@ -207,6 +207,44 @@ def _check_policy_loss_options(cfg: DictConfig) -> None:
         raise ConfigError(f"{section}.{err}") from None
 
 
+OLD_LOG_PROBS = ("auto", "recompute", "rollout")
+
+
+def old_policy(cfg: DictConfig, device: str, mini_batches: int) -> str:
+    """Where the PPO ratio's π_old comes from (:attr:`RunPlan.old_policy`).
+
+    "update": one epoch over one mini-batch starts from the policy that sampled, so the update's own
+    forward gives π_old exactly; unless a KL in the reward or the estimator (``needs_sum_pi_squared``)
+    reads the actor's log-probs before the update. "rollout": the rollout engine's log-probs, which skips
+    the actor's log-prob pass over the batch (verl's rollout-correction bypass mode). The PPO ratio is
+    then taken against the policy that actually sampled. ``auto`` picks it only where those log-probs are
+    the actor's own to float error: the hf engine samples with the actor's weights, and both sides compute
+    in float32 (0.4e-6 mean |Δ log π| on the Quickstart; docs/concepts.md). "recompute": the actor's pass.
+    """
+    from rlplat.algorithms import get_advantage_estimator
+
+    algo = cfg.algorithm
+    _check(algo.old_log_probs in OLD_LOG_PROBS,
+           f"algorithm.old_log_probs={algo.old_log_probs!r} is not one of: {', '.join(OLD_LOG_PROBS)}")
+    reads_sum_sq = getattr(get_advantage_estimator(algo.adv_estimator), "needs_sum_pi_squared", False)
+    if cfg.actor.ppo_epochs == 1 and mini_batches == 1 and not algo.use_kl_in_reward and not reads_sum_sq:
+        return "update"
+    if algo.old_log_probs == "rollout":
+        _check(algo.tis_cap is None, "algorithm.tis_cap weights tokens by pi_old / pi_rollout, which is 1 with "
+                                     "algorithm.old_log_probs=rollout; set algorithm.old_log_probs=recompute")
+        _check(not reads_sum_sq, f"algorithm.adv_estimator={algo.adv_estimator!r} reads sum_pi_squared from the "
+                                 f"actor's log-prob pass; set algorithm.old_log_probs=recompute")
+        return "rollout"
+    if algo.old_log_probs == "recompute" or algo.tis_cap is not None or algo.use_kl_in_reward or reads_sum_sq:
+        return "recompute"
+    if cfg.rollout.dtype == "auto":
+        float32 = device == "cpu"  # the actor computes in float32 there too
+    else:
+        mixed = (cfg.actor.get(cfg.actor.strategy) or {}).get("mixed_precision")
+        float32 = cfg.rollout.dtype == "float32" and (device == "cpu" or mixed == "none")
+    return "rollout" if cfg.rollout.name == "hf" and float32 else "recompute"
+
+
 def resolve_device(cfg: DictConfig) -> str:
     """``trainer.device`` with ``auto`` resolved to cuda when a GPU is visible, else cpu."""
     import torch
@@ -250,6 +288,7 @@ def validate(cfg: DictConfig) -> RunPlan:
         # the estimator declares it: a registered estimator that needs values gets a critic, whatever its name
         needs_critic=bool(getattr(get_advantage_estimator(algo.adv_estimator), "needs_values", False)),
         needs_ref=needs_ref,
+        old_policy=old_policy(cfg, device, mini_batches),
         loss_scale_factor=float(algo.loss_scale_factor or cfg.data.max_response_length),
         train_files=train_files,
         val_files=val_files,

@@ -7,9 +7,9 @@
                   them: the reward worker process scores while the workers compute)
     filter_groups (dynamic sampling only) drop zero-variance groups, sample more prompts
     balance_batch (several workers only) reorder rows so every data-parallel replica gets ~equal tokens
-    old_log_probs actor group: log-probs under the policy that sampled (skipped when it provably
-                  equals the one the update starts from: one epoch, one mini-batch, and no KL in
-                  the reward, which must use the trainer's log-probs, not the rollout engine's)
+    old_log_probs actor group: log-probs under the policy that sampled (only when the plan's
+                  old_policy is "recompute"; the update takes pi_old from its own forward when it
+                  starts on-policy, or from the rollout engine: algorithm.old_log_probs)
     reference     reference policy's log-probs (when a KL term is used)
     values        critic's values (when the estimator needs them, e.g. gae)
     advantages    controller: KL in reward (optional), advantage estimator (registry)
@@ -141,10 +141,6 @@ class PPOTrainer:
     def stage_enabled(self, name: str) -> bool:
         """Whether an optional stage runs for this config; stages not named here (a recipe's) always run."""
         cfg, plan = self.cfg, self.plan
-        # KL in the reward needs the trainer's own log-probs: the rollout engine's differ numerically
-        skip_old = (cfg.actor.ppo_epochs == 1 and plan.mini_batches_per_step == 1
-                    and not cfg.algorithm.use_kl_in_reward
-                    and not getattr(self.estimator, "needs_sum_pi_squared", False))  # reads old_log_probs
         wanted = {
             "filter_groups": cfg.algorithm.dynamic_sampling.enable,
             "balance_batch": cfg.trainer.balance_batch and plan.world_size > 1,
@@ -152,7 +148,7 @@ class PPOTrainer:
             "pf_ppo": cfg.algorithm.pf_ppo.enable,
             "sync_reference": plan.needs_ref and cfg.ref.sync_steps > 0,
             "dynamic_prompts": cfg.data.dynamic_prompts_fn is not None,
-            "old_log_probs": not skip_old,
+            "old_log_probs": plan.old_policy == "recompute",
             "reference": plan.needs_ref,
             "values": plan.needs_critic,
             "update_critic": plan.needs_critic,
@@ -386,8 +382,9 @@ class PPOTrainer:
     def advantages(self, batch: Batch, metrics: dict) -> Batch:
         cfg, t = self.cfg.algorithm, batch.tensors
         rewards = t["token_level_scores"]
-        if cfg.use_kl_in_reward:  # build_stages keeps old_log_probs whenever the KL is in the reward
-            kl = kl_penalty(cfg.kl_penalty, KLInput(t["old_log_probs"], t["ref_log_probs"])) * t["response_mask"]
+        if cfg.use_kl_in_reward:  # pi_old is recomputed for it, or the rollout's (algorithm.old_log_probs=rollout)
+            old = t["rollout_log_probs"] if self.plan.old_policy == "rollout" else t["old_log_probs"]
+            kl = kl_penalty(cfg.kl_penalty, KLInput(old, t["ref_log_probs"])) * t["response_mask"]
             rewards = kl_penalized_rewards(rewards, kl, t["response_mask"], self.kl_ctrl.value)
             mean_kl = float((kl.sum(-1) / t["response_mask"].sum(-1).clamp(min=1)).mean())
             metrics.update({"actor/reward_kl": mean_kl, "actor/kl_coef": self.kl_ctrl.value})

@@ -44,15 +44,29 @@ def actor_loss(
     denominators: LossDenominators,
     loss_scale_factor: float,
     entropy_coeff: float = 0.0,
+    old_policy: str = "recompute",
 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """``old_policy`` is :attr:`rlplat.config.plan.RunPlan.old_policy`: π_old is the batch's
+    ``old_log_probs`` when it has them, else the rollout's log-probs ("rollout") or this forward's own,
+    detached (an update that starts on the policy that sampled)."""
     t = micro.tensors
     mask = t["response_mask"].to(fwd.log_probs.device)
-    old = t["old_log_probs"].to(mask.device) if "old_log_probs" in t.keys() else fwd.log_probs.detach()
+    from_rollout = old_policy == "rollout" and "old_log_probs" not in t.keys()
+    if "old_log_probs" in t.keys():
+        old = t["old_log_probs"].to(mask.device)
+    elif from_rollout:
+        if "rollout_log_probs" not in t.keys():
+            raise KeyError("pi_old is the rollout's log-probs (algorithm.old_log_probs), but this batch has no "
+                           "rollout_log_probs; set algorithm.old_log_probs=recompute")
+        old = t["rollout_log_probs"].to(mask.device)
+    else:
+        old = fwd.log_probs.detach()
 
     def agg(values: torch.Tensor) -> torch.Tensor:
         return aggregate_loss(values, mask, algo.loss_agg_mode, denominators, loss_scale_factor)
 
-    weights, mismatch = rollout_correction(old, t, mask, algo.tis_cap)
+    # π_old taken from the rollout has no mismatch to measure or correct
+    weights, mismatch = (None, {}) if from_rollout else rollout_correction(old, t, mask, algo.tis_cap)
     policy = get_policy_loss(algo.policy_loss)(
         PolicyLossInput(
             log_prob=fwd.log_probs,

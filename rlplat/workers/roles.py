@@ -282,7 +282,8 @@ class ActorRolloutRefWorker(_Role):
         cfg = self.cfg
 
         def loss_fn(fwd, micro: Batch, denominators: LossDenominators):
-            return actor_loss(fwd, micro, cfg.algorithm, denominators, self.plan.loss_scale_factor, cfg.actor.entropy_coeff)
+            return actor_loss(fwd, micro, cfg.algorithm, denominators, self.plan.loss_scale_factor,
+                              cfg.actor.entropy_coeff, self.plan.old_policy)
 
         # the entropy metric is always reported; it gets a gradient only with a coefficient
         self.actor.packing_efficiency()  # count this update's forward passes only

@@ -92,6 +92,39 @@ def test_kl_in_the_reward_keeps_the_old_log_prob_stage():
     assert "old_log_probs" not in PPOTrainer(cfg, plan, components=None).stages
 
 
+@pytest.mark.parametrize("overrides, old_policy", [
+    (["actor.mini_batch_size_prompts=64"], "update"),  # one epoch over one mini-batch: the update's own forward
+    ([], "rollout"),  # the Quickstart: 4 mini-batches, the hf engine samples with the actor's float32 weights
+    (["algorithm.old_log_probs=recompute"], "recompute"),
+    (["algorithm.tis_cap=2.0"], "recompute"),  # pi_old / pi_rollout needs pi_old of its own
+    (["algorithm.use_kl_in_reward=true"], "recompute"),
+    (["algorithm.adv_estimator=optimal_token_baseline"], "recompute"),  # reads sum_pi_squared from the pass
+    (["rollout.name=vllm"], "recompute"),  # another kernel stack
+    (["rollout.dtype=bfloat16"], "recompute"),
+    (["rollout.dtype=float32"], "rollout"),
+    (["rollout.name=vllm", "algorithm.old_log_probs=rollout"], "rollout"),
+    (["algorithm.use_kl_in_reward=true", "algorithm.old_log_probs=rollout"], "rollout"),
+    (["actor.mini_batch_size_prompts=64", "algorithm.old_log_probs=recompute"], "update"),
+])
+def test_where_pi_old_comes_from(overrides, old_policy):
+    cfg, plan = load_config(["algorithm=grpo", *overrides])
+    assert plan.old_policy == old_policy
+    stages = PPOTrainer(cfg, plan, components=None).stages
+    assert ("old_log_probs" in stages) == (old_policy == "recompute")
+
+
+def test_kl_in_the_reward_reads_the_rollout_log_probs_when_they_are_pi_old():
+    cfg, plan = load_config(["algorithm=ppo", "algorithm.old_log_probs=rollout"])
+    trainer = PPOTrainer(cfg, plan, components=None)
+    fields = {"token_level_scores": torch.tensor([[0.0, 1.0]]), "response_mask": torch.ones(1, 2),
+              "rollout_log_probs": torch.tensor([[-1.0, -2.0]]), "ref_log_probs": torch.tensor([[-1.5, -1.0]]),
+              "values": torch.zeros(1, 2)}
+    batch = Batch.from_dict(fields, non_tensors={"uid": np.array(["p0"], dtype=object)})
+    metrics = {}
+    trainer.advantages(batch, metrics)
+    assert metrics["actor/reward_kl"] == pytest.approx(((-1.0 + 1.5) + (-2.0 + 1.0)) / 2)  # k1 = old - ref
+
+
 def test_pf_ppo_stage_follows_the_advantages():
     cfg, plan = load_config(["algorithm=grpo", "algorithm.pf_ppo.enable=true"])
     stages = PPOTrainer(cfg, plan, components=None).stages

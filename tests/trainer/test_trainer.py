@@ -83,6 +83,24 @@ def test_overlapped_scoring_trains_exactly_as_scoring_in_turn(embedded_cache, sm
         assert comparable(overlapped[step]) == comparable(in_turn[step]), step
 
 
+def test_pi_old_from_the_hf_rollout_trains_as_the_recomputed_one(embedded_cache, small_val, tmp_path):
+    """Two mini-batches a step: ``algorithm.old_log_probs=auto`` takes pi_old from the hf engine (float32,
+    the actor's weights) and skips the actor's pass; the update is the recomputed one's to float error."""
+    args = ("trainer.ray_address=inprocess", "algorithm=grpo", "actor.mini_batch_size_prompts=4")
+    runs = {}
+    for choice in ("auto", "recompute"):
+        cfg, plan = load_config(overrides(tmp_path / choice, 1, small_val, *args, f"algorithm.old_log_probs={choice}"))
+        assert plan.old_policy == {"auto": "rollout", "recompute": "recompute"}[choice]
+        run(cfg, plan)
+        runs[choice] = metrics(tmp_path / choice)[1]
+    auto, recompute = runs["auto"], runs["recompute"]
+    assert "timing/old_log_probs_s" not in auto and "timing/old_log_probs_s" in recompute
+    assert recompute["rollout/log_prob_abs_diff"] < 1e-5  # the two sides agree to float error ...
+    assert auto["reward/mean"] == recompute["reward/mean"]  # ... on the same samples
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/approx_kl"):
+        assert auto[key] == pytest.approx(recompute[key], rel=1e-4, abs=1e-6), key
+
+
 @pytest.mark.slow
 def test_two_workers_fsdp_over_ray(embedded_cache, small_val, tmp_path, ray_cluster):
     summary = train(overrides(tmp_path, 2, small_val, "trainer.workers_per_node=2"))

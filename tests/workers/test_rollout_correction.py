@@ -1,7 +1,8 @@
-"""Truncated importance sampling against the rollout engine's log-probs, hand-computed."""
+"""Truncated importance sampling against the rollout engine's log-probs, hand-computed; pi_old taken from the rollout."""
 
 import math
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -38,3 +39,28 @@ def test_policy_loss_is_weighted_token_by_token():
     expected = -(math.exp(0.5) + math.exp(-0.5) + 2.0) / 3
     assert math.isclose(float(loss), expected, rel_tol=1e-6)
     assert math.isclose(metrics["rollout/tis_capped_frac"], 1 / 3, rel_tol=1e-6)
+
+
+def test_pi_old_from_the_rollout_is_the_same_loss_as_recomputed_old_log_probs():
+    """RunPlan.old_policy == "rollout": the PPO ratio is taken against the rollout's log-probs, exactly as
+    if they had been sent as old_log_probs, and there is no mismatch to report."""
+    algo = OmegaConf.structured(AlgorithmConfig())
+    rollout = torch.tensor([[-1.0, -0.2, -3.0]])
+    fields = {"response_mask": torch.ones(1, 3, dtype=torch.long), "advantages": torch.tensor([[1.0, -1.0, 2.0]]),
+              "rollout_log_probs": rollout}
+    denominators = LossDenominators.from_mask(fields["response_mask"])
+    log_probs = torch.tensor([[-0.9, -0.5, -2.0]], requires_grad=True)
+    loss, metrics = actor_loss(ForwardOutput(log_probs=log_probs), Batch.from_dict(fields), algo, denominators, 8.0,
+                               old_policy="rollout")
+    (grad,) = torch.autograd.grad(loss, log_probs)
+    sent = Batch.from_dict({**fields, "old_log_probs": rollout.clone()})
+    expected, expected_metrics = actor_loss(ForwardOutput(log_probs=log_probs), sent, algo, denominators, 8.0)
+    (expected_grad,) = torch.autograd.grad(expected, log_probs)
+    assert float(loss) == float(expected) and torch.equal(grad, expected_grad)
+    assert float(loss) != float(actor_loss(ForwardOutput(log_probs=log_probs), Batch.from_dict(fields), algo,
+                                           denominators, 8.0)[0])  # "update": this forward's own log-probs
+    assert "rollout/log_prob_abs_diff" not in metrics and expected_metrics["rollout/log_prob_abs_diff"] == 0
+    del fields["rollout_log_probs"]
+    with pytest.raises(KeyError, match="no rollout_log_probs; set algorithm.old_log_probs=recompute"):
+        actor_loss(ForwardOutput(log_probs=log_probs), Batch.from_dict(fields), algo, denominators, 8.0,
+                   old_policy="rollout")
