@@ -44,7 +44,7 @@ def actor_loss(
     denominators: LossDenominators,
     loss_scale_factor: float,
     entropy_coeff: float = 0.0,
-    old_policy: str = "recompute",
+    old_policy: str = "update",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``old_policy`` is :attr:`rlplat.config.plan.RunPlan.old_policy`: π_old is the batch's
     ``old_log_probs`` when it has them, else the rollout's log-probs ("rollout") or this forward's own,
