@@ -65,14 +65,15 @@ class PackedBatch:
         lengths_list = lengths.tolist()
         capacity = max(lengths_list)
         bins = first_fit_decreasing(lengths_list, capacity)
-        row_start = torch.zeros(batch, dtype=torch.long)  # where each sequence starts in the flattened rows
-        tails = []
-        for row, members in enumerate(bins):
+        starts = [0] * batch  # where each sequence starts in the flattened rows
+        used = []  # the tokens each row holds
+        for row, members in enumerate(bins):  # plain ints: a tensor write per sequence cost ~10 us each
             offset = row * capacity
             for b in members:
-                row_start[b] = offset
+                starts[b] = offset
                 offset += lengths_list[b]
-            tails.append((row, offset - row * capacity))
+            used.append(offset - row * capacity)
+        row_start = torch.tensor(starts)
         # every real token: its sequence, its index t within the sequence, and where it goes
         seq = torch.repeat_interleave(torch.arange(batch), lengths)
         t = torch.arange(int(lengths.sum())) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
@@ -81,9 +82,8 @@ class PackedBatch:
         dest = row_start[seq] + t
         ids[dest] = input_ids[seq, first[seq] + t]
         positions[dest] = t
-        positions = positions.view(len(bins), capacity)
-        for row, used in tails:  # the tail of a row is a sequence of its own
-            positions[row, used:] = torch.arange(capacity - used)
+        tail = torch.arange(capacity) - torch.tensor(used)[:, None]  # the tail of a row is a sequence of its own
+        positions = torch.where(tail >= 0, tail, positions.view(len(bins), capacity))
         # the output at token t predicts token t + 1: response token j is predicted by the sequence's token
         # prompt_len + j - 1, for the response tokens the row really has
         prompt_len = (prompt_width - first)[seq]
