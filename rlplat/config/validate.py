@@ -219,7 +219,7 @@ def old_policy(cfg: DictConfig, device: str, mini_batches: int) -> str:
     the actor's log-prob pass over the batch (verl's rollout-correction bypass mode). The PPO ratio is
     then taken against the policy that actually sampled. ``auto`` picks it only where those log-probs are
     the actor's own to float error: the hf engine samples with the actor's weights, and both sides compute
-    in float32 (0.4e-6 mean |Δ log π| on the Quickstart; docs/concepts.md). "recompute": the actor's pass.
+    in float32 (0.5e-6 mean |Δ log π| on the Quickstart; docs/concepts.md). "recompute": the actor's pass.
     """
     from rlplat.algorithms import get_advantage_estimator
 
