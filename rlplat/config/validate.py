@@ -12,6 +12,7 @@ are computed into a separate :class:`RunPlan`: the config itself is never change
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -23,6 +24,9 @@ from rlplat.config.schema import count_keys
 from rlplat.registry import Registry
 from rlplat.utils.progress import MODES as PROGRESS_MODES
 from rlplat.utils.tracking import LOGGERS
+
+if TYPE_CHECKING:
+    import torch
 
 #: micro-batch token budgets: None (count sequences) or a number of tokens
 TOKEN_BUDGETS = ("actor.micro_batch_max_tokens_per_worker", "critic.micro_batch_max_tokens_per_worker",
@@ -237,12 +241,21 @@ def old_policy(cfg: DictConfig, device: str, mini_batches: int) -> str:
         return "rollout"
     if algo.old_log_probs == "recompute" or algo.tis_cap is not None or algo.use_kl_in_reward or reads_sum_sq:
         return "recompute"
-    if cfg.rollout.dtype == "auto":
-        float32 = device == "cpu"  # the actor computes in float32 there too
-    else:
-        mixed = (cfg.actor.get(cfg.actor.strategy) or {}).get("mixed_precision")
-        float32 = cfg.rollout.dtype == "float32" and (device == "cpu" or mixed == "none")
+    import torch
+
+    mixed = (cfg.actor.get(cfg.actor.strategy) or {}).get("mixed_precision")
+    float32 = resolve_rollout_dtype(cfg, torch.device(device)) == torch.float32 and (
+        device == "cpu" or mixed == "none")  # the actor computes in float32 on CPU
     return "rollout" if cfg.rollout.name == "hf" and float32 else "recompute"
+
+
+def resolve_rollout_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:
+    """``rollout.dtype`` on ``device`` (a torch.device): auto = bfloat16 on a GPU, float32 on CPU."""
+    import torch
+
+    if cfg.rollout.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.rollout.dtype)
 
 
 def resolve_device(cfg: DictConfig) -> str:

@@ -8,11 +8,11 @@ bad engine setting is one line before any worker starts.
 
 from __future__ import annotations
 
-import torch
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
 from rlplat.config.plan import RunPlan
+from rlplat.config.validate import resolve_rollout_dtype
 from rlplat.engines import TRAINING_ENGINES, TrainingEngine
 from rlplat.registry import Registry
 from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup
@@ -45,13 +45,6 @@ def check_engine_config(cfg: DictConfig, plan: RunPlan) -> None:
     if problem := ROLLOUT_ENGINES.missing_requirements(name):
         raise ConfigError(f"rollout.name={name!r}: {problem}")
     _registered(ROLLOUT_ENGINES, "rollout.name", name).check_config(rollout.get(name), f"rollout.{name}", plan.device)
-
-
-def resolve_rollout_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:
-    name = cfg.rollout.dtype
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 def build_rollout_engine(cfg: DictConfig, model_path: str, tokenizer, ctx) -> RolloutEngine:
