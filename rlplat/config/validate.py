@@ -243,10 +243,15 @@ def old_policy(cfg: DictConfig, device: str, mini_batches: int) -> str:
         return "recompute"
     import torch
 
-    mixed = (cfg.actor.get(cfg.actor.strategy) or {}).get("mixed_precision")
-    float32 = resolve_rollout_dtype(cfg, torch.device(device)) == torch.float32 and (
-        device == "cpu" or mixed == "none")  # the actor computes in float32 on CPU
+    mixed = (cfg.actor.get(cfg.actor.strategy) or {}).get("mixed_precision", "auto")
+    float32 = resolve_rollout_dtype(cfg, torch.device(device)) == torch.float32 and not computes_in_bf16(mixed, device)
     return "rollout" if cfg.rollout.name == "hf" and float32 else "recompute"
+
+
+def computes_in_bf16(mixed_precision: str, device: str) -> bool:
+    """``<role>.<engine>.mixed_precision`` on ``device`` ("cuda" | "cpu"): auto and bf16 compute in bfloat16
+    (weights, gradients and optimizer stay float32) on a GPU; on CPU everything computes in float32."""
+    return device == "cuda" and mixed_precision in ("auto", "bf16")
 
 
 def resolve_rollout_dtype(cfg: DictConfig, device: torch.device) -> torch.dtype:

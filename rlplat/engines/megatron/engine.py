@@ -31,6 +31,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
+from rlplat.config.validate import computes_in_bf16
 from rlplat.engines.base import (MIXED_PRECISION, ForwardOutput, ParallelLayout, TrainingEngine, blend_,
                                  check_blended, load_rank_state, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
@@ -136,7 +137,7 @@ class MegatronEngine(TrainingEngine):
         self.value_head, self.sequence_parallel = value_head, engine_cfg.sequence_parallel
         # bf16 compute, fp32 weights, gradients and optimizer (as FSDP's mixed precision): Megatron-Core's
         # layers cast under CUDA autocast, in forward and in backward
-        bf16 = self.device.type == "cuda" and engine_cfg.mixed_precision in ("auto", "bf16")
+        bf16 = computes_in_bf16(engine_cfg.mixed_precision, self.device.type)
         self.compute = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         self.tied_output = self.shape.tied_embeddings and not value_head  # the output layer is the embedding
         hf, padding_idx = _hf_weights(model_path, model_cfg, value_head, self.device)
