@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput
+from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, estimator_spec
 from rlplat.reward import REWARD_FUNCTIONS
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
@@ -31,7 +31,7 @@ def test_the_estimator_example_uses_each_responses_group():
     exec(snippet("# my_estimators.py"), {})
     try:
         fn = ADVANTAGE_ESTIMATORS.get("group_mean_baseline")
-        assert fn.min_group_size == 2
+        assert estimator_spec("group_mean_baseline").min_group_size == 2
         rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 3.0], [0.0, 1.0]])  # scores 1, 0 | 3, 1
         out = fn(AdvantageInput(rewards, torch.ones(4, 2), group_ids=torch.tensor([0, 0, 7, 7])))
         assert out.advantages[:, 0].tolist() == [0.5, -0.5, 1.0, -1.0]

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from rlplat.algorithms import OverlongShaping, make_kl_controller, policy_loss_config
 from rlplat.algorithms.advantages import SCALES
-from rlplat.config import ConfigError, load_config
+from rlplat.config import ConfigError
 from rlplat.config.schema import RLPlatConfig, count_keys
 from rlplat.engines.optim import LR_SCHEDULES, lr_lambda
 from rlplat.reward import manager as reward_manager
@@ -60,13 +60,13 @@ def test_overlong_bound_is_the_shaping_rule(length, ok):
     overrides = ["algorithm.overlong_buffer.enable=true", f"algorithm.overlong_buffer.length={length}",
                  "data.max_response_length=8"]
     if ok:
-        cfg, _ = load_config(overrides)
+        cfg, _ = load_run_config(overrides)
         assert reward_manager.build_reward_manager(cfg.reward, cfg.algorithm.overlong_buffer, 8).overlong is not None
         return
     with pytest.raises(ValueError) as runtime:
         OverlongShaping(8, length)
     with pytest.raises(ConfigError) as config:
-        load_config(overrides)
+        load_run_config(overrides)
     assert str(config.value) == str(runtime.value)
 
 
@@ -79,7 +79,7 @@ def test_policy_loss_checks_live_in_the_loss_config():
         policy_loss_config(OmegaConf.create(
             {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 0.5, "policy_loss_options": {}}))
     with pytest.raises(ConfigError) as config:
-        load_config(["algorithm.clip_ratio_c=0.5"])
+        load_run_config(["algorithm.clip_ratio_c=0.5"])
     assert str(config.value) == f"algorithm.{runtime.value}"
     assert "clip_ratio_c" not in inspect.getsource(config_validate)
 
@@ -93,7 +93,7 @@ def test_kl_controller_defaults_come_from_the_schema():
 def test_count_keys_come_from_the_schema(key):
     assert not hasattr(config_validate, "POSITIVE_INTS")
     with pytest.raises(ConfigError, match=f"^{key} must be >= 1, got 0"):
-        load_config([f"{key}=0"])
+        load_run_config([f"{key}=0"])
 
 
 def test_no_model_dtype_key():

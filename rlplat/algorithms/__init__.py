@@ -35,7 +35,9 @@ from rlplat.algorithms.advantages import (
     AdvantageInput,
     AdvantageOptions,
     AdvantageOutput,
+    EstimatorSpec,
     compute_advantages,
+    estimator_spec,
     get_advantage_estimator,
 )
 from rlplat.algorithms.aggregation import AGGREGATION_MODES, LossDenominators, aggregate_loss, get_aggregation
@@ -69,9 +71,9 @@ from rlplat.algorithms.reweight import PF_PPO_METHODS, pf_ppo_resample, pf_ppo_w
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATION_MODES", "KL_CONTROLLERS", "KL_ESTIMATORS", "PF_PPO_METHODS",
     "POLICY_LOSSES",
-    "AdaptiveKLController", "AdvantageInput", "AdvantageOptions", "AdvantageOutput", "FixedKLController",
+    "AdaptiveKLController", "AdvantageInput", "AdvantageOptions", "AdvantageOutput", "EstimatorSpec", "FixedKLController",
     "KLController", "KLInput", "LossDenominators", "OverlongShaping", "PolicyLossConfig", "PolicyLossInput", "PolicyLossOutput",
-    "aggregate_loss", "compute_advantages", "entropy_from_logits", "get_advantage_estimator",
+    "aggregate_loss", "compute_advantages", "entropy_from_logits", "estimator_spec", "get_advantage_estimator",
     "get_aggregation", "get_kl_estimator", "get_policy_loss", "kl_estimator_names", "kl_penalized_rewards",
     "kl_penalty", "make_kl_controller", "pf_ppo_resample", "pf_ppo_weights", "policy_loss_config", "value_loss",
 ]

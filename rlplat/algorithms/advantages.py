@@ -1,9 +1,10 @@
 """Advantage estimators: token-level rewards (+ critic values or a greedy baseline) -> advantages, returns.
 
 Every estimator has one call, ``fn(AdvantageInput) -> AdvantageOutput``, and is registered in
-``ADVANTAGE_ESTIMATORS`` with three attributes the config validation and the trainer read instead of
-branching on names: ``min_group_size`` (responses per prompt it needs), ``needs_values`` (a critic) and
-``needs_baseline`` (greedy-response scores). Formulas: ``docs/algorithms.md``; each docstring repeats its own.
+``ADVANTAGE_ESTIMATORS`` with an :class:`EstimatorSpec` that says what it needs of the run (a critic,
+greedy-response scores, Σπ², groups of a minimum size). The run plan copies the spec once
+(:func:`estimator_spec`), and everything else reads the plan instead of branching on names.
+Formulas: ``docs/algorithms.md``; each docstring repeats its own.
 
 Conventions. s_i = Σ_t r_{i,t} m_{i,t} is a response's score; per-response advantages are broadcast over
 its valid tokens; advantages are 0 on masked tokens. Estimators without a critic return
@@ -96,17 +97,31 @@ def compute_advantages(name: str, inp: AdvantageInput) -> AdvantageOutput:
     return get_advantage_estimator(name)(inp)
 
 
-def estimator(name: str, min_group_size: int = 1, needs_values: bool = False, needs_baseline: bool = False,
-              needs_sum_pi_squared: bool = False):
-    """Register an estimator under ``name``, with what it requires of the batch: ``needs_values`` (a
-    critic), ``needs_baseline`` (greedy-response scores), ``needs_sum_pi_squared`` (the policy's Σπ²)."""
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """What an advantage estimator needs of the run, declared where it is registered."""
+
+    min_group_size: int = 1  # responses per prompt it compares (rollout.n must be at least this)
+    needs_values: bool = False  # a critic's values (the run gets a critic)
+    needs_baseline: bool = False  # the score of a greedy response to each prompt (remax)
+    needs_sum_pi_squared: bool = False  # the policy's Σ_v π(v)² per token, from the actor's log-prob pass
+    uses_reward_terms: bool = False  # reads each reward function's term, not the (KL-shaped) token rewards
+
+
+def estimator(name: str, **spec):
+    """Register an estimator under ``name`` with its :class:`EstimatorSpec` (keyword arguments)."""
 
     def decorator(fn: Estimator) -> Estimator:
-        fn.min_group_size, fn.needs_values, fn.needs_baseline = min_group_size, needs_values, needs_baseline
-        fn.needs_sum_pi_squared = needs_sum_pi_squared
+        fn.spec = EstimatorSpec(**spec)
         return ADVANTAGE_ESTIMATORS.register(name)(fn)
 
     return decorator
+
+
+def estimator_spec(name: str) -> EstimatorSpec:
+    """The spec of the estimator registered under ``name``; one registered without :func:`estimator`
+    (plain ``ADVANTAGE_ESTIMATORS.register``) needs nothing beyond the rewards."""
+    return getattr(get_advantage_estimator(name), "spec", EstimatorSpec())
 
 
 # ---------------------------------------------------------------------------- inputs and shared pieces
@@ -208,7 +223,7 @@ def dapo(inp: AdvantageInput) -> AdvantageOutput:
     return _grpo_core(inp, "dapo", inp.options.scale)
 
 
-@estimator("gdpo", min_group_size=2)
+@estimator("gdpo", min_group_size=2, uses_reward_terms=True)
 def gdpo(inp: AdvantageInput) -> AdvantageOutput:
     """GDPO (2601.05242, Sec. 3; as verl implements it): each reward term k is group-normalised on its
     own, A_k = (c_k − mean_g c_k) / (std_g c_k + ε); then A = whiten(Σ_k w_k A_k) over the batch's valid
@@ -238,9 +253,6 @@ def gdpo(inp: AdvantageInput) -> AdvantageOutput:
         zero_variance &= out.zero_variance
     advantages = masked_whiten(total.unsqueeze(-1) * mask, mask)
     return AdvantageOutput(advantages=advantages, returns=advantages, zero_variance=zero_variance)
-
-
-gdpo.uses_reward_terms = True  # reads reward_components, not the (KL-shaped) token rewards
 
 
 @estimator("rloo", min_group_size=2)

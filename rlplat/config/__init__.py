@@ -2,8 +2,8 @@
 
 from rlplat.config.errors import ConfigError
 from rlplat.config.loader import compose_config, group_options, load_config
-from rlplat.config.plan import RunPlan
+from rlplat.config.plan import RunPlan, make_plan
 from rlplat.config.schema import RLPlatConfig
 from rlplat.config.validate import validate
 
-__all__ = ["ConfigError", "RLPlatConfig", "RunPlan", "compose_config", "group_options", "load_config", "validate"]
+__all__ = ["ConfigError", "RLPlatConfig", "RunPlan", "compose_config", "group_options", "load_config", "make_plan", "validate"]

@@ -1,7 +1,7 @@
 """Compose the Hydra config from overrides, with errors that name the full key path.
 
 ``load_config(["algorithm=dapo", "rollout.n=16"])`` returns a read-only ``DictConfig`` that has passed
-:func:`rlplat.config.validate.validate`, and the :class:`RunPlan` derived from it. Every failure raises :class:`ConfigError` with one message:
+:func:`rlplat.config.validate.validate`. Every failure raises :class:`ConfigError` with one message:
 unknown keys and group options get a did-you-mean, bad types name the key and the expected type.
 """
 
@@ -22,7 +22,6 @@ from omegaconf.errors import OmegaConfBaseException
 from rlplat.config.derive import derive_batch_sizes
 from rlplat.config.errors import ConfigError
 from rlplat.config.imports import import_user_modules
-from rlplat.config.plan import RunPlan
 from rlplat.config.schema import RLPlatConfig, register_schema
 from rlplat.config.validate import validate
 
@@ -114,8 +113,9 @@ def _derive(cfg: DictConfig) -> None:
         pass
 
 
-def load_config(overrides: list[str] | None = None) -> tuple[DictConfig, RunPlan]:
-    """Compose, resolve interpolations, validate and freeze the config; also return its RunPlan."""
+def load_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose, resolve interpolations, validate and freeze the config. The run's plan (what follows from
+    it and from the chosen engines) is :func:`rlplat.workers.engine_setup.plan_run`'s."""
     cfg = compose_config(overrides)
     try:
         OmegaConf.resolve(cfg)
@@ -123,6 +123,6 @@ def load_config(overrides: list[str] | None = None) -> tuple[DictConfig, RunPlan
         raise ConfigError(_format_omegaconf_error(err)) from None
     import_user_modules(cfg.trainer.imports)  # before validation: their plug-ins' names must count
     _derive(cfg)
-    plan = validate(cfg)
+    validate(cfg)
     OmegaConf.set_readonly(cfg, True)
-    return cfg, plan
+    return cfg

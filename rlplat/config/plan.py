@@ -1,22 +1,138 @@
-"""The values that follow from a validated config, computed once by :func:`rlplat.config.validate.validate`."""
+"""The run plan: what follows from a validated config and from what the chosen engines declare, computed
+once and read by everything that would otherwise derive it again.
+
+:func:`make_plan` is called by :func:`rlplat.workers.engine_setup.plan_run`, which gathers the engines'
+:class:`EngineDeclarations` (this layer knows no engine: engines say what they do, the plan reads it).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from rlplat.algorithms import EstimatorSpec, estimator_spec
+from rlplat.config.errors import check
+
+OLD_LOG_PROBS = ("auto", "recompute", "rollout")  # algorithm.old_log_probs
+REFERENCE_PLACEMENTS = ("none", "colocated", "separate")
+
+
+@dataclass(frozen=True)
+class RolloutDeclaration:
+    """What a rollout engine declares about itself, for its config section, on the run's device."""
+
+    auto_dtype: str  # what rollout.dtype=auto resolves to ("float32" | "bfloat16" | "float16")
+    # it samples with the actor's own model code, so in float32 on both sides its log-probs are the actor's
+    # own to float error (then the PPO ratio's pi_old can be taken from it: algorithm.old_log_probs=auto)
+    actor_log_probs: bool
+    sleeps: bool  # it frees its memory between rollouts (the worker wakes it before and puts it to sleep after)
+
+
+@dataclass(frozen=True)
+class EngineDeclarations:
+    """The chosen engines' declarations that the plan reads."""
+
+    actor_dtype: str  # the dtype the actor's training engine computes in ("float32" | "bfloat16")
+    rollout: RolloutDeclaration
+
 
 @dataclass(frozen=True)
 class RunPlan:
-    """Values derived from a validated config (computed once, never stored back into it)."""
+    """Values derived from a validated config and the engines' declarations (never stored back into the config)."""
 
     device: str  # "cpu" | "cuda"
     world_size: int  # actor/rollout workers over all nodes
     mini_batches_per_step: int
-    needs_critic: bool
-    needs_ref: bool
+    estimator: EstimatorSpec  # what algorithm.adv_estimator needs of the run
+    reference: str  # where the reference policy lives: "none" | "colocated" (in the actor's worker) | "separate"
     # where the PPO ratio's pi_old comes from: "update" (the update's own forward: it starts on the policy
     # that sampled) | "rollout" (the rollout engine's log-probs) | "recompute" (the old_log_probs stage)
     old_policy: str
+    actor_dtype: str  # the actor's compute dtype
+    rollout_dtype: str  # the dtype the rollout engine generates in (the actor's weights are sent in it)
+    rollout_sleeps: bool
     loss_scale_factor: float  # for seq-mean-token-sum-norm
     train_files: tuple[str, ...]
     val_files: tuple[str, ...]
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.estimator.needs_values
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.reference != "none"
+
+
+def reference_placement(cfg: DictConfig) -> str:
+    """Where the reference policy lives: none unless a KL term needs it (or ``ref.enable=true``), else
+    ``ref.placement``."""
+    algo = cfg.algorithm
+    needs_kl = algo.use_kl_in_reward or algo.use_kl_loss
+    wanted = needs_kl if cfg.ref.enable is None else bool(cfg.ref.enable)
+    check(not (needs_kl and not wanted), "a KL term is enabled (algorithm.use_kl_*) but ref.enable=false")
+    check(not cfg.ref.sync_steps or wanted, f"ref.sync_steps={cfg.ref.sync_steps} syncs a reference policy, but "
+                                            f"this run has none (no KL term; set ref.enable=true to keep one)")
+    return cfg.ref.placement if wanted else "none"
+
+
+def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines: EngineDeclarations,
+               rollout_dtype: str) -> str:
+    """Where the PPO ratio's π_old comes from (:attr:`RunPlan.old_policy`).
+
+    "update": one epoch over one mini-batch starts from the policy that sampled, so the update's own
+    forward gives π_old exactly; unless a KL in the reward or the estimator (``needs_sum_pi_squared``)
+    reads the actor's log-probs before the update. "rollout": the rollout engine's log-probs, which skips
+    the actor's log-prob pass over the batch (verl's rollout-correction bypass mode). The PPO ratio is
+    then taken against the policy that actually sampled. ``auto`` picks it only where those log-probs are
+    the actor's own to float error: the rollout engine declares that it samples with the actor's model
+    code, and both sides compute in float32 (0.5e-6 mean |Δ log π| on the Quickstart; docs/concepts.md).
+    "recompute": the actor's pass.
+    """
+    algo = cfg.algorithm
+    reads_sum_sq = spec.needs_sum_pi_squared
+    if cfg.actor.ppo_epochs == 1 and mini_batches == 1 and not algo.use_kl_in_reward and not reads_sum_sq:
+        return "update"
+    if algo.old_log_probs == "rollout":
+        check(algo.tis_cap is None, "algorithm.tis_cap weights tokens by pi_old / pi_rollout, which is 1 with "
+                                    "algorithm.old_log_probs=rollout; set algorithm.old_log_probs=recompute")
+        check(not reads_sum_sq, f"algorithm.adv_estimator={algo.adv_estimator!r} reads sum_pi_squared from the "
+                                f"actor's log-prob pass; set algorithm.old_log_probs=recompute")
+        return "rollout"
+    if algo.old_log_probs == "recompute" or algo.tis_cap is not None or algo.use_kl_in_reward or reads_sum_sq:
+        return "recompute"
+    exact = engines.rollout.actor_log_probs and rollout_dtype == engines.actor_dtype == "float32"
+    return "rollout" if exact else "recompute"
+
+
+def make_plan(cfg: DictConfig, device: str, engines: EngineDeclarations) -> RunPlan:
+    """The plan of a config that passed :func:`rlplat.config.validate.validate`, on ``device``, with the
+    chosen engines' declarations. Raises ConfigError for a combination only the plan can see."""
+    algo = cfg.algorithm
+    spec = estimator_spec(algo.adv_estimator)
+    mini_batches = cfg.data.train_batch_size_prompts // cfg.actor.mini_batch_size_prompts
+    rollout_dtype = engines.rollout.auto_dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
+    return RunPlan(
+        device=device,
+        world_size=cfg.trainer.nnodes * cfg.trainer.workers_per_node,
+        mini_batches_per_step=mini_batches,
+        estimator=spec,
+        reference=reference_placement(cfg),
+        old_policy=old_policy(cfg, spec, mini_batches, engines, rollout_dtype),
+        actor_dtype=engines.actor_dtype,
+        rollout_dtype=rollout_dtype,
+        rollout_sleeps=engines.rollout.sleeps,
+        loss_scale_factor=float(algo.loss_scale_factor or cfg.data.max_response_length),
+        train_files=as_paths(cfg, "data.train_files"),
+        val_files=as_paths(cfg, "data.val_files"),
+    )
+
+
+def as_paths(cfg: DictConfig, key: str) -> tuple[str, ...]:
+    """``key`` (``data.train_files`` / ``data.val_files``): one path or a non-empty list of paths."""
+    value = OmegaConf.select(cfg, key)
+    paths = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, ListConfig) else None
+    check(paths is not None and len(paths) > 0 and all(isinstance(p, str) and p for p in paths),
+          f"{key} must be a path or a non-empty list of paths, got {value!r}")
+    return paths

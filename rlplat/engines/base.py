@@ -75,6 +75,14 @@ class TrainingEngine(ABC):
             raise ConfigError(f"{role}.optim.lr_schedule={cfg[role].optim.lr_schedule!r} is not one of: "
                               f"{', '.join(LR_SCHEDULES)}")
 
+    @classmethod
+    def computes_in(cls, engine_cfg, device: str) -> str:
+        """The dtype this engine's forward computes in with its section ``engine_cfg`` on ``device``
+        ("cpu" | "cuda"); read by the run plan. ``mixed_precision`` auto and bf16 compute in bfloat16
+        (weights, gradients and optimizer stay float32) on a GPU; on CPU everything is float32."""
+        on_gpu_bf16 = device == "cuda" and engine_cfg.get("mixed_precision", "none") in ("auto", "bf16")
+        return "bfloat16" if on_gpu_bf16 else "float32"
+
     @property
     @abstractmethod
     def layout(self) -> ParallelLayout:

@@ -22,7 +22,6 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.config.validate import computes_in_bf16
 from rlplat.engines.base import (
     MIXED_PRECISION, TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended,
     load_rank_state, save_rank_state,
@@ -107,9 +106,8 @@ class FSDPEngine(TrainingEngine):
 
         on_gpu = self.ctx.device.type == "cuda"
         kwargs = {"mesh": self.ctx.mesh(), "reshard_after_forward": fsdp_cfg.reshard_after_forward}
-        self.compute_dtype = torch.float32
-        if computes_in_bf16(fsdp_cfg.mixed_precision, self.ctx.device.type):
-            self.compute_dtype = torch.bfloat16
+        self.compute_dtype = getattr(torch, self.computes_in(fsdp_cfg, self.ctx.device.type))
+        if self.compute_dtype == torch.bfloat16:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         self.offloaded = on_gpu and fsdp_cfg.param_offload
         if self.offloaded:

@@ -18,8 +18,14 @@ from pathlib import Path
 
 from rlplat.models.tiny import TinyModelSpec
 
+EMBEDDED = "embedded"  # the model.path value that selects this model
 SPEC = TinyModelSpec()
 WARM_START = {"data": "builtin:arithmetic", "steps": 250, "batch_size": 64, "lr": 3e-3, "seed": 0}
+
+
+def is_embedded(model_path: str) -> bool:
+    """Whether ``model.path`` names this model rather than a directory or hub id."""
+    return model_path == EMBEDDED
 
 
 def cache_root() -> Path:

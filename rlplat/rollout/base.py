@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from rlplat.config.errors import ConfigError
+from rlplat.config.plan import RolloutDeclaration
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 from rlplat.sequence import position_ids_from_mask
@@ -64,6 +65,11 @@ class RolloutSetup:
         return str(self.dtype).removeprefix("torch.")
 
 
+class NonFiniteLogitsError(RuntimeError):
+    """The policy's logits were NaN or infinite while sampling: its weights or activations are not finite (a
+    diverged update, a float16 overflow). Raised by the engines that can see their logits."""
+
+
 class RolloutEngine(ABC):
     """Interface of the generation backends (registry: ``ROLLOUT_ENGINES``, key ``rollout.name``).
 
@@ -86,6 +92,14 @@ class RolloutEngine(ABC):
     def check_config(cls, engine_cfg, key: str, device: str) -> None:
         """Raise ConfigError, naming the key, for a value of the engine's own section ``key``
         (``rollout.<name>``) that it cannot run with on ``device`` ("cpu" | "cuda"); called at start-up."""
+
+    @classmethod
+    def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
+        """What this engine does with its section ``engine_cfg`` on ``device`` ("cpu" | "cuda"), for the run
+        plan: by default it generates in bfloat16 on a GPU and float32 on CPU (``rollout.dtype=auto``), its
+        own model code computes the log-probs, and it keeps its memory between rollouts."""
+        return RolloutDeclaration(auto_dtype="bfloat16" if device == "cuda" else "float32", actor_log_probs=False,
+                                  sleeps=False)
 
     @abstractmethod
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:

@@ -21,16 +21,26 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 
+from rlplat.config.plan import RolloutDeclaration
 from rlplat.protocol import Batch
-from rlplat.rollout.base import RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout
+from rlplat.rollout.base import (
+    NonFiniteLogitsError, RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout,
+)
 from rlplat.rollout.decoder import DenseForward, ModelForward, matches_model
 from rlplat.sequence import position_ids_from_mask, response_log_probs, response_mask_from_ids
 
 
 class HFRolloutEngine(RolloutEngine):
+    @classmethod
+    def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
+        """It samples with the actor's Hugging Face model code (or the dense forward, checked against it at
+        start-up), so in float32 its log-probs are the actor's own to float error."""
+        return replace(super().declare(engine_cfg, device), actor_log_probs=True)
+
     def __init__(self, setup: RolloutSetup, engine_cfg):
         from transformers import AutoModelForCausalLM
 
@@ -83,6 +93,8 @@ class HFRolloutEngine(RolloutEngine):
             generated, log_probs = self._generate_with_transformers(ids, mask, params)
         else:
             generated, log_probs = self._sample(ids, mask, params)
+        if not bool(torch.isfinite(log_probs).all()):  # greedy decoding picks a NaN logit without complaint
+            raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
         response_mask = response_mask_from_ids(generated, tuple(self._stop_ids(params)))
         generated = generated.masked_fill(response_mask == 0, self.pad_token_id)
         return assemble_rollout(prompts, generated.cpu(), response_mask.cpu(), log_probs.float().cpu())
@@ -180,7 +192,13 @@ def choose_tokens(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     draw from the softmax of :func:`restrict_logits`."""
     if params.temperature == 0:
         return scaled.argmax(-1)
-    return torch.multinomial(restrict_logits(scaled, params).softmax(-1), 1).squeeze(-1)
+    probs = restrict_logits(scaled, params).softmax(-1)
+    try:
+        return torch.multinomial(probs, 1).squeeze(-1)
+    except RuntimeError:
+        if not bool(torch.isfinite(probs).all()):
+            raise NonFiniteLogitsError("the sampling probabilities are NaN or infinite") from None
+        raise
 
 
 def restrict_logits(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -11,8 +11,10 @@ engine runs on GPU machines, and its tests skip where ``sglang`` does not import
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from rlplat.config.errors import ConfigError
+from rlplat.config.plan import RolloutDeclaration
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, check_fraction,
@@ -27,6 +29,11 @@ class SGLangRolloutEngine(RolloutEngine):
         check_fraction(engine_cfg, key, "mem_fraction_static")
         if device != "cuda":
             raise ConfigError("rollout.name=sglang needs a CUDA device (SGLang has no CPU kernels); use vllm or hf")
+
+    @classmethod
+    def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
+        """SGLang releases its memory between rollouts with ``rollout.sglang.sleep``."""
+        return replace(super().declare(engine_cfg, device), sleeps=bool(engine_cfg.sleep))
 
     def __init__(self, setup: RolloutSetup, engine_cfg):
         import sglang

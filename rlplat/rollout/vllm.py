@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 
 from rlplat.config.errors import ConfigError
+from rlplat.config.plan import RolloutDeclaration
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, check_fraction,
@@ -55,6 +57,11 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ConfigError(f"{key}.sleep_level must be 0, 1 or 2, got {engine_cfg.sleep_level}")
         if engine_cfg.kv_cache_gb is not None and engine_cfg.kv_cache_gb <= 0:
             raise ConfigError(f"{key}.kv_cache_gb must be > 0 (or null), got {engine_cfg.kv_cache_gb}")
+
+    @classmethod
+    def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
+        """vLLM sleeps between rollouts with ``sleep_level`` > 0, on CUDA only."""
+        return replace(super().declare(engine_cfg, device), sleeps=engine_cfg.sleep_level > 0 and device == "cuda")
 
     def __init__(self, setup: RolloutSetup, engine_cfg):
         _prepare_process_environment()

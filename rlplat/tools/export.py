@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
+from rlplat.models.embedded import is_embedded
 from rlplat.trainer.checkpoint import MANIFEST, STEP_DIR, verify
 from rlplat.trainer.main import debug_traceback
 from rlplat.trainer.preflight import check_model_path
@@ -77,7 +78,7 @@ def checkpoint_config(ckpt: Path) -> DictConfig:
 def base_model(cfg: DictConfig) -> str:
     """The run's model directory (or hub id), whose config and tokenizer the export copies."""
     try:
-        if cfg.model.path != "embedded":
+        if not is_embedded(cfg.model.path):
             check_model_path(cfg.model.path)
         if cfg.model.get("tokenizer_path"):
             check_model_path(cfg.model.tokenizer_path, "model.tokenizer_path")

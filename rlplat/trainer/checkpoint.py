@@ -30,7 +30,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlplat.algorithms import get_advantage_estimator
+from rlplat.config.plan import RunPlan
 from rlplat.trainer.components import Components
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import flatten
@@ -58,10 +58,10 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def run_defining(cfg: DictConfig) -> dict:
+def run_defining(cfg: DictConfig, plan: RunPlan) -> dict:
     """The values of :data:`RUN_DEFINING` keys, flattened to ``{"key.path": value}``."""
     out = {}
-    critic = bool(getattr(get_advantage_estimator(cfg.algorithm.adv_estimator), "needs_values", False))  # as RunPlan
+    critic = plan.needs_critic
     constant = cfg.actor.optim.lr_schedule == "constant" and (not critic or cfg.critic.optim.lr_schedule == "constant")
     for key in RUN_DEFINING:
         if key == "trainer.total_steps" and constant:  # only a decaying schedule depends on it
@@ -108,8 +108,8 @@ def verify(path: Path) -> str | None:
 
 
 class Checkpointer:
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: DictConfig, plan: RunPlan):
+        self.cfg, self.plan = cfg, plan
         self.root = Path(cfg.trainer.output_dir) / "checkpoints"
 
     def steps(self) -> list[Path]:
@@ -155,7 +155,7 @@ class Checkpointer:
             group.save_checkpoint(str(path))
         _write_atomic(path / "trainer.json", json.dumps(state, indent=2))
         (path / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))  # what export reads
-        write_manifest(path, run_defining(self.cfg))  # last: its presence means the rest is complete
+        write_manifest(path, run_defining(self.cfg, self.plan))  # last: its presence means the rest is complete
 
     def _prune(self) -> None:
         keep = self.cfg.trainer.max_checkpoints
@@ -200,7 +200,7 @@ class Checkpointer:
     def check_config(self, path: Path) -> None:
         """Refuse to resume a checkpoint written under different run-defining keys (unless allowed)."""
         saved = json.loads((path / MANIFEST).read_text()).get("config", {})
-        now = run_defining(self.cfg)
+        now = run_defining(self.cfg, self.plan)
         diffs = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
                  if saved.get(k) != now.get(k)]
         if not diffs:

@@ -27,9 +27,22 @@ from rlplat.utils.tracking import Tracker
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker
 
 
+@dataclass(frozen=True)
+class Scores:
+    """A training batch's scores, as the reward stage adds them."""
+
+    scores: torch.Tensor  # [batch] the weighted sum of the reward functions (+ overlong shaping)
+    # [batch, num_terms]: each reward function's unweighted value (reward.functions order), then the overlong
+    # shaping term when enabled, so that terms @ weights == scores (gdpo normalises each term on its own)
+    terms: torch.Tensor
+    weights: torch.Tensor  # [num_terms]
+    metrics: dict[str, float]  # errors, per-function means, extra fields of dict rewards
+
+
 @dataclass
 class Components:
     cfg: DictConfig
+    plan: RunPlan
     tokenizer: Any
     actor: WorkerGroup
     ref: WorkerGroup | None
@@ -80,6 +93,12 @@ class Components:
                for row, mask in zip(t["responses"].tolist(), generated)]
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
+    @property
+    def reference(self) -> WorkerGroup | None:
+        """The group that computes the reference log-probs (:attr:`RunPlan.reference`): the actor's workers
+        when the reference is colocated, its own group when separate, None without a reference."""
+        return {"colocated": self.actor, "separate": self.ref}.get(self.plan.reference)
+
     def checkpointed(self) -> list[WorkerGroup]:
         """The groups a checkpoint saves: the actor (with a colocated reference once it is synced), the
         critic, and a separate reference when ``ref.sync_steps`` makes it change."""
@@ -89,7 +108,7 @@ class Components:
     def sync_reference(self, alpha: float) -> None:
         """Reference <- alpha * actor + (1 - alpha) * reference: inside each actor worker when colocated
         (streamed in buckets); through the controller to a separate reference (one full copy)."""
-        if self.ref is None:
+        if self.plan.reference == "colocated":
             self.actor.sync_reference(alpha)
             return
         weights = self.actor.actor_weights(only_rank0=True)[0]
@@ -119,21 +138,10 @@ class Components:
                            f"first error: {result.first_error}")
         return result
 
-    def score(self, batch: Batch, validation: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scores ``[batch]`` (the weighted sum of the reward functions, + overlong shaping) and metrics."""
-        scores, _, _, metrics = self.score_terms(batch, validation)
-        return scores, metrics
-
-    def score_terms(self, batch: Batch, validation: bool = False):
-        """Scores ``[batch]``, their terms ``[batch, num_terms]`` with weights ``[num_terms]`` and metrics
-        (errors, per-function means, extra fields of dict rewards).
-
-        The terms are each reward function's unweighted value (``reward.functions`` order, weights
-        ``reward.weights``), then the overlong shaping term (weight 1) when enabled, so that
-        ``terms @ weights == scores``; gdpo normalises each term on its own.
-        """
-        manager = self.reward_val if validation else self.reward_train
-        result = self.score_result(batch, validation)
+    def score_batch(self, batch: Batch) -> Scores:
+        """A training batch's :class:`Scores` (:meth:`score_result`, as tensors with their reward terms)."""
+        manager = self.reward_train
+        result = self.score_result(batch)
         metrics = {"reward/num_errors": float(result.num_errors)}
         for name, values in {**result.per_function, **result.extras}.items():
             metrics[f"reward/{name}_mean"] = sum(values) / max(len(values), 1)
@@ -143,7 +151,7 @@ class Components:
             columns.append(result.overlong)
             weights.append(1.0)
         terms = torch.tensor(columns, dtype=torch.float32).T.reshape(len(result.scores), len(columns))
-        return (torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
+        return Scores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
 
     def shutdown(self) -> None:
         for group in (self.critic, self.ref, self.actor):  # the actor group owns an in-process PG
@@ -154,11 +162,6 @@ class Components:
         self.tracker.close()
         self.reward_train.close()
         self.reward_val.close()
-
-
-def _colocated_ref(cfg: DictConfig, plan: RunPlan) -> bool:
-    """Whether the reference policy lives in the actor's worker (else in its own group, or not at all)."""
-    return plan.needs_ref and cfg.ref.placement == "colocated"
 
 
 def _in_process_groups(cfg: DictConfig, plan: RunPlan):
@@ -181,7 +184,7 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
     actor = RayWorkerGroup(ActorRolloutRefWorker, pool, share=share, **kwargs)
     critic = RayWorkerGroup(CriticWorker, pool, share=share, **kwargs) if plan.needs_critic else None
     ref = None
-    if plan.needs_ref and not _colocated_ref(cfg, plan):
+    if plan.reference == "separate":
         ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device).create()
         pools.append(ref_pool)
         ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
@@ -190,7 +193,7 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
 
 def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic) -> None:
     """Each group loads its model (in-process or Ray), once the data has been checked."""
-    actor.init_model(model_path, with_ref=_colocated_ref(cfg, plan))
+    actor.init_model(model_path, with_ref=plan.reference == "colocated")
     for group in (critic, ref):
         if group is not None:
             group.init_model(model_path)
@@ -218,7 +221,7 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
     actor, ref, critic, pools = _in_process_groups(cfg, plan) if in_process else launched
     _load_models(cfg, plan, model_path, actor, ref, critic)
     return Components(
-        cfg=cfg, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
+        cfg=cfg, plan=plan, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
         val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,
         model_path=model_path, pools=pools,
     )

@@ -30,11 +30,8 @@ branches on an algorithm's name.
 
 from __future__ import annotations
 
-import json
-import numbers
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -50,17 +47,20 @@ from rlplat.algorithms import (
     make_kl_controller,
     pf_ppo_resample,
 )
-from rlplat.config.imports import load_callable
 from rlplat.config.plan import RunPlan
 from rlplat.controller.dispatch import balanced_order
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.trainer.checkpoint import Checkpointer
-from rlplat.trainer.components import Components
-from rlplat.trainer.metrics import data_metrics, explained_variance, throughput_metrics, timed, validation_metrics
+from rlplat.trainer.components import Components, Scores
+from rlplat.trainer.metrics import data_metrics, explained_variance, throughput_metrics, timed
+from rlplat.trainer.prompt_hook import PromptHook
 from rlplat.trainer.signals import stop_on_signals
+from rlplat.trainer.summary import write_summary
+from rlplat.trainer.validation import Validator
 from rlplat.utils.errors import Interrupted, RunError
 from rlplat.utils.progress import Progress
+from rlplat.workers.actor_loss import old_log_probs_key
 
 
 #: stages that neither read nor reorder the scores: rewards are computed while they run
@@ -76,19 +76,20 @@ def tensors_only(batch: Batch) -> Batch:
 
 class PPOTrainer:
     def __init__(self, cfg: DictConfig, plan: RunPlan, components: Components):
-        self.cfg, self.plan, self.c = cfg, plan, components
+        self.cfg, self.plan, self.components = cfg, plan, components
         self.estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
         self.kl_ctrl = make_kl_controller(
             cfg.algorithm.kl_ctrl.type, cfg.algorithm.kl_ctrl.coef, cfg.algorithm.kl_ctrl.target,
             cfg.algorithm.kl_ctrl.horizon,
         )
-        self.checkpoints = Checkpointer(cfg)
+        self.checkpoints = Checkpointer(cfg, plan)
+        self.validator = Validator(cfg, components)
         self.step = 0
         self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
         self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes
         self.initial_val: dict[str, float] = {}  # validation before the first step (kept across resumes)
         hook = cfg.data.dynamic_prompts_fn
-        self.prompt_hook = load_callable("data.dynamic_prompts_fn", hook) if hook else None
+        self.prompt_hook = PromptHook(hook) if hook else None
         self.queued_prompts: list[int | dict] = []  # the hook's picks, served before the dataset's order
         self.stages = self.build_stages()
         self._scoring = None  # reward_start's pending scores
@@ -106,11 +107,11 @@ class PPOTrainer:
         self.queued_prompts = state.get("queued_prompts") or []
 
     def save_checkpoint(self) -> None:
-        self.checkpoints.save(self.step, self.c, self.state_dict())
+        self.checkpoints.save(self.step, self.components, self.state_dict())
 
     def resume(self) -> int:
         """Restore the newest good checkpoint (per ``trainer.resume_mode``); the step to continue from."""
-        state = self.checkpoints.maybe_resume(self.c)
+        state = self.checkpoints.maybe_resume(self.components)
         if state is None:
             return 0
         self.load_state_dict(state)
@@ -210,11 +211,11 @@ class PPOTrainer:
 
     def train_loop(self, stop) -> tuple[dict[str, float], int]:
         """Steps until ``trainer.total_steps`` or a signal; returns the last validation and the last saved step."""
-        cfg, c = self.cfg, self.c
+        cfg, tracker = self.cfg, self.components.tracker
         saved = 0
         if self.step == 0:
             self.initial_val = self.validate()
-            c.tracker.log(self.initial_val, self.step)
+            tracker.log(self.initial_val, self.step)
         last_val = self.initial_val
         while self.step < cfg.trainer.total_steps and not stop.requested:
             self.step += 1
@@ -225,7 +226,7 @@ class PPOTrainer:
                 metrics.update(last_val)
             # Logged before saving: a checkpoint of step N implies step N's metrics are on disk (a crash
             # between the two repeats step N after the resume, with the same metrics, rather than lose it).
-            c.tracker.log(metrics, self.step)
+            tracker.log(metrics, self.step)
             self.progress.step_done(self.step, metrics)
             if cfg.trainer.save_freq > 0 and self.step % cfg.trainer.save_freq == 0 or last:
                 self.save_checkpoint()
@@ -240,41 +241,14 @@ class PPOTrainer:
                  f"resume (trainer.resume_mode=auto)") if latest.exists() else "no checkpoint was saved"
         raise Interrupted(f"stopped by {stop.name} after step {self.step}; {where}", stop.signum)
 
-    def write_val_samples(self, samples: list[dict]) -> None:
-        """Append this validation's samples to ``val_samples.jsonl``: one line ``{"step", "samples"}``
-        (what ``python -m rlplat.tools.report`` shows as tables)."""
-        with (Path(self.cfg.trainer.output_dir) / "val_samples.jsonl").open("a") as f:
-            f.write(json.dumps({"step": self.step, "samples": samples}) + "\n")
-        self.c.tracker.log_samples(samples, self.step)
-
     def summary(self, initial: dict, final: dict, wall_time_s: float) -> dict:
-        out_dir = Path(self.cfg.trainer.output_dir)
-        algo = self.cfg.algorithm
-        summary = {
-            "initial_val_accuracy": initial.get("val/accuracy"),
-            "final_val_accuracy": final.get("val/accuracy"),
-            "steps": self.step,
-            "wall_time_s": wall_time_s,
-            "output_dir": str(out_dir.resolve()),
-            "hf_export": str((out_dir / "hf_export").resolve()),
-            "final_val": final,
-            # where val accuracy's "correct" comes from: the reward's acc field, or the score >= 1 rule
-            "val_accuracy_source": getattr(self, "accuracy_source", None),
-            "preset": algo.preset,
-            "adv_estimator": algo.adv_estimator,
-            "policy_loss": algo.policy_loss,
-            "loss_agg_mode": algo.loss_agg_mode,
-            "kl": {"in_reward": algo.kl_penalty if algo.use_kl_in_reward else None,
-                   "loss": algo.kl_loss_type if algo.use_kl_loss else None},
-            "reward_functions": list(self.c.reward_train.names),
-        }
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
+        return write_summary(self.cfg, self.step, initial, final, wall_time_s, self.validator.accuracy_source,
+                             list(self.components.reward_train.names))
 
     # ---------------------------------------------------------------- stages
     def next_prompts(self, num_prompts: int) -> Batch:
         queued, self.queued_prompts = self.queued_prompts[:num_prompts], self.queued_prompts[num_prompts:]
-        prompts = self.tag_groups(self.c.train_prompts(num_prompts, queued))
+        prompts = self.tag_groups(self.components.train_prompts(num_prompts, queued))
         prompts.meta.update(step=self.step, temperature=self.cfg.rollout.temperature)
         return prompts
 
@@ -282,27 +256,27 @@ class PPOTrainer:
         prompts = self.next_prompts(self.cfg.data.train_batch_size_prompts)
         out = self._rollout(prompts)
         metrics["timing/weight_sync_s"] = out.meta.pop("weight_sync_s", 0.0)
-        return out.union(Batch.from_dict({"truncated": self.c.truncated(out)}))
+        return out.union(Batch.from_dict({"truncated": self.components.truncated(out)}))
 
     def _rollout(self, prompts: Batch) -> Batch:
         repeated = prompts.repeat(self.cfg.rollout.n, interleave=True)
-        out = self.c.actor.generate_sequences(tensors_only(repeated)).union(repeated.select(tensor_keys=[]))
-        if getattr(self.estimator, "needs_baseline", False):  # ReMax: the greedy response's score
+        out = self.components.actor.generate_sequences(tensors_only(repeated)).union(repeated.select(tensor_keys=[]))
+        if self.plan.estimator.needs_baseline:  # ReMax: the greedy response's score
             greedy = Batch.from_dict(dict(prompts.tensors), prompts.non_tensors, {**prompts.meta, "temperature": 0.0})
-            scored = self.reward(self.c.actor.generate_sequences(greedy), {})
+            scored = self.reward(self.components.actor.generate_sequences(greedy), {})
             baseline = scored.tensors["token_level_scores"].sum(-1).repeat_interleave(self.cfg.rollout.n)
             out = out.union(Batch.from_dict({"baseline_scores": baseline}))
         out.meta.update(prompts.meta, temperature=out.meta["temperature"])
         return out
 
     def reward(self, batch: Batch, metrics: dict) -> Batch:
-        return self._with_scores(batch, self.c.score_terms(batch), metrics)
+        return self._with_scores(batch, self.components.score_batch(batch), metrics)
 
     def reward_start(self, batch: Batch, metrics: dict) -> Batch:
         """Start scoring ``batch`` in a background thread (the reward worker process computes); the worker
         passes run meanwhile, and :meth:`reward_wait` adds the scores."""
         pool = ThreadPoolExecutor(1, thread_name_prefix="rlplat-reward")
-        self._scoring = pool.submit(self.c.score_terms, batch)
+        self._scoring = pool.submit(self.components.score_batch, batch)
         pool.shutdown(wait=False)  # its thread ends with the task
         return batch
 
@@ -310,9 +284,9 @@ class PPOTrainer:
         scoring, self._scoring = self._scoring, None
         return self._with_scores(batch, scoring.result(), metrics)  # the scoring's error, if any, is raised here
 
-    def _with_scores(self, batch: Batch, scored: tuple, metrics: dict) -> Batch:
-        scores, terms, self.reward_term_weights, reward_metrics = scored
-        metrics.update(reward_metrics)
+    def _with_scores(self, batch: Batch, scored: Scores, metrics: dict) -> Batch:
+        scores, terms, self.reward_term_weights = scored.scores, scored.terms, scored.weights
+        metrics.update(scored.metrics)
         if self.cfg.algorithm.truncated_responses == "penalize" and "truncated" in batch.tensors.keys():
             scores = torch.where(batch.tensors["truncated"], self.cfg.algorithm.truncated_penalty, scores)
         token_scores = token_level_scores(scores, batch.tensors["response_mask"])
@@ -360,7 +334,7 @@ class PPOTrainer:
         replicas wait for the slowest at every collective; verl's balance_batch). Groups stay intact in
         meaning (they are found by uid), and every later stage sees the same order."""
         lengths = batch.tensors["attention_mask"].sum(-1)
-        parts = self.c.actor.layouts()[0].dp_size
+        parts = self.components.actor.layouts()[0].dp_size
         if len(batch) % parts:
             return batch  # the calls pad it to a multiple instead; nothing to balance
         order = balanced_order(lengths, parts)
@@ -369,21 +343,20 @@ class PPOTrainer:
         return batch[order]
 
     def old_log_probs(self, batch: Batch, metrics: dict) -> Batch:
-        out = self.c.actor.compute_log_probs(tensors_only(batch))
+        out = self.components.actor.compute_log_probs(tensors_only(batch))
         return batch.union(out.select([k for k in ("old_log_probs", "sum_pi_squared") if k in out.tensors.keys()]))
 
     def reference(self, batch: Batch, metrics: dict) -> Batch:
-        group = self.c.ref if self.c.ref is not None else self.c.actor
-        return batch.union(group.compute_ref_log_probs(tensors_only(batch)))
+        return batch.union(self.components.reference.compute_ref_log_probs(tensors_only(batch)))
 
     def values(self, batch: Batch, metrics: dict) -> Batch:
-        return batch.union(self.c.critic.compute_values(tensors_only(batch)))
+        return batch.union(self.components.critic.compute_values(tensors_only(batch)))
 
     def advantages(self, batch: Batch, metrics: dict) -> Batch:
         cfg, t = self.cfg.algorithm, batch.tensors
         rewards = t["token_level_scores"]
         if cfg.use_kl_in_reward:  # pi_old is recomputed for it, or the rollout's (algorithm.old_log_probs=rollout)
-            old = t["rollout_log_probs"] if self.plan.old_policy == "rollout" else t["old_log_probs"]
+            old = t[old_log_probs_key(t, self.plan.old_policy)]
             kl = kl_penalty(cfg.kl_penalty, KLInput(old, t["ref_log_probs"])) * t["response_mask"]
             rewards = kl_penalized_rewards(rewards, kl, t["response_mask"], self.kl_ctrl.value)
             mean_kl = float((kl.sum(-1) / t["response_mask"].sum(-1).clamp(min=1)).mean())
@@ -454,13 +427,13 @@ class PPOTrainer:
         return batch[index]
 
     def update_critic(self, batch: Batch, metrics: dict) -> Batch:
-        critic_metrics = self.c.critic.update_critic(tensors_only(batch))[0]
+        critic_metrics = self.components.critic.update_critic(tensors_only(batch))[0]
         metrics.update(critic_metrics)
         self.check_finite(critic_metrics)
         return batch
 
     def update_actor(self, batch: Batch, metrics: dict) -> Batch:
-        actor_metrics = self.c.actor.update_actor(tensors_only(batch))[0]
+        actor_metrics = self.components.actor.update_actor(tensors_only(batch))[0]
         actor_metrics = {k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()}
         metrics.update(actor_metrics)
         self.check_finite(actor_metrics)
@@ -471,40 +444,21 @@ class PPOTrainer:
         ``ref.sync_alpha`` (1 = copy: open-instruct's reference refresh; < 1 = Polyak mixing, TRL's
         ``sync_ref_model`` with ``ref_model_mixup_alpha``)."""
         if self.step % self.cfg.ref.sync_steps == 0:
-            self.c.sync_reference(self.cfg.ref.sync_alpha)
+            self.components.sync_reference(self.cfg.ref.sync_alpha)
             metrics["ref/synced"] = 1.0
         return batch
 
     def dynamic_prompts(self, batch: Batch, metrics: dict) -> Batch:
-        """Call ``data.dynamic_prompts_fn(step, samples)`` with one dict per response (``index``: its
-        prompt's dataset index, -1 for a row the hook added; ``prompt``, ``data_source``,
-        ``ground_truth``, ``extra_info``, ``completion``, ``score``). It returns None or a list of dataset
-        indices and/or rows in the dataset schema; those are the next prompts served, in order, before
-        the dataset's own order continues (TRL-style curriculum / dynamic prompts)."""
+        """Pass this step's responses to ``data.dynamic_prompts_fn`` (:class:`~rlplat.trainer.prompt_hook.PromptHook`);
+        its picks are the next prompts served, in order, before the dataset's own order continues."""
         nt = batch.non_tensors
         scores = batch.tensors["token_level_scores"].sum(-1).tolist()
         samples = [{"index": int(i), "prompt": p, "data_source": d, "ground_truth": g, "extra_info": e,
                     "completion": text, "score": s}
                    for i, p, d, g, e, text, s in zip(nt["index"], nt["raw_prompt"], nt["data_source"],
-                                                     nt["ground_truth"], nt["extra_info"], self.c.decode(batch), scores)]
-        try:
-            picked = self.prompt_hook(self.step, samples)
-        except Exception as err:  # the user's code: one line, not a traceback
-            raise RunError(f"step {self.step}: data.dynamic_prompts_fn raised {type(err).__name__}: {err}") from err
-        picked = [] if picked is None else picked
-        expected = (f"expected None or a list of dataset indices in [0, {len(self.c.train_data)}) and/or rows "
-                    f"(JSON-able dicts with data_source, prompt, reward_model)")
-        if not isinstance(picked, (list, tuple)):
-            raise RunError(f"step {self.step}: data.dynamic_prompts_fn returned a {type(picked).__name__}; {expected}")
-        queued = []
-        for entry in picked:
-            if isinstance(entry, numbers.Integral) and not isinstance(entry, bool) and 0 <= entry < len(self.c.train_data):
-                queued.append(int(entry))
-            elif isinstance(entry, dict) and _json_able(entry):
-                self.c.train_data.encode_rows([entry], "data.dynamic_prompts_fn")  # a bad row fails now, not later
-                queued.append(entry)
-            else:
-                raise RunError(f"step {self.step}: data.dynamic_prompts_fn returned {str(entry)[:80]!r}; {expected}")
+                                                     nt["ground_truth"], nt["extra_info"],
+                                                     self.components.decode(batch), scores)]
+        queued = self.prompt_hook(self.step, samples, self.components.train_data)
         self.queued_prompts += queued
         metrics["batch/queued_prompts"] = float(len(self.queued_prompts))
         return batch
@@ -526,51 +480,6 @@ class PPOTrainer:
 
     # ---------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """Generate for every validation prompt (``rollout.val_n`` samples at ``rollout.val_temperature``)."""
-        start = time.perf_counter()
-        sources, pids, answers, scores, correct, errors, rules = [], [], [], [], [], 0, set()
-        shown: list[dict] = []  # the first trainer.val_samples prompts' responses, for val_samples.jsonl
-        keep = self.cfg.trainer.val_samples * self.cfg.rollout.val_n
-        batches = -(-len(self.c.val_data) // self.cfg.data.val_batch_size_prompts)
-        for done, prompts in enumerate(self.c.val_prompts(), start=1):
-            pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
-            prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
-            prompts.meta.update(step=self.step, temperature=self.cfg.rollout.val_temperature, validation=True)
-            out = self.c.actor.generate_sequences(prompts.repeat(self.cfg.rollout.val_n, interleave=True))
-            result = self.c.score_result(out, validation=True)
-            sources += list(out.non_tensors["data_source"])
-            pids += list(out.non_tensors["uid"])
-            answers += self.c.decode(out)
-            scores += result.scores
-            correct += result.correct()
-            errors += result.num_errors
-            rules.add(result.accuracy_source)
-            if len(shown) < keep:
-                shown += _samples(out, answers[-len(out):], result.scores, result.correct())
-            self.progress.validating(done, batches)
-        metrics = validation_metrics(sources, pids, answers, scores, correct)
-        self.write_val_samples(shown[:keep])
-        metrics["val/reward_num_errors"] = float(errors)
-        self.accuracy_source = rules.pop() if len(rules) == 1 else "mixed"
-        metrics["timing/validate_s"] = time.perf_counter() - start
-        print(f"[validate step {self.step}] accuracy={metrics['val/accuracy']:.3f} on {len(scores)} responses",
-              flush=True)
-        return metrics
-
-
-def _json_able(value) -> bool:
-    """Whether ``value`` survives the checkpoint's JSON (the trainer state holds the queued rows)."""
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _samples(batch: Batch, responses: list[str], scores: list[float], correct: list[float]) -> list[dict]:
-    """One dict per response of a validation batch: the prompt's last message, response, score, ..."""
-    nt = batch.non_tensors
-    return [{"prompt": prompt[-1]["content"], "response": response, "score": score, "correct": ok,
-             "ground_truth": truth, "data_source": source}
-            for prompt, response, score, ok, truth, source in zip(nt["raw_prompt"], responses, scores, correct,
-                                                                  nt["ground_truth"], nt["data_source"])]
+        """Generate for every validation prompt (``rollout.val_n`` samples at ``rollout.val_temperature``):
+        :class:`~rlplat.trainer.validation.Validator`."""
+        return self.validator.run(self.step, self.progress)

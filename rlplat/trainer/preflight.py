@@ -13,7 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rlplat.algorithms import get_advantage_estimator
+from rlplat.config.plan import RunPlan
+from rlplat.models.embedded import is_embedded
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import missing_logger_package
 
@@ -71,12 +72,12 @@ def check_loggers(loggers) -> None:
             raise RunError(problem)
 
 
-def preflight(cfg: DictConfig) -> None:
+def preflight(cfg: DictConfig, plan: RunPlan) -> None:
     check_output_dir(cfg.trainer.output_dir)
     check_loggers(cfg.trainer.logger)
-    if cfg.model.path != "embedded":
+    if not is_embedded(cfg.model.path):
         check_model_path(cfg.model.path)
     if cfg.model.tokenizer_path:
         check_model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
-    if cfg.critic.model_path and getattr(get_advantage_estimator(cfg.algorithm.adv_estimator), "needs_values", False):
+    if cfg.critic.model_path and plan.needs_critic:
         check_model_path(cfg.critic.model_path, "critic.model_path")

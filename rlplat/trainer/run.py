@@ -10,16 +10,17 @@ from omegaconf import DictConfig
 
 from rlplat.config import load_config
 from rlplat.config.plan import RunPlan
+from rlplat.models.embedded import is_embedded
 from rlplat.utils.quiet import quiet_third_party
-from rlplat.workers.engine_setup import check_engine_config
+from rlplat.workers.engine_setup import plan_run
 
 
 def load_run_config(overrides: list[str] | None = None) -> tuple[DictConfig, RunPlan]:
     """The whole start-up check of a run: :func:`rlplat.config.load_config` (schema, presets, cross-field
-    rules) and then the chosen engines' checks of their own sections. Raises ConfigError."""
-    cfg, plan = load_config(overrides)
-    check_engine_config(cfg, plan)
-    return cfg, plan
+    rules), then the run's plan from the config and the chosen engines, which check their own sections
+    (:func:`rlplat.workers.engine_setup.plan_run`). Raises ConfigError."""
+    cfg = load_config(overrides)
+    return cfg, plan_run(cfg)
 
 
 # A Ray cluster that rlplat starts itself pre-starts no idle workers (the worker groups start their own,
@@ -49,7 +50,7 @@ def init_ray(cfg: DictConfig, quiet_env: dict[str, str]) -> bool:
 
 
 def resolve_model_path(cfg: DictConfig) -> str:
-    if cfg.model.path == "embedded":
+    if is_embedded(cfg.model.path):
         from rlplat.trainer.sft import ensure_embedded_model
 
         return str(ensure_embedded_model())
@@ -71,15 +72,15 @@ def record_run(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict:
-    """Train and return the summary (also written to ``summary.json``)."""
+    """Train and return the summary (also written to ``summary.json``); ``plan`` is
+    :func:`load_run_config`'s (or :func:`~rlplat.workers.engine_setup.plan_run`'s) for ``cfg``."""
     from rlplat.trainer.components import build_components
     from rlplat.trainer.ppo import PPOTrainer
 
     from rlplat.trainer.preflight import preflight
 
     trainer_cls = trainer_cls or PPOTrainer
-    check_engine_config(cfg, plan)  # done by load_run_config already, unless a caller composed cfg itself
-    preflight(cfg)  # output dir, model path, logger packages: one line each, before anything starts
+    preflight(cfg, plan)  # output dir, model path, logger packages: one line each, before anything starts
     record_run(cfg)
     quiet_env = quiet_third_party(cfg.trainer.verbose)
     model_path = resolve_model_path(cfg)

@@ -46,21 +46,14 @@ def actor_loss(
     entropy_coeff: float = 0.0,
     old_policy: str = "update",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """``old_policy`` is :attr:`rlplat.config.plan.RunPlan.old_policy`: π_old is the batch's
-    ``old_log_probs`` when it has them, else the rollout's log-probs ("rollout") or this forward's own,
-    detached (an update that starts on the policy that sampled)."""
+    """``old_policy`` is :attr:`rlplat.config.plan.RunPlan.old_policy`; π_old is read as
+    :func:`old_log_probs_key` says, or is this forward's own, detached (an update that starts on the policy
+    that sampled)."""
     t = micro.tensors
     mask = t["response_mask"].to(fwd.log_probs.device)
-    from_rollout = old_policy == "rollout" and "old_log_probs" not in t.keys()
-    if "old_log_probs" in t.keys():
-        old = t["old_log_probs"].to(mask.device)
-    elif from_rollout:
-        if "rollout_log_probs" not in t.keys():
-            raise KeyError("pi_old is the rollout's log-probs (algorithm.old_log_probs), but this batch has no "
-                           "rollout_log_probs; set algorithm.old_log_probs=recompute")
-        old = t["rollout_log_probs"].to(mask.device)
-    else:
-        old = fwd.log_probs.detach()
+    key = old_log_probs_key(t, old_policy)
+    old = t[key].to(mask.device) if key else fwd.log_probs.detach()
+    from_rollout = key == "rollout_log_probs"
 
     def agg(values: torch.Tensor) -> torch.Tensor:
         return aggregate_loss(values, mask, algo.loss_agg_mode, denominators, loss_scale_factor)
@@ -93,6 +86,22 @@ def actor_loss(
         loss = loss + algo.kl_loss_coef * kl_loss
         metrics["actor/kl_loss"] = float(kl_loss.detach())
     return loss, metrics
+
+
+def old_log_probs_key(t, old_policy: str) -> str | None:
+    """The batch field that holds π_old of the PPO ratio ``[batch, response_len]``, per
+    :attr:`rlplat.config.plan.RunPlan.old_policy`: ``old_log_probs`` (the actor's pass; a batch that has them
+    uses them), ``rollout_log_probs`` ("rollout"), or None ("update": the update's own forward). Every
+    reader of π_old (the loss, a KL in the reward) asks here."""
+    if "old_log_probs" in t.keys():
+        return "old_log_probs"
+    if old_policy == "update":
+        return None
+    if old_policy == "rollout" and "rollout_log_probs" in t.keys():
+        return "rollout_log_probs"
+    wanted = "rollout_log_probs" if old_policy == "rollout" else "old_log_probs"
+    raise KeyError(f"pi_old is the {old_policy} log-probs (RunPlan.old_policy={old_policy!r}), but this batch has "
+                   f"no {wanted}; set algorithm.old_log_probs=recompute")
 
 
 def rollout_correction(old: torch.Tensor, t, mask: torch.Tensor, tis_cap: float | None):

@@ -1,39 +1,36 @@
-"""The engines a role holds: checked against the config at start-up, then built inside the workers.
+"""The engines a role holds: chosen and checked at start-up, then built inside the workers.
 
-:func:`check_engine_config` runs in the controller right after :func:`rlplat.config.validate.validate`:
-``actor.strategy`` and ``rollout.name`` must be registered, a chosen engine's package installed, and each
-engine accepts its own sections (``TrainingEngine.check_config``, ``RolloutEngine.check_config``), so a
-bad engine setting is one line before any worker starts.
+:func:`plan_run` runs in the controller after the config's own validation (:func:`rlplat.config.load_config`):
+``<role>.strategy`` and ``rollout.name`` must be registered and a chosen engine's package installed; the
+chosen engines declare what they do (the dtype they compute in, whether a rollout engine's log-probs are the
+actor's, whether it sleeps between rollouts) and the run plan is made from the config and those
+declarations; then each engine checks its own sections (``TrainingEngine.check_config``,
+``RolloutEngine.check_config``), so a bad engine setting is one line before any worker starts.
 """
 
 from __future__ import annotations
 
+import torch
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.config.plan import RunPlan
-from rlplat.config.validate import resolve_rollout_dtype
+from rlplat.config.plan import EngineDeclarations, RunPlan, make_plan
+from rlplat.config.validate import resolve_device
 from rlplat.engines import TRAINING_ENGINES, TrainingEngine
 from rlplat.registry import Registry
 from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup
 
 
 def _registered(registry: Registry, key: str, name: str) -> type:
+    """The class registered under ``name``, imported; ConfigError if it is unknown or its package missing."""
+    if problem := registry.missing_requirements(name):
+        raise ConfigError(f"{key}={name!r}: {problem}")
     if name not in registry:
         raise ConfigError(f"{key}={name!r} is not registered; {registry.suggestion(name)}")
     return registry.get(name)
 
 
-def check_engine_config(cfg: DictConfig, plan: RunPlan) -> None:
-    """Raise ConfigError (one line naming the key) if the run's engines cannot be built on its device."""
-    roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref}  # the engines this run builds
-    for role in (role for role, built in roles.items() if built):
-        strategy = cfg[role].strategy
-        if problem := TRAINING_ENGINES.missing_requirements(strategy):
-            raise ConfigError(f"{role}.strategy={strategy!r}: {problem}")
-        separate_ref = role == "ref" and cfg.ref.placement == "separate"
-        world = cfg.ref.workers_per_node if separate_ref else plan.world_size  # the separate pool is one node
-        _registered(TRAINING_ENGINES, f"{role}.strategy", strategy).check_config(cfg, role, world, plan.device)
+def _rollout_engine_class(cfg: DictConfig) -> type[RolloutEngine]:
     rollout, name = cfg.rollout, cfg.rollout.name
     if rollout.mode == "server":
         if name not in ROLLOUT_SERVER_CLIENTS:
@@ -41,19 +38,37 @@ def check_engine_config(cfg: DictConfig, plan: RunPlan) -> None:
                               f"{', '.join(ROLLOUT_SERVER_CLIENTS.names())}; got rollout.name={name!r}")
         if not rollout.server.url:
             raise ConfigError("rollout.mode=server needs rollout.server.url (e.g. http://HOST:8000)")
-        return
-    if problem := ROLLOUT_ENGINES.missing_requirements(name):
-        raise ConfigError(f"rollout.name={name!r}: {problem}")
-    _registered(ROLLOUT_ENGINES, "rollout.name", name).check_config(rollout.get(name), f"rollout.{name}", plan.device)
+        return ROLLOUT_SERVER_CLIENTS.get(name)
+    return _registered(ROLLOUT_ENGINES, "rollout.name", name)
 
 
-def build_rollout_engine(cfg: DictConfig, model_path: str, tokenizer, ctx) -> RolloutEngine:
+def plan_run(cfg: DictConfig) -> RunPlan:
+    """The run's plan from a validated ``cfg`` and its engines' declarations; raises ConfigError (one line
+    naming the key) if an engine cannot be built, or cannot run its settings, on the run's device."""
+    device = resolve_device(cfg)
+    actor_cls = _registered(TRAINING_ENGINES, "actor.strategy", cfg.actor.strategy)
+    rollout_cls = _rollout_engine_class(cfg)
+    rollout_section = cfg.rollout.server if cfg.rollout.mode == "server" else cfg.rollout.get(cfg.rollout.name)
+    declarations = EngineDeclarations(actor_dtype=actor_cls.computes_in(cfg.actor.get(cfg.actor.strategy), device),
+                                      rollout=rollout_cls.declare(rollout_section, device))
+    plan = make_plan(cfg, device, declarations)
+    roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref}  # the engines this run builds
+    for role in (role for role, built in roles.items() if built):
+        engine_cls = _registered(TRAINING_ENGINES, f"{role}.strategy", cfg[role].strategy)
+        world = cfg.ref.workers_per_node if plan.reference == "separate" and role == "ref" else plan.world_size
+        engine_cls.check_config(cfg, role, world, device)  # the separate reference pool is one node
+    if cfg.rollout.mode != "server":
+        rollout_cls.check_config(rollout_section, f"rollout.{cfg.rollout.name}", device)
+    return plan
+
+
+def build_rollout_engine(cfg: DictConfig, plan: RunPlan, model_path: str, tokenizer, ctx) -> RolloutEngine:
     """The ``rollout.name`` engine, given the run's facts and its own section ``rollout.<name>``."""
     setup = RolloutSetup(
         model_path=model_path,
         tokenizer_path=cfg.model.tokenizer_path or model_path,
         device=ctx.device,
-        dtype=resolve_rollout_dtype(cfg, ctx.device),
+        dtype=getattr(torch, plan.rollout_dtype),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,

@@ -23,10 +23,11 @@ from rlplat.config.plan import RunPlan
 from rlplat.engines import ParallelLayout, TrainingEngine
 from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
+from rlplat.rollout.base import NonFiniteLogitsError
 from rlplat.utils.errors import RunError
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
 from rlplat.workers.base import Dispatch, Worker, register
-from rlplat.workers.engine_setup import build_rollout_engine, build_training_engine, resolve_rollout_dtype
+from rlplat.workers.engine_setup import build_rollout_engine, build_training_engine
 
 
 def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str, model_cfg: DictConfig,
@@ -189,39 +190,48 @@ class ActorRolloutRefWorker(_Role):
         self.actor = build_training_engine(cfg, "actor", model_path, ctx, cfg.actor.optim, total)
         if with_ref:
             self.ref = build_training_engine(cfg, "ref", model_path, ctx)
-        self.rollout = build_rollout_engine(cfg, model_path, tokenizer, ctx)
-        live = self.actor.live_weights()
-        if live is not None and self.rollout.share_weights(live):
-            self.weights_stale = False  # one copy of the weights: the rollout engine reads the actor's
-        else:  # the rollout engine holds the actor's weights unless it starts from a dummy initialisation
-            self.weights_stale = self.rollout.needs_initial_weights
+        self.rollout = build_rollout_engine(cfg, self.plan, model_path, tokenizer, ctx)
+        # the rollout engine read the same model from disk, unless it starts from a dummy initialisation
+        self.weights_stale = not self._share_actor_weights() and self.rollout.needs_initial_weights
 
     def close(self) -> None:
         if self.rollout is not None:
             self.rollout.close()
         super().close()
 
+    def _share_actor_weights(self) -> bool:
+        """Give the rollout engine the actor's live tensors when it can use them as they are (one model in
+        memory, nothing to copy after an update); False when it cannot."""
+        live = self.actor.live_weights()
+        return live is not None and self.rollout.share_weights(live)
+
+    def _sync_weights(self) -> None:
+        """The rollout engine gets the actor's current weights: its own tensors when it can share them, else
+        copies in buckets of ``rollout.weight_sync_bucket_mb`` in the rollout's dtype."""
+        if not self._share_actor_weights():
+            bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
+            self.rollout.load_weights(self.actor.export_weights(getattr(torch, self.plan.rollout_dtype), bucket_bytes))
+        self.weights_stale = False
+
     @contextlib.contextmanager
     def rollout_mode(self):
         """Wake the engine's weights, send the actor's if they changed since the last rollout, wake the
-        KV cache, generate inside the block, then free the engine's memory for training. Yields a dict
-        that receives ``weight_sync_s``."""
-        engine, timings = self.rollout, {"weight_sync_s": 0.0}
-        engine.wake_up(("weights",))
+        KV cache, generate inside the block, then free the engine's memory for training (engines that
+        declare they sleep). Yields a dict that receives ``weight_sync_s``."""
+        engine, timings, sleeps = self.rollout, {"weight_sync_s": 0.0}, self.plan.rollout_sleeps
+        if sleeps:
+            engine.wake_up(("weights",))
         if self.weights_stale or engine.weights_discarded_by_sleep:
             start = time.perf_counter()
-            live = self.actor.live_weights()  # one model in memory: the rollout reads the actor's own tensors
-            if live is None or not engine.share_weights(live):
-                bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
-                dtype = resolve_rollout_dtype(self.cfg, self.dist.device)
-                engine.load_weights(self.actor.export_weights(dtype, bucket_bytes))
-            self.weights_stale = False
+            self._sync_weights()
             timings["weight_sync_s"] = time.perf_counter() - start
-        engine.wake_up(("kv_cache",))
+        if sleeps:
+            engine.wake_up(("kv_cache",))
         try:
             yield timings
         finally:
-            engine.sleep()
+            if sleeps:
+                engine.sleep()
 
     @register(Dispatch.DP_SPLIT)
     def generate_sequences(self, prompts: Batch) -> Batch:
@@ -243,15 +253,12 @@ class ActorRolloutRefWorker(_Role):
         with self.rollout_mode() as timings:
             try:
                 out = self.rollout.generate(prompts, params)
-            except RuntimeError as err:  # torch.multinomial on NaN/inf probabilities
-                if "inf" not in str(err) or "nan" not in str(err):
-                    raise
+            except NonFiniteLogitsError as err:
                 step = prompts.meta.get("step", "?")
                 what = f"validation at step {step}" if validation else f"step {step}"
-                raise RunError(f"{what}: the rollout engine ({r.name}) was asked to sample from NaN/inf probabilities: "
-                               f"the policy's weights or logits are not finite (a diverged update, or a float16 "
-                               f"overflow); check model.path, lower actor.optim.lr, or resume from the last "
-                               f"checkpoint") from None
+                raise RunError(f"{what}: the rollout engine ({r.name}) found NaN/inf logits ({err}): the policy's "
+                               f"weights or activations are not finite (a diverged update, or a float16 overflow); "
+                               f"check model.path, lower actor.optim.lr, or resume from the last checkpoint") from None
         out.meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
         out.meta["weight_sync_s"] = timings["weight_sync_s"]
         return out
@@ -261,13 +268,10 @@ class ActorRolloutRefWorker(_Role):
         """``old_log_probs`` ``[B, R]`` under the current actor, with ``sum_pi_squared`` when the advantage
         estimator reads it and ``entropy`` when asked (the trainer does not: the update reports the entropy
         of the same policy, and at a large vocabulary it costs another pass over each token's logits)."""
-        from rlplat.algorithms import get_advantage_estimator
-
-        estimator = get_advantage_estimator(self.cfg.algorithm.adv_estimator)
         out = self.actor.infer(
             micro_batches(self.actor, batch, self.cfg.actor.log_prob_micro_batch_size_seqs_per_worker,
                           self.cfg.actor.micro_batch_max_tokens_per_worker), temperature=batch.meta["temperature"],
-            need_entropy=entropy, need_sum_pi_squared=getattr(estimator, "needs_sum_pi_squared", False),
+            need_entropy=entropy, need_sum_pi_squared=self.plan.estimator.needs_sum_pi_squared,
         )
         out["old_log_probs"] = out.pop("log_probs")
         return Batch.from_dict(out)

@@ -15,6 +15,7 @@ from rlplat.algorithms.advantages import (
     AdvantageOptions,
     AdvantageOutput,
     compute_advantages,
+    estimator_spec,
     get_advantage_estimator,
 )
 from rlplat.algorithms.masked import group_stats
@@ -395,9 +396,10 @@ def test_every_estimator_shapes_dtype_and_masking(name):
 def test_builtin_names_and_requirements():
     assert set(BUILTIN) <= set(ADVANTAGE_ESTIMATORS.names())
     for name in BUILTIN:
-        fn = get_advantage_estimator(name)
-        assert fn.min_group_size == (2 if name in GROUP_ESTIMATORS else 1), name
-        assert fn.needs_values == (name == "gae") and fn.needs_baseline == (name == "remax"), name
+        spec = estimator_spec(name)
+        assert spec.min_group_size == (2 if name in GROUP_ESTIMATORS else 1), name
+        assert spec.needs_values == (name == "gae") and spec.needs_baseline == (name == "remax"), name
+        assert spec.uses_reward_terms == (name == "gdpo"), name
 
 
 @pytest.mark.parametrize(

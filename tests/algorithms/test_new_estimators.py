@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
+from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages, estimator_spec
 
 F64 = torch.float64
 
@@ -103,7 +103,7 @@ def test_optimal_token_baselines_group_of_one_and_requirements():
     inp = otb_input([[0, 2]], [[1, 1]], [[0.5, 0.5]], [[0.5, 0.5]], ids=(0,))
     for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
         assert flat(compute_advantages(name, inp).advantages) == [2, 2]  # baseline 0: A = G
-        assert ADVANTAGE_ESTIMATORS.get(name).needs_sum_pi_squared
+        assert estimator_spec(name).needs_sum_pi_squared
         with pytest.raises(ValueError, match="needs AdvantageInput.sum_pi_squared"):
             compute_advantages(name, AdvantageInput(inp.token_level_rewards, inp.response_mask, inp.group_ids,
                                                     old_log_probs=inp.old_log_probs))

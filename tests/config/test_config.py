@@ -2,7 +2,7 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ReadonlyConfigError
 
-from rlplat.config import ConfigError, group_options, load_config
+from rlplat.config import ConfigError, group_options
 from rlplat.trainer.run import load_run_config
 from rlplat.trainer.main import main
 
@@ -19,24 +19,24 @@ def test_all_presets_are_there():
 def test_every_preset_composes_validates_and_prints(preset, capsys):
     assert main([f"algorithm={preset}", "--cfg", "job"]) == 0
     printed = OmegaConf.create(capsys.readouterr().out)
-    cfg, plan = load_config([f"algorithm={preset}"])
+    cfg, plan = load_run_config([f"algorithm={preset}"])
     assert printed == cfg  # the printed YAML is the resolved, validated config
     assert plan.world_size == 1
 
 
 def test_preset_values_and_plain_override_compose():
-    cfg, plan = load_config(["algorithm=dapo"])
+    cfg, plan = load_run_config(["algorithm=dapo"])
     assert (cfg.algorithm.adv_estimator, cfg.algorithm.clip_ratio_high) == ("dapo", 0.28)
     assert cfg.algorithm.dynamic_sampling.enable and not plan.needs_ref
     # a preset only sets plain keys, so a later override wins and means what it says
-    cfg, _ = load_config(["algorithm=grpo", "algorithm.adv_estimator=rloo"])
+    cfg, _ = load_run_config(["algorithm=grpo", "algorithm.adv_estimator=rloo"])
     assert cfg.algorithm.adv_estimator == "rloo" and cfg.algorithm.use_kl_loss
-    _, plan = load_config(["algorithm=ppo"])
+    _, plan = load_run_config(["algorithm=ppo"])
     assert plan.needs_critic and plan.needs_ref
 
 
 def test_derived_plan_and_single_path():
-    cfg, plan = load_config(
+    cfg, plan = load_run_config(
         ["data.train_files=one.parquet", "trainer.workers_per_node=2", "data.train_batch_size_prompts=16",
          "actor.mini_batch_size_prompts=8", "rollout.n=4", "actor.micro_batch_size_seqs_per_worker=8",
          "critic.micro_batch_size_seqs_per_worker=8"]
@@ -47,7 +47,7 @@ def test_derived_plan_and_single_path():
 
 
 def test_config_is_read_only_after_validation():
-    cfg, _ = load_config([])
+    cfg, _ = load_run_config([])
     with pytest.raises(ReadonlyConfigError):
         cfg.trainer.total_steps = 3
 

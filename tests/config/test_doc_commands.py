@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlplat.config import ConfigError, load_config
+from rlplat.config import ConfigError
 from rlplat.trainer.run import load_run_config
 from rlplat.trainer.main import USAGE
 
@@ -81,13 +81,13 @@ def test_documented_command_validates(where, args, expected):
 @pytest.mark.parametrize("knob", ["rollout.n=4", "rollout.n=2", "data.train_batch_size_prompts=8",
                                   "trainer.workers_per_node=8", "data.train_batch_size_prompts=24"])
 def test_one_knob_changes_keep_a_valid_config(knob):
-    cfg, plan = load_config([knob])
+    cfg, plan = load_run_config([knob])
     per_worker = cfg.actor.mini_batch_size_prompts * cfg.rollout.n // plan.world_size
     assert per_worker % cfg.actor.micro_batch_size_seqs_per_worker == 0
 
 
 def test_sizes_set_explicitly_are_kept_and_checked():
-    cfg, _ = load_config(["actor.micro_batch_size_seqs_per_worker=16"])
+    cfg, _ = load_run_config(["actor.micro_batch_size_seqs_per_worker=16"])
     assert cfg.actor.micro_batch_size_seqs_per_worker == 16 and cfg.critic.micro_batch_size_seqs_per_worker == 16
     with pytest.raises(ConfigError, match="actor.micro_batch_size_seqs_per_worker=48 must divide"):
-        load_config(["actor.micro_batch_size_seqs_per_worker=48"])
+        load_run_config(["actor.micro_batch_size_seqs_per_worker=48"])

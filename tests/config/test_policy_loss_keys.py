@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from rlplat.algorithms import PolicyLossConfig, PolicyLossInput, get_policy_loss
-from rlplat.config import ConfigError, load_config
+from rlplat.config import ConfigError
+from rlplat.trainer.run import load_run_config
 from rlplat.workers.actor_loss import policy_loss_config
 
 
 def loss_under(*overrides: str) -> torch.Tensor:
-    cfg, _ = load_config(list(overrides))
+    cfg, _ = load_run_config(list(overrides))
     gen = torch.Generator().manual_seed(0)
     logp = torch.randn(8, 6, generator=gen) * 0.1 - 1.0
     old = logp + torch.randn(8, 6, generator=gen) * 0.3
@@ -22,7 +23,7 @@ def loss_under(*overrides: str) -> torch.Tensor:
 
 
 def test_every_policy_loss_field_has_a_key():
-    cfg, _ = load_config([])
+    cfg, _ = load_run_config([])
     assert dataclasses.asdict(policy_loss_config(cfg.algorithm)) == dataclasses.asdict(PolicyLossConfig(
         clip_ratio_low=0.2, clip_ratio_high=0.2))  # grpo preset: defaults everywhere else
 
@@ -42,4 +43,4 @@ def test_knob_changes_the_loss(loss, key, value, base):
 
 def test_bad_knob_names_the_key():
     with pytest.raises(ConfigError, match=r"^algorithm\.policy_loss_options\.sapo_tau_pos/neg must be > 0"):
-        load_config(["algorithm.policy_loss_options.sapo_tau_neg=0"])
+        load_run_config(["algorithm.policy_loss_options.sapo_tau_neg=0"])

@@ -9,10 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rlplat.config import load_config
 from rlplat.data import RLDataset
 from rlplat.reward.scorers import scorer_for
-from rlplat.trainer.run import run
+from rlplat.trainer.run import load_run_config, run
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -80,7 +79,7 @@ def test_preprocessor_output_is_scored_correct_for_reference_answers(name, embed
 def test_preprocessor_output_trains_one_step(name, embedded_cache, tmp_path):
     script, train, test, extra, *_ = CASES[name]
     assert preprocess(script, train, test, tmp_path / "data", *extra).returncode == 0
-    cfg, plan = load_config([
+    cfg, plan = load_run_config([
         f"data.train_files={tmp_path / 'data' / 'train.parquet'}", f"data.val_files={tmp_path / 'data' / 'test.parquet'}",
         "data.max_prompt_length=512", "data.train_batch_size_prompts=1", "actor.mini_batch_size_prompts=1",
         "rollout.n=2", "rollout.val_n=1", "actor.micro_batch_size_seqs_per_worker=2",

@@ -13,9 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlplat.config import load_config
 from rlplat.rollout import ROLLOUT_SERVER_CLIENTS, RolloutSetup, SamplingParams
-from rlplat.trainer.run import run
+from rlplat.trainer.run import load_run_config, run
 from rlplat.engines.dist import free_port
 from workers.helpers import prompt_batch, reference_log_probs
 
@@ -61,12 +60,12 @@ def client(url: str, model_path: str):
     setup = RolloutSetup(model_path=model_path, tokenizer_path=model_path, device=torch.device("cpu"),
                          dtype=torch.float32, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          max_model_len=256, seed=0, rank=0, world_size=1)
-    cfg = load_config([f"rollout.server.url={url}"])[0].rollout.server
+    cfg = load_run_config([f"rollout.server.url={url}"])[0].rollout.server
     return ROLLOUT_SERVER_CLIENTS.get("vllm")(setup, cfg)
 
 
 def test_two_training_steps_against_a_server_move_the_served_model(server_url, tiny_model_path, tmp_path):
-    cfg, plan = load_config([
+    cfg, plan = load_run_config([
         f"model.path={tiny_model_path}", "rollout=vllm", "rollout.mode=server", f"rollout.server.url={server_url}",
         "trainer.ray_address=inprocess", "trainer.total_steps=2", f"trainer.output_dir={tmp_path}",
         "trainer.test_freq=0", "data.train_batch_size_prompts=8", "actor.mini_batch_size_prompts=8",

@@ -13,11 +13,10 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlplat.config import load_config
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.tools.export import main as export_main
 from rlplat.trainer.checkpoint import MANIFEST, write_manifest
-from rlplat.trainer.run import run
+from rlplat.trainer.run import load_run_config, run
 from rlplat.workers.roles import ActorRolloutRefWorker
 
 from trainer.test_trainer import overrides
@@ -40,7 +39,7 @@ def assert_same(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor])
 @pytest.mark.slow
 def test_a_two_worker_checkpoint_exports_with_the_engines_log_probs(embedded_cache, small_val, tmp_path, ray_cluster):
     out = tmp_path / "run"
-    summary = run(*load_config(overrides(out, 2, small_val, "trainer.workers_per_node=2", "trainer.save_freq=1")))
+    summary = run(*load_run_config(overrides(out, 2, small_val, "trainer.workers_per_node=2", "trainer.save_freq=1")))
     # the last checkpoint: the same weights as the run's own export
     export(out / "checkpoints" / "step_000002", tmp_path / "last")
     final = weights(summary["hf_export"])
@@ -81,7 +80,7 @@ def test_a_megatron_checkpoint_exports_as_the_runs_own_export(embedded_cache, sm
     if tp > 1:
         request.getfixturevalue("ray_cluster")
     out = tmp_path / "run"
-    summary = run(*load_config(overrides(out, 1, small_val, "actor.strategy=megatron", *workers)))
+    summary = run(*load_run_config(overrides(out, 1, small_val, "actor.strategy=megatron", *workers)))
     export(out / "checkpoints" / "step_000001", tmp_path / "model")
     got, final = weights(tmp_path / "model"), weights(summary["hf_export"])
     assert got.keys() == final.keys()
@@ -92,7 +91,7 @@ def test_a_megatron_checkpoint_exports_as_the_runs_own_export(embedded_cache, sm
 def checkpoint(embedded_cache, small_val, tmp_path_factory):
     """The checkpoint of a 1-step, 1-worker FSDP run."""
     out = tmp_path_factory.mktemp("export") / "run"
-    run(*load_config(overrides(out, 1, small_val, "trainer.ray_address=inprocess")))
+    run(*load_run_config(overrides(out, 1, small_val, "trainer.ray_address=inprocess")))
     return out / "checkpoints" / "step_000001"
 
 
@@ -168,7 +167,7 @@ def test_an_export_loads_in_vllm(tiny_model_path, small_val, tmp_path):
     """vLLM reads the exported directory itself (load_format=auto) and samples with its log-probs."""
     pytest.importorskip("vllm")
     out = tmp_path / "run"
-    run(*load_config(overrides(out, 1, small_val, "trainer.ray_address=inprocess", f"model.path={tiny_model_path}",
+    run(*load_run_config(overrides(out, 1, small_val, "trainer.ray_address=inprocess", f"model.path={tiny_model_path}",
                                "actor.optim.lr=1e-2")))
     export(out / "checkpoints" / "step_000001", tmp_path / "model")
     model_path = str(tmp_path / "model")

@@ -145,11 +145,10 @@ def test_a_failed_report_at_the_end_of_a_run_is_one_warning(tmp_path, capsys):
 
 
 def test_a_real_run_ends_with_its_report(embedded_cache, small_val, tmp_path, capsys):
-    from rlplat.config import load_config
-    from rlplat.trainer.run import run
+    from rlplat.trainer.run import load_run_config, run
 
     out_dir = tmp_path / "ppo"
-    cfg, plan = load_config([
+    cfg, plan = load_run_config([
         "algorithm=ppo", f"trainer.output_dir={out_dir}", "trainer.total_steps=2", "trainer.test_freq=1",
         "trainer.ray_address=inprocess", f"data.val_files={small_val}", "data.train_batch_size_prompts=8",
         "actor.mini_batch_size_prompts=8", "rollout.n=2", "rollout.val_n=1"])

@@ -7,9 +7,8 @@ import shutil
 
 import pytest
 
-from rlplat.config import load_config
 from rlplat.trainer.main import main
-from rlplat.trainer.run import run
+from rlplat.trainer.run import load_run_config, run
 from rlplat.trainer import checkpoint as ckpt
 from rlplat.trainer.checkpoint import Checkpointer, verify
 from rlplat.utils.errors import RunError
@@ -25,7 +24,7 @@ def args(out, steps, val, *extra):
 @pytest.fixture(scope="module")
 def trained(embedded_cache, small_val, tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt") / "run"
-    cfg, plan = load_config(args(out, 3, small_val))
+    cfg, plan = load_run_config(args(out, 3, small_val))
     run(cfg, plan)
     return out
 
@@ -37,7 +36,7 @@ def copy(trained, tmp_path):
 
 
 def checkpointer(out, small_val, *extra):
-    cfg, _ = load_config(args(out, 3, small_val, *extra))
+    cfg, _ = load_run_config(args(out, 3, small_val, *extra))
     return Checkpointer(cfg)
 
 

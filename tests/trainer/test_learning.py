@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlplat.config import load_config
 from rlplat.data import RLDataset, resolve_files
-from rlplat.trainer.run import run
+from rlplat.trainer.run import load_run_config, run
 
 STEPS = 40  # x 64 prompts x 8 responses, 4 optimizer steps each: ~20 s per algorithm (ppo ~40 s)
 # Teacher-forced, so a run's gain is exact and reproducible (seeded). The smallest gain is rloo's:
@@ -64,7 +63,7 @@ def held_out(embedded_cache):
 
 def train_and_measure(overrides: list[str], held_out, small_val, tmp_path) -> tuple[float, float, dict]:
     model_dir, rows, before = held_out
-    cfg, plan = load_config([
+    cfg, plan = load_run_config([
         "trainer.ray_address=inprocess", f"trainer.total_steps={STEPS}",
         f"trainer.output_dir={tmp_path}", "trainer.test_freq=0", f"data.val_files={small_val}",
         "rollout.val_n=1", "actor.optim.lr_schedule=constant",  # cosine would decay the LR within the 40 steps

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlplat.config import ConfigError, load_config
+from rlplat.config import ConfigError
 from rlplat.protocol import Batch
 from rlplat.trainer.components import Components
 from rlplat.trainer.ppo import PPOTrainer
-from rlplat.trainer.run import run
+from rlplat.trainer.run import load_run_config, run
 from rlplat.utils.errors import RunError
 
 from .test_trainer import metrics, overrides
@@ -22,7 +22,7 @@ INPROC = "trainer.ray_address=inprocess"
 
 
 def train(out_dir, steps, val_file, *extra):
-    cfg, plan = load_config(overrides(out_dir, steps, val_file, INPROC, *extra))
+    cfg, plan = load_run_config(overrides(out_dir, steps, val_file, INPROC, *extra))
     return run(cfg, plan)
 
 
@@ -49,7 +49,7 @@ def test_reference_sync_copies_or_mixes_the_actor(embedded_cache, small_val, tmp
 def test_reference_sync_to_a_separate_reference_pool(embedded_cache, small_val, tmp_path, ray_cluster):
     # ref.placement=separate: the actor's weights travel through the controller to the reference workers
     out = tmp_path / "separate"
-    cfg, plan = load_config(overrides(out, 2, small_val, "algorithm.use_kl_loss=true", "ref.placement=separate",
+    cfg, plan = load_run_config(overrides(out, 2, small_val, "algorithm.use_kl_loss=true", "ref.placement=separate",
                                       "ref.sync_steps=1"))
     run(cfg, plan)
     assert metrics(out)[2]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)
@@ -66,14 +66,14 @@ def test_a_resumed_run_keeps_the_synced_reference(embedded_cache, small_val, tmp
 
 def test_reference_sync_settings_are_checked():
     with pytest.raises(ConfigError, match=r"ref.sync_steps=5 syncs a reference policy, but this run has none"):
-        load_config(["algorithm.use_kl_loss=false", "ref.sync_steps=5"])
+        load_run_config(["algorithm.use_kl_loss=false", "ref.sync_steps=5"])
     with pytest.raises(ConfigError, match=r"ref.sync_alpha must be in \(0, 1\]"):
-        load_config(["algorithm.use_kl_loss=true", "ref.sync_steps=1", "ref.sync_alpha=1.5"])
+        load_run_config(["algorithm.use_kl_loss=true", "ref.sync_steps=1", "ref.sync_alpha=1.5"])
 
 
 # ------------------------------------------------------------------------------------ truncated responses
 def test_a_response_is_truncated_only_without_a_stop_token():
-    cfg, _ = load_config(["rollout.stop_token_ids=[7]"])
+    cfg, _ = load_run_config(["rollout.stop_token_ids=[7]"])
     owner = SimpleNamespace(tokenizer=SimpleNamespace(eos_token_id=2), cfg=cfg)
     responses = torch.tensor([[5, 5, 5], [5, 5, 2], [5, 7, 0], [2, 0, 0]])  # limit / EOS last / stop id / EOS
     assert Components.truncated(owner, Batch.from_dict({"responses": responses})).tolist() == [True, False, False, False]
@@ -95,7 +95,7 @@ def test_decode_gives_the_sampled_text_of_each_response():
 
 
 def test_mask_truncated_clears_the_loss_mask_after_the_advantages():
-    cfg, plan = load_config(["algorithm.truncated_responses=mask"])
+    cfg, plan = load_run_config(["algorithm.truncated_responses=mask"])
     trainer = PPOTrainer(cfg, plan, components=None)
     assert trainer.stages.index("mask_truncated") == trainer.stages.index("advantages") + 1
     batch = Batch.from_dict({"response_mask": torch.ones(3, 2, dtype=torch.long), "advantages": torch.ones(3, 2),
@@ -104,7 +104,7 @@ def test_mask_truncated_clears_the_loss_mask_after_the_advantages():
     out = trainer.mask_truncated(batch, metrics_)
     assert out.tensors["response_mask"].tolist() == [[1, 1], [0, 0], [1, 1]]
     assert metrics_["batch/masked_truncated_frac"] == pytest.approx(1 / 3)
-    assert "mask_truncated" not in PPOTrainer(*load_config([]), components=None).stages
+    assert "mask_truncated" not in PPOTrainer(*load_run_config([]), components=None).stages
 
 
 @pytest.mark.parametrize("mode", ["keep", "penalize", "mask"])
@@ -166,7 +166,7 @@ def test_a_bad_dynamic_prompts_result_is_one_line(embedded_cache, small_val, tmp
 # -------------------------------------------------------------------------------------------- gpg F_norm
 def test_gpg_f_norm_scales_the_advantages():
     def advantages(*extra):
-        cfg, plan = load_config(["algorithm=gpg", *extra])
+        cfg, plan = load_run_config(["algorithm=gpg", *extra])
         batch = Batch.from_dict({"token_level_scores": torch.tensor([[1.0], [0.0], [1.0], [1.0]]),
                                  "response_mask": torch.ones(4, 1)},
                                 non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)})
@@ -175,4 +175,4 @@ def test_gpg_f_norm_scales_the_advantages():
     assert torch.allclose(advantages("algorithm.gpg_f_norm=4"), advantages() / 4)
     assert advantages().abs().sum() > 0
     with pytest.raises(ConfigError, match="algorithm.gpg_f_norm must be > 0, got 0"):
-        load_config(["algorithm=gpg", "algorithm.gpg_f_norm=0"])
+        load_run_config(["algorithm=gpg", "algorithm.gpg_f_norm=0"])

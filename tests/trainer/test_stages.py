@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, AdvantageOutput
-from rlplat.config import load_config
+from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, AdvantageOutput, EstimatorSpec
+from rlplat.trainer.run import load_run_config
 from rlplat.protocol import Batch
 from rlplat.trainer.ppo import PPOTrainer
 
@@ -36,7 +36,7 @@ class ScriptedTrainer(PPOTrainer):
 
 
 def scripted(rounds, max_gen_batches):
-    cfg, plan = load_config(["algorithm=dapo", f"rollout.n={N}", f"data.train_batch_size_prompts={WANT}",
+    cfg, plan = load_run_config(["algorithm=dapo", f"rollout.n={N}", f"data.train_batch_size_prompts={WANT}",
                              f"actor.mini_batch_size_prompts={WANT}", "actor.micro_batch_size_seqs_per_worker=2",
                              "critic.micro_batch_size_seqs_per_worker=2",
                              f"algorithm.dynamic_sampling.max_gen_batches={max_gen_batches}"])
@@ -85,10 +85,10 @@ def test_kl_in_the_reward_keeps_the_old_log_prob_stage():
     # one epoch, one mini-batch: old_log_probs could be skipped, but the KL in the reward must not fall
     # back to the rollout engine's log-probs
     one_mini = ["actor.mini_batch_size_prompts=64"]
-    cfg, plan = load_config(["algorithm=ppo", *one_mini])
+    cfg, plan = load_run_config(["algorithm=ppo", *one_mini])
     assert plan.mini_batches_per_step == 1 and cfg.algorithm.use_kl_in_reward
     assert "old_log_probs" in PPOTrainer(cfg, plan, components=None).stages
-    cfg, plan = load_config(["algorithm=grpo", *one_mini])  # KL in the loss only: the stage may go
+    cfg, plan = load_run_config(["algorithm=grpo", *one_mini])  # KL in the loss only: the stage may go
     assert "old_log_probs" not in PPOTrainer(cfg, plan, components=None).stages
 
 
@@ -107,14 +107,26 @@ def test_kl_in_the_reward_keeps_the_old_log_prob_stage():
     (["actor.mini_batch_size_prompts=64", "algorithm.old_log_probs=recompute"], "update"),
 ])
 def test_where_pi_old_comes_from(overrides, old_policy):
-    cfg, plan = load_config(["algorithm=grpo", *overrides])
+    """The plan reads the engines' declarations; they are read here from the engine classes themselves, so the
+    vllm cases need no vLLM installed (a run with rollout=vllm does: plan_run refuses it without)."""
+    from rlplat.config import load_config, make_plan
+    from rlplat.config.plan import EngineDeclarations
+    from rlplat.engines import TRAINING_ENGINES
+    from rlplat.rollout.hf import HFRolloutEngine
+    from rlplat.rollout.vllm import VLLMRolloutEngine
+
+    cfg = load_config(["algorithm=grpo", *overrides])
+    rollout = {"hf": HFRolloutEngine, "vllm": VLLMRolloutEngine}[cfg.rollout.name]
+    engines = EngineDeclarations(actor_dtype=TRAINING_ENGINES.get("fsdp").computes_in(cfg.actor.fsdp, "cpu"),
+                                 rollout=rollout.declare(cfg.rollout.get(cfg.rollout.name), "cpu"))
+    plan = make_plan(cfg, "cpu", engines)
     assert plan.old_policy == old_policy
     stages = PPOTrainer(cfg, plan, components=None).stages
     assert ("old_log_probs" in stages) == (old_policy == "recompute")
 
 
 def test_kl_in_the_reward_reads_the_rollout_log_probs_when_they_are_pi_old():
-    cfg, plan = load_config(["algorithm=ppo", "algorithm.old_log_probs=rollout"])
+    cfg, plan = load_run_config(["algorithm=ppo", "algorithm.old_log_probs=rollout"])
     trainer = PPOTrainer(cfg, plan, components=None)
     fields = {"token_level_scores": torch.tensor([[0.0, 1.0]]), "response_mask": torch.ones(1, 2),
               "rollout_log_probs": torch.tensor([[-1.0, -2.0]]), "ref_log_probs": torch.tensor([[-1.5, -1.0]]),
@@ -126,7 +138,7 @@ def test_kl_in_the_reward_reads_the_rollout_log_probs_when_they_are_pi_old():
 
 
 def test_pf_ppo_stage_follows_the_advantages():
-    cfg, plan = load_config(["algorithm=grpo", "algorithm.pf_ppo.enable=true"])
+    cfg, plan = load_run_config(["algorithm=grpo", "algorithm.pf_ppo.enable=true"])
     stages = PPOTrainer(cfg, plan, components=None).stages
     assert stages.index("pf_ppo") == stages.index("advantages") + 1
 
@@ -136,18 +148,18 @@ def test_an_estimator_that_needs_values_gets_a_critic_whatever_its_name():
         adv = (inp.token_level_rewards - inp.values) * inp.response_mask
         return AdvantageOutput(advantages=adv, returns=adv + inp.values)
 
-    value_baseline.min_group_size, value_baseline.needs_values, value_baseline.needs_baseline = 1, True, False
+    value_baseline.spec = EstimatorSpec(needs_values=True)  # what the estimator decorator sets
     with ADVANTAGE_ESTIMATORS.temporary("value_baseline", value_baseline):
-        cfg, plan = load_config(["algorithm.adv_estimator=value_baseline"])
+        cfg, plan = load_run_config(["algorithm.adv_estimator=value_baseline"])
         assert plan.needs_critic
         assert {"values", "update_critic"} <= set(PPOTrainer(cfg, plan, components=None).stages)
-    _, plan = load_config(["algorithm=grpo"])
+    _, plan = load_run_config(["algorithm=grpo"])
     assert not plan.needs_critic
 
 
 def test_gdpo_terms_include_what_a_recipe_added_to_the_scores():
     # reward functions give terms [[1], [0]] with weight [2]; a recipe subtracted 0.5 from row 1's score
-    cfg, plan = load_config(["algorithm=gdpo"])
+    cfg, plan = load_run_config(["algorithm=gdpo"])
     trainer = PPOTrainer(cfg, plan, components=None)
     trainer.reward_term_weights = torch.tensor([2.0])
     batch = Batch.from_dict({"reward_terms": torch.tensor([[1.0], [0.0]]),
@@ -174,11 +186,11 @@ def test_balance_batch_runs_with_several_workers_and_reorders_whole_rows():
 
     from rlplat.engines import ParallelLayout
 
-    cfg, plan = load_config(["trainer.workers_per_node=2"])
+    cfg, plan = load_run_config(["trainer.workers_per_node=2"])
     assert "balance_batch" in PPOTrainer(cfg, plan, components=None).stages
-    _, one = load_config([])
+    _, one = load_run_config([])
     assert "balance_batch" not in PPOTrainer(cfg, one, components=None).stages
-    cfg_off, plan_off = load_config(["trainer.workers_per_node=2", "trainer.balance_batch=false"])
+    cfg_off, plan_off = load_run_config(["trainer.workers_per_node=2", "trainer.balance_batch=false"])
     assert "balance_batch" not in PPOTrainer(cfg_off, plan_off, components=None).stages
 
     actor = SimpleNamespace(layouts=lambda: [ParallelLayout(0, 2), ParallelLayout(1, 2)])
@@ -196,17 +208,17 @@ def test_balance_batch_runs_with_several_workers_and_reorders_whole_rows():
 
 
 def test_scoring_overlaps_the_worker_passes_that_do_not_read_the_scores():
-    cfg, plan = load_config(["algorithm=ppo"])
+    cfg, plan = load_run_config(["algorithm=ppo"])
     stages = PPOTrainer(cfg, plan, components=None).stages
     assert "reward" not in stages
     assert stages[stages.index("generate") + 1:stages.index("advantages")] == [
         "reward_start", "old_log_probs", "reference", "values", "reward_wait"]
     # dynamic sampling reads the scores right after the reward stage: nothing to overlap
-    stages = PPOTrainer(*load_config(["algorithm=dapo"]), components=None).stages
+    stages = PPOTrainer(*load_run_config(["algorithm=dapo"]), components=None).stages
     assert stages[stages.index("reward") + 1] == "filter_groups" and "reward_start" not in stages
     # on-policy GRPO without KL has no pass between the reward and the advantages
     no_pass = ["algorithm=grpo", "algorithm.use_kl_loss=false", "actor.mini_batch_size_prompts=64"]
-    assert PPOTrainer(*load_config(no_pass), components=None).stages[:3] == ["generate", "reward", "advantages"]
+    assert PPOTrainer(*load_run_config(no_pass), components=None).stages[:3] == ["generate", "reward", "advantages"]
 
     class OwnReward(PPOTrainer):  # a recipe's reward stage runs as it is written
         def reward(self, batch, metrics):
@@ -242,8 +254,8 @@ def test_a_pass_that_fails_while_scoring_runs_waits_for_the_scoring():
         def old_log_probs(self, batch, metrics):
             raise RuntimeError("the pass failed")
 
-    cfg, plan = load_config(["algorithm=ppo"])
-    trainer = FailingPass(cfg, plan, components=SimpleNamespace(score_terms=slow_score_terms))
+    cfg, plan = load_run_config(["algorithm=ppo"])
+    trainer = FailingPass(cfg, plan, components=SimpleNamespace(score_batch=slow_score_terms))
     with pytest.raises(RuntimeError, match="the pass failed"):
         trainer.train_step()
     assert finished == [2] and trainer._scoring is None  # done before the error reaches the teardown

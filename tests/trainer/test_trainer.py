@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rlplat.config import load_config
 from rlplat.trainer.main import main
-from rlplat.trainer.run import run
+from rlplat.trainer.run import load_run_config, run
 from rlplat.utils.errors import RunError
 
 
@@ -30,7 +29,7 @@ def comparable(m):
 
 
 def train(args):
-    cfg, plan = load_config(args)
+    cfg, plan = load_run_config(args)
     return run(cfg, plan)
 
 
@@ -75,7 +74,7 @@ def test_overlapped_scoring_trains_exactly_as_scoring_in_turn(embedded_cache, sm
 
     args = ("trainer.ray_address=inprocess", "algorithm=ppo")  # old log-probs, reference and values passes
     for name, trainer_cls in (("overlapped", PPOTrainer), ("in_turn", InTurn)):
-        cfg, plan = load_config(overrides(tmp_path / name, 2, small_val, *args))
+        cfg, plan = load_run_config(overrides(tmp_path / name, 2, small_val, *args))
         run(cfg, plan, trainer_cls=trainer_cls)
     overlapped, in_turn = metrics(tmp_path / "overlapped"), metrics(tmp_path / "in_turn")
     assert "timing/reward_wait_s" in overlapped[1] and "timing/reward_s" in in_turn[1]
@@ -89,7 +88,7 @@ def test_pi_old_from_the_hf_rollout_trains_as_the_recomputed_one(embedded_cache,
     args = ("trainer.ray_address=inprocess", "algorithm=grpo", "actor.mini_batch_size_prompts=4")
     runs = {}
     for choice in ("auto", "recompute"):
-        cfg, plan = load_config(overrides(tmp_path / choice, 1, small_val, *args, f"algorithm.old_log_probs={choice}"))
+        cfg, plan = load_run_config(overrides(tmp_path / choice, 1, small_val, *args, f"algorithm.old_log_probs={choice}"))
         assert plan.old_policy == {"auto": "rollout", "recompute": "recompute"}[choice]
         run(cfg, plan)
         runs[choice] = metrics(tmp_path / choice)[1]

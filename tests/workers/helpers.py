@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlplat.algorithms import LossDenominators
-from rlplat.config import load_config
+from rlplat.trainer.run import load_run_config
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask, response_log_probs
 from rlplat.workers.actor_loss import actor_loss
@@ -28,7 +28,7 @@ def engine_config(model_path: str, workers: int = 1, extra: list[str] | None = N
     ]
     if workers == 1:
         overrides.append("trainer.ray_address=inprocess")
-    return load_config(overrides + list(extra or []))
+    return load_run_config(overrides + list(extra or []))
 
 
 def prompt_batch(model_path: str, n: int = 8, temperature: float = 1.0) -> Batch:

@@ -5,7 +5,8 @@ tokens, as many on every replica as the fullest needs, and the same update as se
 import pytest
 import torch
 
-from rlplat.config import ConfigError, load_config
+from rlplat.config import ConfigError
+from rlplat.trainer.run import load_run_config
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.protocol import Batch
 from rlplat.workers.roles import ActorRolloutRefWorker, micro_batches
@@ -65,7 +66,7 @@ def test_a_token_budget_gives_the_same_update_as_sequence_counts(tiny_model_path
 
 def test_a_token_budget_must_be_positive():
     with pytest.raises(ConfigError, match="actor.micro_batch_max_tokens_per_worker must be >= 1"):
-        load_config(["actor.micro_batch_max_tokens_per_worker=0"])
+        load_run_config(["actor.micro_batch_max_tokens_per_worker=0"])
 
 
 @pytest.mark.slow

@@ -31,7 +31,6 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.config.validate import computes_in_bf16
 from rlplat.engines.base import (MIXED_PRECISION, ForwardOutput, ParallelLayout, TrainingEngine, blend_,
                                  check_blended, load_rank_state, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
@@ -50,9 +49,9 @@ def model_shape(model_cfg) -> GPTShape | None:
 
     from transformers import AutoConfig
 
-    if model_cfg.path == "embedded":
-        from rlplat.models.embedded import SPEC
+    from rlplat.models.embedded import SPEC, is_embedded
 
+    if is_embedded(model_cfg.path):
         return GPTShape(SPEC.num_hidden_layers, SPEC.hidden_size, SPEC.num_attention_heads,
                         SPEC.num_key_value_heads, SPEC.intermediate_size, 0, SPEC.tie_word_embeddings)
     if not os.path.isfile(os.path.join(model_cfg.path, "config.json")):
@@ -137,7 +136,7 @@ class MegatronEngine(TrainingEngine):
         self.value_head, self.sequence_parallel = value_head, engine_cfg.sequence_parallel
         # bf16 compute, fp32 weights, gradients and optimizer (as FSDP's mixed precision): Megatron-Core's
         # layers cast under CUDA autocast, in forward and in backward
-        bf16 = computes_in_bf16(engine_cfg.mixed_precision, self.device.type)
+        bf16 = self.computes_in(engine_cfg, self.device.type) == "bfloat16"
         self.compute = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         self.tied_output = self.shape.tied_embeddings and not value_head  # the output layer is the embedding
         hf, padding_idx = _hf_weights(model_path, model_cfg, value_head, self.device)

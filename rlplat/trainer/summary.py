@@ -1,0 +1,37 @@
+"""``summary.json``: what a finished (or stopped) run reports: accuracies before and after, steps, wall
+time, where its outputs are, and the algorithm that produced them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+
+def write_summary(cfg: DictConfig, steps: int, initial: dict, final: dict, wall_time_s: float,
+                  accuracy_source: str | None, reward_functions: list[str]) -> dict:
+    """Write ``<trainer.output_dir>/summary.json`` and return it. ``initial`` and ``final`` are the first and
+    last validation's metrics; ``accuracy_source`` says where val accuracy's "correct" comes from (the
+    reward's ``acc`` field, or the ``score >= 1`` rule)."""
+    out_dir = Path(cfg.trainer.output_dir)
+    algo = cfg.algorithm
+    summary = {
+        "initial_val_accuracy": initial.get("val/accuracy"),
+        "final_val_accuracy": final.get("val/accuracy"),
+        "steps": steps,
+        "wall_time_s": wall_time_s,
+        "output_dir": str(out_dir.resolve()),
+        "hf_export": str((out_dir / "hf_export").resolve()),
+        "final_val": final,
+        "val_accuracy_source": accuracy_source,
+        "preset": algo.preset,
+        "adv_estimator": algo.adv_estimator,
+        "policy_loss": algo.policy_loss,
+        "loss_agg_mode": algo.loss_agg_mode,
+        "kl": {"in_reward": algo.kl_penalty if algo.use_kl_in_reward else None,
+               "loss": algo.kl_loss_type if algo.use_kl_loss else None},
+        "reward_functions": reward_functions,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,72 @@
+"""Validation: every validation prompt sampled ``rollout.val_n`` times at ``rollout.val_temperature``, scored
+with the validation reward, summarised as ``val/*`` metrics; the first ``trainer.val_samples`` prompts'
+responses go to ``val_samples.jsonl`` (and the loggers), where the report shows them as tables."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+
+from rlplat.protocol import Batch
+from rlplat.trainer.components import Components
+from rlplat.trainer.metrics import validation_metrics
+from rlplat.utils.progress import Progress
+
+
+class Validator:
+    def __init__(self, cfg: DictConfig, components: Components):
+        self.cfg, self.components = cfg, components
+        # where val accuracy's "correct" comes from: the reward's acc field, or the score >= 1 rule (summary.json)
+        self.accuracy_source: str | None = None
+
+    def run(self, step: int, progress: Progress) -> dict[str, float]:
+        """Generate for every validation prompt, score, log the samples; returns the ``val/*`` metrics."""
+        cfg, components = self.cfg, self.components
+        start = time.perf_counter()
+        sources, pids, answers, scores, correct, errors, rules = [], [], [], [], [], 0, set()
+        shown: list[dict] = []  # the first trainer.val_samples prompts' responses, for val_samples.jsonl
+        keep = cfg.trainer.val_samples * cfg.rollout.val_n
+        batches = -(-len(components.val_data) // cfg.data.val_batch_size_prompts)
+        for done, prompts in enumerate(components.val_prompts(), start=1):
+            pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
+            prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
+            prompts.meta.update(step=step, temperature=cfg.rollout.val_temperature, validation=True)
+            out = components.actor.generate_sequences(prompts.repeat(cfg.rollout.val_n, interleave=True))
+            result = components.score_result(out, validation=True)
+            sources += list(out.non_tensors["data_source"])
+            pids += list(out.non_tensors["uid"])
+            answers += components.decode(out)
+            scores += result.scores
+            correct += result.correct()
+            errors += result.num_errors
+            rules.add(result.accuracy_source)
+            if len(shown) < keep:
+                shown += _samples(out, answers[-len(out):], result.scores, result.correct())
+            progress.validating(done, batches)
+        metrics = validation_metrics(sources, pids, answers, scores, correct)
+        self.write_samples(step, shown[:keep])
+        metrics["val/reward_num_errors"] = float(errors)
+        self.accuracy_source = rules.pop() if len(rules) == 1 else "mixed"
+        metrics["timing/validate_s"] = time.perf_counter() - start
+        print(f"[validate step {step}] accuracy={metrics['val/accuracy']:.3f} on {len(scores)} responses", flush=True)
+        return metrics
+
+    def write_samples(self, step: int, samples: list[dict]) -> None:
+        """Append this validation's samples to ``val_samples.jsonl``: one line ``{"step", "samples"}``
+        (what ``python -m rlplat.tools.report`` shows as tables)."""
+        with (Path(self.cfg.trainer.output_dir) / "val_samples.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step, "samples": samples}) + "\n")
+        self.components.tracker.log_samples(samples, step)
+
+
+def _samples(batch: Batch, responses: list[str], scores: list[float], correct: list[float]) -> list[dict]:
+    """One dict per response of a validation batch: the prompt's last message, response, score, ..."""
+    nt = batch.non_tensors
+    return [{"prompt": prompt[-1]["content"], "response": response, "score": score, "correct": ok,
+             "ground_truth": truth, "data_source": source}
+            for prompt, response, score, ok, truth, source in zip(nt["raw_prompt"], responses, scores, correct,
+                                                                  nt["ground_truth"], nt["data_source"])]
