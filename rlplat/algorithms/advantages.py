@@ -55,6 +55,7 @@ class AdvantageOptions:
     epsilon: float = 1e-6  # std epsilon of grpo-style normalisation
     scale: str = "group"  # grpo std: per group, over the whole batch, or none (mean is always per group)
     gpg_f_norm: float = 1.0  # gpg F_norm
+    otb_zero_tail: bool = True  # optimal token baselines: the "zero tail" (token_baselines.py)
 
     def __post_init__(self):
         if self.scale not in SCALES:
@@ -74,6 +75,9 @@ class AdvantageInput:
     reward_weights: torch.Tensor | None = None  # [num_rewards] their weights (gdpo; default all 1)
     old_log_probs: torch.Tensor | None = None  # [batch, response_len] sampling policy (optimal baselines)
     sum_pi_squared: torch.Tensor | None = None  # [batch, response_len] Σ_v π(v)² (optimal baselines)
+    # [batch, response_len] truncated importance weights min(π_old / π_rollout, algorithm.tis_cap) of the
+    # rollout correction, when it is on (optimal baselines scale their variance term by their square)
+    importance_weights: torch.Tensor | None = None
     options: AdvantageOptions = field(default_factory=AdvantageOptions)
 
 

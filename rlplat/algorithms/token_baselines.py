@@ -14,13 +14,18 @@ as verl implements it (``optimal_token_baseline``); ``tir_optimal_token_baseline
 for tool-integrated (multi-turn) masks: positions count *valid* tokens only (masked observation tokens
 are squeezed out before the baseline is taken and the result is put back in place).
 
-Where rlplat departs from verl: no rollout importance-sampling factor on W (rlplat has no rollout
-correction weights yet); returns are 0 on masked tokens; a group of one response has baseline 0 in both
-variants (its advantage is its return).
+With the rollout correction on (``algorithm.tis_cap``), each w_t is scaled by the square of its truncated
+importance weight ρ̄_t = min(π_old / π_rollout, cap), the baseline that minimises the variance of the
+importance-weighted gradient (verl's ``rollout_is_weights``): B_t = Σ_i G_{i,t} W̃_{i,t} / Σ_i W̃_{i,t} with
+W̃_t = Σ_{j ≤ t} ρ̄_j² w_j m_j.
 
-"Zero tail" (on by default for the tir variant, as in verl): when one response of a group is strictly
-the longest, its positions beyond the second-longest response have no other response to compare with;
-there the weighted baseline would equal its own return (advantage 0), so the baseline is set to 0.
+"Zero tail" (``algorithm.otb_zero_tail``, on by default in both variants, as verl's ``handle_zero_tail``):
+when one response of a group is strictly the longest, its positions beyond the second-longest response
+have no other response to compare with; there the weighted baseline would equal its own return
+(advantage 0), so the baseline is set to 0. Off, those positions keep the weighted baseline.
+
+Where rlplat departs from verl: returns are 0 on masked tokens; a group of one response has baseline 0 in
+both variants (its advantage is its return).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ def _inputs(inp: AdvantageInput, name: str):
     sum_pi_sq = _require(inp, name, "sum_pi_squared").to(mask.dtype)
     rewards = inp.token_level_rewards * mask
     per_token = (1 - 2 * old.exp() + sum_pi_sq) * mask  # w_t, [batch, response_len]
+    if inp.importance_weights is not None:  # ρ̄_t² w_t under the rollout correction
+        per_token = per_token * inp.importance_weights.to(mask.dtype).square()
     return mask, group_ids, rewards, per_token
 
 
@@ -84,20 +91,20 @@ def _reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
 @estimator("optimal_token_baseline", min_group_size=2, needs_sum_pi_squared=True)
 def optimal_token_baseline(inp: AdvantageInput) -> AdvantageOutput:
     """Optimal token baseline (module docstring; verl ``optimal_token_baseline``): A_{i,t} = G_{i,t} − B_t
-    with the per-position, W-weighted group baseline B_t taken over raw positions t; no zero tail.
+    with the per-position, W-weighted group baseline B_t taken over raw positions t.
     Needs ``group_ids`` ``[batch]``, ``old_log_probs`` and ``sum_pi_squared`` ``[batch, response_len]``;
     returns = G."""
     mask, group_ids, rewards, per_token = _inputs(inp, "optimal_token_baseline")
     returns = _reverse_cumsum(rewards) * mask
-    baseline = _baseline(returns, per_token.cumsum(-1), mask, group_ids, zero_tail=False)
+    baseline = _baseline(returns, per_token.cumsum(-1), mask, group_ids, inp.options.otb_zero_tail)
     return AdvantageOutput(advantages=(returns - baseline) * mask, returns=returns)
 
 
 @estimator("tir_optimal_token_baseline", min_group_size=2, needs_sum_pi_squared=True)
 def tir_optimal_token_baseline(inp: AdvantageInput) -> AdvantageOutput:
     """Optimal token baseline for multi-turn masks (verl ``tir_optimal_token_baseline``): the same B, but
-    position k is a response's k-th *valid* token (masked observation tokens are squeezed out first), and
-    the zero tail is on. Inputs and outputs as :func:`optimal_token_baseline`."""
+    position k is a response's k-th *valid* token (masked observation tokens are squeezed out first).
+    Inputs and outputs as :func:`optimal_token_baseline`."""
     mask, group_ids, rewards, per_token = _inputs(inp, "tir_optimal_token_baseline")
     valid = mask > 0
     rank = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [batch, T]: index of each valid token in its row
@@ -108,7 +115,7 @@ def tir_optimal_token_baseline(inp: AdvantageInput) -> AdvantageOutput:
         return x.new_zeros(x.shape[0], width).scatter_add_(1, rank, x * mask)
 
     returns_c = _reverse_cumsum(squeeze(rewards))
-    baseline = _baseline(returns_c, squeeze(per_token).cumsum(-1), compact_mask, group_ids, zero_tail=True)
+    baseline = _baseline(returns_c, squeeze(per_token).cumsum(-1), compact_mask, group_ids, inp.options.otb_zero_tail)
     advantages_c = (returns_c - baseline) * compact_mask
     advantages = advantages_c.gather(1, rank) * mask if width else torch.zeros_like(mask)
     returns = returns_c.gather(1, rank) * mask if width else torch.zeros_like(mask)

@@ -232,6 +232,9 @@ class AlgorithmConfig:
     norm_adv_scale: str = "group"  # grpo std scaling: group | batch | none
     norm_adv_epsilon: float = 1e-6  # epsilon added to the std in grpo-style normalisation
     gpg_f_norm: float = 1.0  # gpg: F_norm, the advantages are divided by it (2504.02546, eq. 9)
+    # optimal token baselines: baseline 0 past the second-longest response of a group whose longest response
+    # is unique, where no other response is compared (verl's handle_zero_tail)
+    otb_zero_tail: bool = True
     policy_loss: str = "ppo"  # policy loss (registry)
     loss_agg_mode: str = "token-mean"  # loss aggregation mode (registry)
     loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm constant C; None = data.max_response_length

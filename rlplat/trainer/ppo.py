@@ -60,7 +60,7 @@ from rlplat.trainer.summary import write_summary
 from rlplat.trainer.validation import Validator
 from rlplat.utils.errors import Interrupted, RunError
 from rlplat.utils.progress import Progress
-from rlplat.workers.actor_loss import old_log_probs_key
+from rlplat.workers.actor_loss import old_log_probs_key, rollout_correction
 
 
 #: stages that neither read nor reorder the scores: rewards are computed while they run
@@ -380,8 +380,10 @@ class PPOTrainer:
                 reward_weights=weights,
                 old_log_probs=optional("old_log_probs"),
                 sum_pi_squared=optional("sum_pi_squared"),
+                importance_weights=self._importance_weights(t),
                 options=AdvantageOptions(gamma=cfg.gamma, lam=cfg.lam, epsilon=cfg.norm_adv_epsilon,
-                                         scale=cfg.norm_adv_scale, gpg_f_norm=cfg.gpg_f_norm),
+                                         scale=cfg.norm_adv_scale, gpg_f_norm=cfg.gpg_f_norm,
+                                         otb_zero_tail=cfg.otb_zero_tail),
             )
         )
         if "values" in present:  # before this step's critic update: how well the critic predicted
@@ -390,6 +392,14 @@ class PPOTrainer:
             metrics["batch/real_batch_size_ratio"] = 1.0 - float(out.zero_variance.float().mean())
         fields = {"token_level_rewards": rewards, "advantages": out.advantages, "returns": out.returns}
         return batch.union(Batch.from_dict(fields))
+
+    def _importance_weights(self, t) -> torch.Tensor | None:
+        """The rollout correction's truncated importance weights ``[batch, response_len]`` as the loss takes
+        them (``algorithm.tis_cap``; None when off)."""
+        cap = self.cfg.algorithm.tis_cap
+        if cap is None or "rollout_log_probs" not in t.keys():
+            return None
+        return rollout_correction(t["old_log_probs"], t, t["response_mask"], cap)[0]
 
     def _reward_terms(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The reward terms ``[batch, num_terms]`` and weights ``[num_terms]`` for gdpo.

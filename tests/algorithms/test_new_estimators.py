@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages, estimator_spec
+from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, AdvantageOptions, compute_advantages, estimator_spec
 
 F64 = torch.float64
 
@@ -88,15 +88,31 @@ def test_tir_optimal_token_baseline_squeezes_out_observation_tokens():
     assert flat(plain.advantages) == pytest.approx([0.5, 0, 0, -0.5, 0, 0], abs=1e-7)
 
 
-def test_tir_zero_tail_gives_the_lone_longest_response_its_return():
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_zero_tail_gives_the_lone_longest_response_its_return(name):
     # row 0 has 3 valid tokens, row 1 one: p = Σπ² = 0.5 -> w = 0.5. G row 0 [1, 1, 1], row 1 [1].
-    # t0: B = (1·0.5 + 1·0.5) / 1 = 1 -> A = 0 for both. Beyond the second-longest (k >= 1) row 0 is alone:
-    # the zero tail sets B = 0 there, so A = G = 1 (without it B = G and A = 0).
+    # t0: B = (1·0.5 + 1·0.5) / 1 = 1 -> A = 0 for both. Beyond the second-longest (t >= 1) row 0 is alone:
+    # the zero tail (the default, as verl's handle_zero_tail) sets B = 0 there, so A = G = 1; without it
+    # (algorithm.otb_zero_tail=false) B = G there and A = 0.
     inp = otb_input([[0, 0, 1], [1, 0, 0]], [[1, 1, 1], [1, 0, 0]], [[0.5] * 3] * 2, [[0.5] * 3] * 2)
-    assert flat(compute_advantages("tir_optimal_token_baseline", inp).advantages) == pytest.approx(
-        [0, 1, 1, 0, 0, 0], abs=1e-7)
-    assert flat(compute_advantages("optimal_token_baseline", inp).advantages) == pytest.approx(
-        [0, 0, 0, 0, 0, 0], abs=1e-7)
+    assert flat(compute_advantages(name, inp).advantages) == pytest.approx([0, 1, 1, 0, 0, 0], abs=1e-7)
+    inp.options = AdvantageOptions(otb_zero_tail=False)
+    assert flat(compute_advantages(name, inp).advantages) == pytest.approx([0] * 6, abs=1e-7)
+    # two responses share the longest length: nobody is alone, no tail
+    tied = otb_input([[0, 0, 1], [0, 0, 1]], [[1, 1, 1], [1, 1, 1]], [[0.5] * 3] * 2, [[0.5] * 3] * 2)
+    assert flat(compute_advantages(name, tied).advantages) == pytest.approx([0] * 6, abs=1e-7)
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_rollout_importance_weights_scale_the_variance_term_by_their_square(name):
+    # As the hand values above, with ρ̄ = [1, 2] on row 0: w row 0 = [0.5, 0.5 · 4] -> W row 0 [0.5, 2.5],
+    # row 1 [0.5, 0.5]. B_0 = 0.5, B_1 = (1·2.5 + 0·0.5) / 3 = 5/6.
+    inp = otb_input([[0, 1], [0, 0]], [[1, 1], [1, 1]], [[0.5, 0.5], [0.5, 1.0]], [[0.5, 0.5], [0.5, 1.0]])
+    inp.importance_weights = torch.tensor([[1.0, 2.0], [1.0, 1.0]], dtype=F64)
+    out = compute_advantages(name, inp)
+    assert flat(out.advantages) == pytest.approx([0.5, 1 / 6, -0.5, -5 / 6], rel=1e-7)
+    inp.importance_weights = torch.ones(2, 2, dtype=F64)  # weights of 1 change nothing
+    assert flat(compute_advantages(name, inp).advantages) == pytest.approx([0.5, 1 / 3, -0.5, -2 / 3], rel=1e-7)
 
 
 def test_optimal_token_baselines_group_of_one_and_requirements():
@@ -109,26 +125,36 @@ def test_optimal_token_baselines_group_of_one_and_requirements():
                                                     old_log_probs=inp.old_log_probs))
 
 
+@pytest.mark.parametrize("zero_tail", [True, False])
+@pytest.mark.parametrize("weighted", [True, False])
 @pytest.mark.parametrize("seed", range(3))
-def test_optimal_token_baseline_matches_a_per_group_loop(seed):
+def test_optimal_token_baseline_matches_a_per_group_loop(seed, weighted, zero_tail):
+    """Against a loop written from verl's description: W scaled by ρ̄², and the zero tail of a group whose
+    longest response is unique starting at the second-longest length."""
     g = torch.Generator().manual_seed(seed)
     batch, length = 12, 7
     lengths = torch.randint(1, length + 1, (batch,), generator=g)
     mask = (torch.arange(length)[None] < lengths[:, None]).double()
     rewards = torch.randn(batch, length, generator=g, dtype=F64) * mask
     p, sum_sq = torch.rand(batch, length, generator=g, dtype=F64), torch.rand(batch, length, generator=g, dtype=F64)
+    rho = torch.rand(batch, length, generator=g, dtype=F64) * 2 if weighted else None
     ids = torch.randint(0, 4, (batch,), generator=g)
-    out = compute_advantages("optimal_token_baseline",
-                             AdvantageInput(rewards, mask, ids, old_log_probs=p.log(), sum_pi_squared=sum_sq))
+    inp = AdvantageInput(rewards, mask, ids, old_log_probs=p.log(), sum_pi_squared=sum_sq, importance_weights=rho,
+                         options=AdvantageOptions(otb_zero_tail=zero_tail))
+    out = compute_advantages("optimal_token_baseline", inp)
     returns = rewards.flip(-1).cumsum(-1).flip(-1) * mask
-    cum = ((1 - 2 * p + sum_sq) * mask).cumsum(-1)
+    w = (1 - 2 * p + sum_sq) * (rho.square() if weighted else 1)
+    cum = (w * mask).cumsum(-1)
     expected = torch.zeros(batch, length, dtype=F64)
     for gid in ids.unique().tolist():
         rows = (ids == gid).nonzero().flatten().tolist()
+        ranked = sorted(int(lengths[i]) for i in rows)
+        lone = [i for i in rows if int(lengths[i]) == ranked[-1]] if len(rows) > 1 and ranked[-1] > ranked[-2] else []
         for t in range(length):
             num = sum(returns[i, t] * cum[i, t] * mask[i, t] for i in rows)
             den = sum(cum[i, t] * mask[i, t] for i in rows)
             base = num / (den + 1e-8) if len(rows) > 1 else 0.0
             for i in rows:
-                expected[i, t] = (returns[i, t] - base) * mask[i, t]
+                tail = zero_tail and i in lone and t >= ranked[-2]
+                expected[i, t] = (returns[i, t] - (0.0 if tail else base)) * mask[i, t]
     torch.testing.assert_close(out.advantages, expected)

@@ -259,3 +259,27 @@ def test_a_pass_that_fails_while_scoring_runs_waits_for_the_scoring():
     with pytest.raises(RuntimeError, match="the pass failed"):
         trainer.train_step()
     assert finished == [2] and trainer._scoring is None  # done before the error reaches the teardown
+
+
+def test_optimal_token_baseline_gets_the_losss_importance_weights():
+    """With the rollout correction on, the advantages stage hands the estimator the same truncated weights
+    min(pi_old / pi_rollout, tis_cap) that the loss uses."""
+    from rlplat.algorithms import AdvantageOptions, compute_advantages
+
+    cfg, plan = load_run_config(["algorithm=grpo", "algorithm.adv_estimator=optimal_token_baseline",
+                                 "algorithm.tis_cap=2.0", "rollout.n=2"])
+    old = torch.tensor([[-0.5, -1.0], [-0.7, -0.2]])
+    rollout = torch.tensor([[-0.5, -2.0], [-0.2, -0.2]])  # ratios exp(0)=1, exp(1)>2 -> 2, exp(-0.5), 1
+    fields = {"token_level_scores": torch.tensor([[0.0, 1.0], [0.0, 0.0]]), "response_mask": torch.ones(2, 2),
+              "old_log_probs": old, "rollout_log_probs": rollout, "sum_pi_squared": torch.full((2, 2), 0.5)}
+    batch = Batch.from_dict(fields, non_tensors={"uid": np.array(["p0", "p0"], dtype=object)})
+    got = PPOTrainer(cfg, plan, components=None).advantages(batch, {}).tensors["advantages"]
+    weights = torch.tensor([[1.0, 2.0], [float(torch.exp(torch.tensor(-0.5))), 1.0]])
+    expected = compute_advantages("optimal_token_baseline", AdvantageInput(
+        fields["token_level_scores"], fields["response_mask"], torch.tensor([0, 0]), old_log_probs=old,
+        sum_pi_squared=fields["sum_pi_squared"], importance_weights=weights, options=AdvantageOptions()))
+    unweighted = compute_advantages("optimal_token_baseline", AdvantageInput(
+        fields["token_level_scores"], fields["response_mask"], torch.tensor([0, 0]), old_log_probs=old,
+        sum_pi_squared=fields["sum_pi_squared"]))
+    torch.testing.assert_close(got, expected.advantages)
+    assert not torch.allclose(got, unweighted.advantages)  # the weights made a difference
