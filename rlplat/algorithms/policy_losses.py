@@ -47,19 +47,27 @@ from rlplat.registry import Registry
 LOG_RATIO_CLAMP = 20.0  # exp(±20) keeps ratios finite; a token that far off policy is clipped anyway
 
 
-@dataclass(frozen=True)
-class PolicyLossConfig:
+@dataclass
+class PolicyLossOptions:
+    # Options of individual policy losses (docs/algorithms.md); each loss reads only its own. This class is
+    # also the schema of the config section algorithm.policy_loss_options.
+    clip_cov_ratio: float = 2e-4  # clip_cov: share of valid tokens whose gradient is stopped
+    clip_cov_lb: float = 1.0  # clip_cov: candidates have clip_cov_lb < covariance < clip_cov_ub
+    clip_cov_ub: float = 5.0  # clip_cov: upper bound of the candidates' covariance
+    kl_cov_ratio: float = 2e-3  # kl_cov: share of valid tokens penalised (at least one)
+    kl_cov_coef: float = 0.1  # kl_cov: weight of the |logp - old| penalty (verl's ppo_kl_coef default)
+    sapo_tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
+    sapo_tau_neg: float = 1.05  # sapo: gate temperature for negative advantages
+    dro_beta: float = 0.1  # dro: weight of the 1/2 (logp - old)^2 penalty (> 0)
+
+
+@dataclass
+class PolicyLossConfig(PolicyLossOptions):
+    """Everything a policy loss reads: the clip ratios and the losses' own options."""
+
     clip_ratio_low: float = 0.2  # ε_low
     clip_ratio_high: float = 0.2  # ε_high (decoupled: DAPO clip-higher uses 0.28)
     clip_ratio_c: float = 3.0  # dual-clip constant c (> 1), 1912.09729
-    clip_cov_ratio: float = 2e-4  # clip_cov: share of valid tokens whose gradient is stopped
-    clip_cov_lb: float = 1.0  # clip_cov: candidates have clip_cov_lb < cov < clip_cov_ub
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 2e-3  # kl_cov: share of valid tokens that get the |logp − old| penalty
-    kl_cov_coef: float = 0.1  # verl's ppo_kl_coef default; the penalty is |logp − old| on the selected tokens
-    dro_beta: float = 0.1  # dro: weight of the ½(logp − old)² penalty (> 0)
-    sapo_tau_pos: float = 1.0  # SAPO gate temperature for A > 0
-    sapo_tau_neg: float = 1.05  # ... and for A <= 0
 
     def __post_init__(self):
         checks = [

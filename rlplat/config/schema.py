@@ -19,6 +19,8 @@ from typing import Any, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 
+from rlplat.algorithms.policy_losses import PolicyLossOptions
+
 
 def count(default: int | None):
     """A field that counts something (a batch size, a length, a number of steps or workers): validation
@@ -208,19 +210,6 @@ class PFPPOConfig:
     enable: bool = False  # PF-PPO (2409.06957): resample each step's batch by reward after the advantages
     reweight_method: str = "pow"  # pow (|score|^weight_pow) | max_min (batch best and worst) | max_random
     weight_pow: float = 2.0  # exponent of the pow method
-
-
-@dataclass
-class PolicyLossOptions:
-    # Options of individual policy losses (docs/algorithms.md); each loss reads only its own.
-    clip_cov_ratio: float = 2e-4  # clip_cov: share of valid tokens whose gradient is stopped
-    clip_cov_lb: float = 1.0  # clip_cov: candidates have clip_cov_lb < covariance < clip_cov_ub
-    clip_cov_ub: float = 5.0  # clip_cov: upper bound of the candidates' covariance
-    kl_cov_ratio: float = 2e-3  # kl_cov: share of valid tokens penalised (at least one)
-    kl_cov_coef: float = 0.1  # kl_cov: weight of the |logp - old| penalty
-    sapo_tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
-    sapo_tau_neg: float = 1.05  # sapo: gate temperature for negative advantages
-    dro_beta: float = 0.1  # dro: weight of the 1/2 (logp - old)^2 penalty (> 0)
 
 
 @dataclass
