@@ -87,3 +87,16 @@ def test_a_tracker_that_fails_to_start_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("not a directory")
     with pytest.raises(RunError, match=r"^trainer.logger: mlflow failed to start \(\w+: .*\); fix its setup"):
         Tracker(["console", "mlflow"], tmp_path / "out")
+
+
+def test_metrics_jsonl_is_written_whatever_the_loggers(tmp_path):
+    """The report is made from metrics.jsonl: a run that lists only the console still writes it."""
+    from rlplat.utils.report import write_report
+
+    tracker = Tracker(["console"], tmp_path)
+    for step in (1, 2):
+        tracker.log({"score/mean": 0.5 * step, "val/accuracy": 0.25 * step}, step)
+    tracker.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["score/mean"]) for r in rows] == [(1, 0.5), (2, 1.0)]
+    assert (write_report(tmp_path) / "index.html").is_file()

@@ -321,7 +321,8 @@ class TrainerConfig:
     nnodes: int = count(1)  # Ray nodes to place workers on
     workers_per_node: int = count(1)  # actor/rollout/ref workers (one per device) on each node
     device: str = "auto"  # auto | cpu | cuda
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console | jsonl | tensorboard | wandb | mlflow (extras)
+    # console | tensorboard | wandb | mlflow (extras); metrics.jsonl is written whatever this says (jsonl is accepted)
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     progress: str = "auto"  # live progress: auto (rich bar on a terminal, plain lines otherwise) | rich | plain | off
     verbose: bool = False  # also show third-party output (loading bars, deprecation warnings, Ray start-up lines)
     val_samples: int = count(16)  # prompts per validation whose responses go to val_samples.jsonl (prompt, response, score)

@@ -1,4 +1,6 @@
-"""Metrics sinks (``trainer.logger``): console, ``metrics.jsonl`` in the output dir, tensorboard, wandb, mlflow.
+"""Metrics sinks (``trainer.logger``): console, tensorboard, wandb, mlflow; and ``metrics.jsonl`` in the output
+dir, which every run writes whatever the loggers (it is the run's own record: the report is made from it).
+``jsonl`` stays an accepted logger name, with nothing more to switch on.
 
 Every sink takes the step's metrics (:meth:`Tracker.log`) and each validation's samples
 (:meth:`Tracker.log_samples`: prompt, response, score, ...), which the trackers that have tables show as
@@ -143,7 +145,7 @@ class Tracker:
                 raise RunError(problem)
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = (self.output_dir / "metrics.jsonl").open("a") if "jsonl" in self.loggers else None
+        self._jsonl = (self.output_dir / "metrics.jsonl").open("a")  # always: the report reads it
         self._sinks = []
         for name in (name for name in self.loggers if name in SINKS):
             try:
@@ -160,9 +162,8 @@ class Tracker:
         if "console" in self.loggers:
             shown = [f"{k}={_short(clean[k])}" for k in CONSOLE_KEYS if k in clean]
             print(f"[step {step}] " + " ".join(shown), flush=True)
-        if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
-            self._jsonl.flush()
+        self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+        self._jsonl.flush()
         for sink in self._sinks:
             sink.log(clean, step)
 
@@ -173,7 +174,6 @@ class Tracker:
                 sink.log_samples(samples, step)
 
     def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
+        self._jsonl.close()
         for sink in self._sinks:
             sink.close()
