@@ -148,8 +148,8 @@ class Batch:
     from the fields when not given; a Batch without fields needs it.
 
     The tensors are a plain dict rather than a ``TensorDict``: a Batch only ever indexes, selects and
-    concatenates rows, and importing tensordict costs every process that handles batches ~85 MB and
-    ~1 s (it loads torch's compiler stack), the controller included."""
+    concatenates rows, and importing tensordict costs every process that handles batches memory and
+    start-up time (it loads torch's compiler stack), the controller included."""
 
     tensors: dict[str, torch.Tensor]
     non_tensors: dict[str, np.ndarray] = field(default_factory=dict)
@@ -343,9 +343,9 @@ class Batch:
         """Pickle each CPU tensor as a numpy byte array of its own elements, with its dtype and shape.
 
         torch pickles a tensor through its whole storage (a row slice sends every row) and serialises each
-        storage on its own, ~0.1 ms apiece; a numpy array is pickled in one copy, and a protocol-5 pickler
-        (Ray's) passes it out of band. A worker call with a step's batch: ~3 -> ~1.3 ms
-        (benchmarks/ray_calls.py). Tensors on another device keep torch's pickling."""
+        storage on its own; a numpy array is pickled in one copy, and a protocol-5 pickler (Ray's) passes it
+        out of band, so a worker call with a step's batch takes about half the time (benchmarks/ray_calls.py).
+        Tensors on another device keep torch's pickling."""
         packed, other = {}, {}
         for key, value in self.tensors.items():
             if value.device.type == "cpu":  # bytes, so that every dtype (bf16 too) has a numpy form

@@ -130,7 +130,7 @@ class HFRolloutConfig:
     batch_size_seqs_per_worker: int = count(256)  # sequences sampled together on one worker
     use_model_generation_config: bool = False  # let the model's generation_config.json add sampling settings
     # dense Qwen2 / Llama: sample with rlplat's short forward over the model's weights (checked against the
-    # model's forward at start-up; ~2x faster on small models); false = the model's own forward
+    # model's forward at start-up; faster on small models: docs/performance.md); false = the model's own forward
     dense_forward: bool = True
 
 
@@ -318,6 +318,9 @@ class TrainerConfig:
     max_checkpoints: int = 3  # keep the newest N checkpoints; <= 0 = keep all
     nonfinite: str = "stop"  # a NaN/inf loss or grad norm: stop (one line, last checkpoint kept) | skip (warn, go on)
     save_on_signal: bool = True  # on SIGINT/SIGTERM, save a checkpoint after the current step before exiting
+    # also write hf_export/ at every checkpoint; by default it is written once, at the end of the run (any
+    # checkpoint becomes a model with python -m rlplat.tools.export)
+    export_every_save: bool = False
     nnodes: int = count(1)  # Ray nodes to place workers on
     workers_per_node: int = count(1)  # actor/rollout/ref workers (one per device) on each node
     device: str = "auto"  # auto | cpu | cuda

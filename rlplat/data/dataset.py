@@ -20,7 +20,7 @@ import torch
 from rlplat.data.synthetic import DataError
 
 if TYPE_CHECKING:
-    import pandas as pd  # imported where a DataFrame is built: ~60 MB that training never needs
+    import pandas as pd  # imported where a DataFrame is built: memory that training never needs
 
 REQUIRED = ("data_source", "prompt", "reward_model")
 TRUNCATION = ("error", "left", "right", "filter")

@@ -32,7 +32,7 @@ from rlplat.reward.scorers import (
 )
 
 # The manager's names load on first use: the reward worker process imports this package for the scorers
-# and must not pay for torch (~230 MB and a second of start-up per process).
+# and must not pay for torch (its memory and start-up time in every such process).
 _MANAGER_NAMES = ("OverlongShaping", "RewardManager", "ScoreResult", "build_reward_manager", "token_level_scores")
 
 

@@ -200,7 +200,7 @@ class ProcessExecutor:
 
     The worker is a fresh interpreter (``subprocess``, not ``fork``, which would copy Ray's and torch's
     threads) that imports only this module and the reward functions; nor multiprocessing's ``spawn``, which
-    re-imports the controller's whole script and starts a resource-tracker process (~13 MB) as well."""
+    re-imports the controller's whole script and starts a resource-tracker process as well."""
 
     def __init__(self, functions: Sequence[Callable], names: Sequence[str], timeout_s: float):
         if os.environ.get(WORKER_ENV):

@@ -5,7 +5,7 @@
   ``collective_rpc("rlplat_load_weights", bucket)`` (:mod:`rlplat.rollout.vllm_worker`), i.e. the
   model's own ``load_weights`` inside vLLM's layer-wise reload, never a checkpoint on disk. The prefix
   cache is reset after every update. With ``tensor_parallel_size > 1`` vLLM runs its TP workers as
-  processes and the buckets travel through its RPC serialisation (not verified on our machines).
+  processes and the buckets travel through its RPC serialisation (not yet run: it needs several GPUs).
 * Log-probs are vLLM's ``processed_logprobs`` of the sampled token: log-softmax of logits / temperature
   (after top-k/top-p when those are set), the quantity the training engine recomputes.
 * ``rollout.vllm.load_format=dummy`` (the default) starts from random weights and receives the actor's

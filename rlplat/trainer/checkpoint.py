@@ -9,7 +9,8 @@ Layout under ``trainer.output_dir``::
     checkpoints/step_000010/manifest.json size and sha256 of every file above + the run-defining config
                                         (written last: a checkpoint without it is incomplete)
     checkpoints/latest                  name of the newest complete checkpoint (written after the manifest)
-    hf_export/                          the newest actor as safetensors + tokenizer (from_pretrained-ready)
+    hf_export/                          the final actor as safetensors + tokenizer (from_pretrained-ready),
+                                        written at the end of the run (trainer.export_every_save: at every save)
 
 A checkpoint is written into ``.step_000010.partial`` and renamed when complete, so a crash or a full disk
 never leaves a half-written ``step_*`` or moves ``latest``. On resume every file is checked against the
@@ -34,9 +35,11 @@ from rlplat.config.plan import RunPlan
 from rlplat.trainer.components import Components
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import flatten
+from rlplat.workers.roles import EXPORT_TEMP_PREFIX
 
 STEP_DIR = re.compile(r"step_(\d+)")
 MANIFEST = "manifest.json"
+HF_EXPORT = "hf_export"
 # Keys that change what a run means: resuming a checkpoint under different values is refused unless
 # trainer.resume_allow_config_change=true. total_steps is here because it reshapes the LR schedule.
 RUN_DEFINING = ("algorithm", "model.path", "data.train_files", "data.train_batch_size_prompts",
@@ -139,13 +142,32 @@ class Checkpointer:
             raise RunError(f"saving the checkpoint of step {step} to {final} failed "
                            f"({_reason(err)}); {kept}") from err
         self._prune()
-        try:
-            c.actor.export_hf(str(Path(self.cfg.trainer.output_dir) / "hf_export"), c.model_path)
-        except Exception as err:
-            raise RunError(f"the checkpoint of step {step} is saved in {final}, but exporting the model to "
-                           f"hf_export failed ({_reason(err)})") from err
         print(f"[checkpoint] step {step} -> {final}", flush=True)
+        if self.cfg.trainer.export_every_save:
+            self.export(step, c)
         return final
+
+    def export(self, step: int, c: Components) -> Path:
+        """Write the actor as a Hugging Face model to ``<output_dir>/hf_export`` (atomically: a temporary
+        sibling directory renamed over it); a failure is a :class:`RunError` that says the checkpoint is safe."""
+        path = Path(self.cfg.trainer.output_dir) / HF_EXPORT
+        try:
+            c.actor.export_hf(str(path), c.model_path)
+        except Exception as err:
+            latest = self.root / "latest"
+            kept = f"the checkpoint {self.root / latest.read_text().strip()} is intact; " if latest.exists() else ""
+            raise RunError(f"exporting the model of step {step} to {path} failed ({_reason(err)}); {kept}"
+                           f"python -m rlplat.tools.export turns a checkpoint into a model") from err
+        return path
+
+
+def remove_stale_exports(output_dir: str | Path) -> list[Path]:
+    """Delete the temporary export directories a killed run left in ``output_dir`` (an export writes to
+    ``.hf_export-*`` and renames it to ``hf_export`` when complete); returns what was removed."""
+    stale = sorted(Path(output_dir).glob(f"{EXPORT_TEMP_PREFIX}*"))
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
     def _write(self, c: Components, state: dict, path: Path) -> None:
         if path.exists():

@@ -88,7 +88,7 @@ class Components:
         also where ``algorithm.truncated_responses=mask`` cleared the trained tokens)."""
         t = batch.tensors
         generated = t["attention_mask"][:, -t["responses"].shape[1]:].bool().tolist()
-        # plain lists and one batch_decode: ~2.5x faster than indexing and decoding tensor rows one by one
+        # plain lists and one batch_decode: faster than indexing and decoding tensor rows one by one
         ids = [[token for token, keep in zip(row, mask) if keep]
                for row, mask in zip(t["responses"].tolist(), generated)]
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True)

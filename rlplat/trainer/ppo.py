@@ -195,7 +195,8 @@ class PPOTrainer:
         return metrics
 
     def fit(self) -> dict[str, float]:
-        """Train for ``trainer.total_steps`` (from the resumed step), validating and saving on schedule."""
+        """Train for ``trainer.total_steps`` (from the resumed step), validating and saving on schedule; the
+        finished run's actor is exported to ``hf_export`` (a stopped run's checkpoint can be exported)."""
         cfg = self.cfg
         wall = time.perf_counter()
         with stop_on_signals() as stop:  # a signal stops the loop between steps (see rlplat.trainer.signals)
@@ -205,6 +206,8 @@ class PPOTrainer:
                 last_val, saved = self.train_loop(stop)
             if stop.requested and cfg.trainer.save_on_signal and self.step > max(saved, resumed):
                 self.save_checkpoint()
+            if not stop.requested and not (cfg.trainer.export_every_save and saved == self.step):
+                self.checkpoints.export(self.step, self.components)
         if stop.requested:
             self.stopped_by_signal(stop)
         return self.summary(self.initial_val, last_val, time.perf_counter() - wall)
@@ -237,8 +240,9 @@ class PPOTrainer:
         """Raise :class:`Interrupted` with one line saying where the run can be resumed from."""
         root = self.checkpoints.root
         latest = root / "latest"
-        where = (f"the newest checkpoint is {root / latest.read_text().strip()}; run the same command again to "
-                 f"resume (trainer.resume_mode=auto)") if latest.exists() else "no checkpoint was saved"
+        newest = root / latest.read_text().strip() if latest.exists() else None
+        where = (f"the newest checkpoint is {newest}; run the same command again to resume (trainer.resume_mode="
+                 f"auto), or python -m rlplat.tools.export {newest} for its model") if newest else "no checkpoint was saved"
         raise Interrupted(f"stopped by {stop.name} after step {self.step}; {where}", stop.signum)
 
     def summary(self, initial: dict, final: dict, wall_time_s: float) -> dict:

@@ -24,9 +24,10 @@ def load_run_config(overrides: list[str] | None = None) -> tuple[DictConfig, Run
 
 
 # A Ray cluster that rlplat starts itself pre-starts no idle workers (the worker groups start their own,
-# and each idle one would hold ~80 MB for the whole run), and passes call arguments and results up to
+# and each idle one would hold memory for the whole run), and passes call arguments and results up to
 # 4 MiB inside the call message instead of through the shared-memory object store (Ray's default limit is
-# 100 KiB; a step's batch is often larger): ~1 ms less per worker call (benchmarks/ray_calls.py).
+# 100 KiB; a step's batch is often larger), which makes each worker call faster (benchmarks/ray_calls.py;
+# figures in docs/performance.md).
 LOCAL_RAY_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "max_direct_call_object_size": 4 * 2**20}
 
 
@@ -77,10 +78,13 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     from rlplat.trainer.components import build_components
     from rlplat.trainer.ppo import PPOTrainer
 
+    from rlplat.trainer.checkpoint import remove_stale_exports
     from rlplat.trainer.preflight import preflight
 
     trainer_cls = trainer_cls or PPOTrainer
     preflight(cfg, plan)  # output dir, model path, logger packages: one line each, before anything starts
+    for stale in remove_stale_exports(cfg.trainer.output_dir):
+        print(f"[checkpoint] removed {stale}, the unfinished export of an earlier run", flush=True)
     record_run(cfg)
     quiet_env = quiet_third_party(cfg.trainer.verbose)
     model_path = resolve_model_path(cfg)

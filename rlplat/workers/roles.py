@@ -30,6 +30,9 @@ from rlplat.workers.base import Dispatch, Worker, register
 from rlplat.workers.engine_setup import build_rollout_engine, build_training_engine
 
 
+EXPORT_TEMP_PREFIX = ".hf_export-"  # an export is written to such a sibling directory, then renamed
+
+
 def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str, model_cfg: DictConfig,
                     dtype: torch.dtype = torch.float32) -> None:
     """Save ``weights`` (cast to ``dtype``) with ``model_path``'s config and tokenizer as a Hugging Face
@@ -46,7 +49,7 @@ def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str
     model.to(dtype)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".hf_export-", dir=parent)
+    tmp = tempfile.mkdtemp(prefix=EXPORT_TEMP_PREFIX, dir=parent)
     model.save_pretrained(tmp, safe_serialization=True)
     AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_path).save_pretrained(tmp)
     umask = os.umask(0)

@@ -21,12 +21,44 @@ def args(out, steps, val, *extra):
             "actor.optim.lr_schedule=constant", *extra]
 
 
+EXPORTED: dict = {}  # run directory -> the steps exported to hf_export
+
+
+def run_recording_exports(cfg, plan) -> list[int]:
+    """Run, and return the steps whose actor was exported to hf_export (the real export runs)."""
+    exported, real = [], Checkpointer.export
+
+    def export(self, step, components):
+        exported.append(step)
+        return real(self, step, components)
+
+    Checkpointer.export = export
+    try:
+        run(cfg, plan)
+    finally:
+        Checkpointer.export = real
+    return exported
+
+
 @pytest.fixture(scope="module")
 def trained(embedded_cache, small_val, tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt") / "run"
+    (out / ".hf_export-killed").mkdir(parents=True)  # what kill -9 during an export leaves behind
+    (out / ".hf_export-killed" / "model.safetensors").write_bytes(b"half")
     cfg, plan = load_run_config(args(out, 3, small_val))
-    run(cfg, plan)
+    EXPORTED[out] = run_recording_exports(cfg, plan)
     return out
+
+
+def test_the_model_is_exported_once_at_the_end_and_stale_exports_are_removed(trained):
+    assert EXPORTED[trained] == [3]  # three checkpoints (save_freq=1), one export
+    assert (trained / "hf_export" / "model.safetensors").is_file()
+    assert not list(trained.glob(".hf_export-*"))
+
+
+def test_export_every_save(embedded_cache, small_val, tmp_path):
+    cfg, plan = load_run_config(args(tmp_path / "run", 2, small_val, "trainer.export_every_save=true"))
+    assert run_recording_exports(cfg, plan) == [1, 2]
 
 
 def copy(trained, tmp_path):
@@ -36,8 +68,8 @@ def copy(trained, tmp_path):
 
 
 def checkpointer(out, small_val, *extra):
-    cfg, _ = load_run_config(args(out, 3, small_val, *extra))
-    return Checkpointer(cfg)
+    cfg, plan = load_run_config(args(out, 3, small_val, *extra))
+    return Checkpointer(cfg, plan)
 
 
 def test_retention_and_manifest(trained):

@@ -116,7 +116,8 @@ def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cach
     step = int(re.search(r"after step (\d+);", last).group(1))
     ckpt = tmp_path / "out" / "checkpoints" / f"step_{step:06d}"
     assert last == (f"rlplat: stopped by {signal.Signals(signum).name} after step {step}; the newest checkpoint is "
-                    f"{ckpt}; run the same command again to resume (trainer.resume_mode=auto)")
+                    f"{ckpt}; run the same command again to resume (trainer.resume_mode=auto), or python -m "
+                    f"rlplat.tools.export {ckpt} for its model")
     from rlplat.trainer.checkpoint import verify
 
     assert step >= 2 and verify(ckpt) is None
