@@ -160,15 +160,6 @@ class Checkpointer:
                            f"python -m rlplat.tools.export turns a checkpoint into a model") from err
         return path
 
-
-def remove_stale_exports(output_dir: str | Path) -> list[Path]:
-    """Delete the temporary export directories a killed run left in ``output_dir`` (an export writes to
-    ``.hf_export-*`` and renames it to ``hf_export`` when complete); returns what was removed."""
-    stale = sorted(Path(output_dir).glob(f"{EXPORT_TEMP_PREFIX}*"))
-    for path in stale:
-        shutil.rmtree(path, ignore_errors=True)
-    return stale
-
     def _write(self, c: Components, state: dict, path: Path) -> None:
         if path.exists():
             shutil.rmtree(path)
@@ -255,3 +246,12 @@ def _reason(err: BaseException) -> str:
         err = err.__cause__
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[-1] if text else ''}".rstrip(": ")
+
+
+def remove_stale_exports(output_dir: str | Path) -> list[Path]:
+    """Delete the temporary export directories a killed run left in ``output_dir`` (an export writes to
+    ``.hf_export-*`` and renames it to ``hf_export`` when complete); returns what was removed."""
+    stale = sorted(Path(output_dir).glob(f"{EXPORT_TEMP_PREFIX}*"))
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
