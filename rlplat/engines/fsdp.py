@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from rlplat.config.errors import ConfigError
 from rlplat.config.validate import computes_in_bf16
 from rlplat.engines.base import (
-    MIXED_PRECISION, TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended,
+    TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended, check_mixed_precision,
     load_rank_state, save_rank_state,
 )
 from rlplat.engines.dist import DistContext
@@ -64,12 +64,8 @@ class FSDPEngine(TrainingEngine):
     def check_config(cls, cfg, role, world_size, device):
         super().check_config(cfg, role, world_size, device)
         engine_cfg, key = cfg[role].fsdp, f"{role}.fsdp"
-        if engine_cfg.mixed_precision not in MIXED_PRECISION:
-            raise ConfigError(f"{key}.mixed_precision={engine_cfg.mixed_precision!r} is not one of: "
-                              f"{', '.join(MIXED_PRECISION)}")
-        if engine_cfg.mixed_precision == "bf16" and device != "cuda":
-            raise ConfigError(f"{key}.mixed_precision=bf16 needs a GPU (trainer.device resolved to {device}): "
-                              f"on CPU the FSDP engine computes in float32 (auto or none)")
+        check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
+                              "on CPU the FSDP engine computes in float32 (auto or none)")
         if engine_cfg.param_offload and device != "cuda":
             raise ConfigError(f"{key}.param_offload needs a GPU (trainer.device resolved to {device})")
 

@@ -34,8 +34,8 @@ from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
 from rlplat.config.validate import computes_in_bf16
-from rlplat.engines.base import (MIXED_PRECISION, ForwardOutput, ParallelLayout, TrainingEngine, blend_,
-                                 check_blended, load_rank_state, save_rank_state)
+from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, add_metrics, blend_, check_blended,
+                                 check_mixed_precision, load_rank_state, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
 from rlplat.engines.megatron import cpu
 from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_split_dim,
@@ -119,12 +119,8 @@ class MegatronEngine(TrainingEngine):
             data_parallel_size(world_size, tp, pp, model_shape(cfg.model))
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
-        if engine_cfg.mixed_precision not in MIXED_PRECISION:
-            raise ConfigError(f"{key}.mixed_precision={engine_cfg.mixed_precision!r} is not one of: "
-                              f"{', '.join(MIXED_PRECISION)}")
-        if engine_cfg.mixed_precision == "bf16" and device != "cuda":
-            raise ConfigError(f"{key}.mixed_precision=bf16 needs a GPU (trainer.device resolved to {device}): "
-                              f"Megatron-Core's layers compute in bf16 only under CUDA autocast")
+        check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
+                              "Megatron-Core's layers compute in bf16 only under CUDA autocast")
         if engine_cfg.sequence_parallel and tp == 1:
             raise ConfigError(f"{key}.sequence_parallel=true needs {key}.tensor_model_parallel_size > 1 (the "
                               f"sequence is split over the tensor-parallel ranks)")
@@ -302,22 +298,15 @@ class MegatronEngine(TrainingEngine):
 
     @_runs_megatron
     def train_mini_batch(self, micro_batches, loss_fn, *, temperature=1.0, need_entropy=False):
-        if self.optim is None:
-            raise RuntimeError("this engine is frozen (built without an optimizer)")
+        self._check_trainable()
 
         def loss(logits, micro):
             return loss_fn(self._outputs(logits, micro, temperature, need_entropy, False), micro)
 
         metrics: dict[str, float] = {}
         for micro_metrics in self._schedule(micro_batches, loss, forward_only=False):
-            for k, v in micro_metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + v
-        metrics = self._from_last_stage(metrics)
-        self.reduce_gradients()
-        keys = sorted(metrics)
-        summed = dict(zip(keys, self.all_reduce_dp([metrics[k] for k in keys])))
-        summed.update(self.optim.step())
-        return summed
+            add_metrics(metrics, micro_metrics)
+        return self._step_optimizer(self._from_last_stage(metrics))
 
     @_runs_megatron
     def backward(self, loss: torch.Tensor) -> None:
