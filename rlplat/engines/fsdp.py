@@ -1,9 +1,9 @@
 """PyTorch FSDP2 training engine: ``fully_shard`` per decoder layer, then the root module.
 
-fp32 everywhere on CPU (bf16 matmuls are ~80x slower on our AVX2 machines); on GPU fp32 master weights
-with bf16 compute and fp32 gradient reduction (``MixedPrecisionPolicy``), optional CPU offload of
-parameters and optimizer state. The optimizer is :class:`rlplat.engines.optim.Optimizer`. Every worker
-is its own data-parallel replica.
+fp32 everywhere on CPU (bf16 matmul is far slower than fp32 on CPU; measured figures: docs/performance.md);
+on GPU fp32 master weights with bf16 compute and fp32 gradient reduction (``MixedPrecisionPolicy``),
+optional CPU offload of parameters and optimizer state. The optimizer is
+:class:`rlplat.engines.optim.Optimizer`. Every worker is its own data-parallel replica.
 
 Memory: a causal LM with a plain output layer runs as :class:`rlplat.engines.token_head.TokenOutputLM` (its
 own decoder and output layer, under the same names), which computes log-probs, entropy and Σπ² without full
@@ -119,7 +119,7 @@ class FSDPEngine(TrainingEngine):
         else:
             module.to(self.ctx.device)
         if self.ctx.world_size == 1 and "mp_policy" not in kwargs and not self.offloaded:
-            return module  # nothing to shard, cast or offload: FSDP's hooks would only cost time (~5 ms a step)
+            return module  # nothing to shard, cast or offload: FSDP's hooks would only cost time (docs/performance.md)
         # Shard each decoder layer on its own so only one layer's full weights exist at a time.
         for sub in module.modules():
             if type(sub).__name__ in layer_classes:

@@ -6,10 +6,10 @@ Autograd keeps four ``[tokens, ffn]`` tensors of this block per layer until the 
 the hidden width, they are the largest activations of a training forward pass. :class:`_SiluMulDown`
 keeps only ``gate(x)`` and ``up(x)`` and recomputes ``silu`` and the product in the backward pass: two
 elementwise operations over ``[tokens, ffn]``, next to the block's three ``tokens x hidden x ffn``
-matmuls. Its gradients come from the same kernels as autograd's (bit-identical on our machines). The
-recomputation is that of fused SwiGLU kernels (Liger Kernel's ``LigerSiLUMulFunction``: Hsu et al. 2024,
-arXiv:2410.10989), here with the ``down`` projection folded in so that the product is not kept either.
-SwiGLU itself: Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202.
+matmuls. Its gradients come from the same kernels as autograd's (tests/engines/test_gated_mlp.py compares
+them). The recomputation is that of fused SwiGLU kernels (Liger Kernel's ``LigerSiLUMulFunction``: Hsu et
+al. 2024, arXiv:2410.10989), here with the ``down`` projection folded in so that the product is not kept
+either. SwiGLU itself: Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202.
 
 :func:`install_gated_mlp` puts a :class:`GatedMLP` in the place of each such block of a model, through the
 module tree (``setattr`` on its parent). The new module holds the block's own ``gate_proj``, ``up_proj`` and
