@@ -28,3 +28,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 else
   echo "[setup-vllm] $venv is up to date"
 fi
+# An install that leaves vllm unimportable (the torchvision clash above, a half-finished pip) stops here.
+if ! err="$("$venv/bin/python" -c "import vllm" 2>&1)"; then
+  echo "[setup-vllm] vllm does not import in $venv: $(printf '%s\n' "$err" | tail -n 1)" >&2
+  rm -f "$stamp"  # the next run installs again
+  exit 1
+fi

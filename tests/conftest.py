@@ -1,7 +1,36 @@
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
+
+#: Optional packages these tests must find. scripts/test.sh sets RLPLAT_REQUIRE_VLLM=1 for the tests it runs
+#: in the vLLM virtualenv: there a vllm that is missing or does not import fails the run instead of
+#: skipping every vLLM test (a broken install would otherwise go green).
+REQUIRED = ("vllm",) if os.environ.get("RLPLAT_REQUIRE_VLLM") else ()
+
+
+def pytest_sessionstart(session):
+    for package in REQUIRED:  # in a child process: importing vllm here would set its threads for every test
+        done = subprocess.run([sys.executable, "-c", f"import {package}"], capture_output=True, text=True)
+        if done.returncode:
+            why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            pytest.exit(f"RLPLAT_REQUIRE_VLLM is set, but {package} does not import in {sys.executable}: {why}",
+                        returncode=1)
+
+
+@pytest.fixture
+def skip_missing():
+    """``skip_missing(package)`` skips the test because rlplat reports the optional ``package`` not
+    installed, or fails it where the package is required (``REQUIRED``)."""
+
+    def skip(package: str):
+        if package in REQUIRED:
+            pytest.fail(f"rlplat reports {package!r} not installed, but RLPLAT_REQUIRE_VLLM is set", pytrace=False)
+        pytest.skip(f"needs the optional package {package!r}")
+
+    return skip
 
 
 def pytest_collection_modifyitems(config, items):

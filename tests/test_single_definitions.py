@@ -61,7 +61,8 @@ def test_overlong_bound_is_the_shaping_rule(length, ok):
                  "data.max_response_length=8"]
     if ok:
         cfg, _ = load_run_config(overrides)
-        assert reward_manager.build_reward_manager(cfg.reward, cfg.algorithm.overlong_buffer, 8).overlong is not None
+        shaping = reward_manager.build_reward_manager(cfg.reward, cfg.algorithm.overlong_buffer, 8).overlong
+        assert shaping == OverlongShaping(8, length, cfg.algorithm.overlong_buffer.penalty_factor)
         return
     with pytest.raises(ValueError) as runtime:
         OverlongShaping(8, length)

@@ -132,15 +132,23 @@ class TrainingEngine(ABC):
         (``self.optim``, an :class:`~rlplat.engines.optim.Optimizer`; None = frozen engine). Returns the
         loss functions' metrics summed over micro-batches and data-parallel replicas, plus ``grad_norm``
         and ``lr``. A pipeline-parallel engine overrides this with its schedule."""
-        if self.optim is None:
-            raise RuntimeError("this engine is frozen (built without an optimizer)")
+        self._check_trainable()
         metrics: dict[str, float] = {}
         for micro in micro_batches:
             fwd = self.forward(micro, temperature=temperature, need_entropy=need_entropy, grad=True)
             loss, micro_metrics = loss_fn(fwd, micro)
             self.backward(loss)
-            for k, v in micro_metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + v
+            add_metrics(metrics, micro_metrics)
+        return self._step_optimizer(metrics)
+
+    def _check_trainable(self) -> None:
+        if self.optim is None:
+            raise RuntimeError("this engine is frozen (built without an optimizer)")
+
+    def _step_optimizer(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The end of :meth:`train_mini_batch`, once every micro-batch went backward: the gradients summed over
+        the replicas (:meth:`reduce_gradients`), one optimizer step; returns ``metrics`` (this replica's,
+        summed over its micro-batches) summed over the replicas, plus the step's ``grad_norm`` and ``lr``."""
         self.reduce_gradients()
         keys = sorted(metrics)
         summed = dict(zip(keys, self.all_reduce_dp([metrics[k] for k in keys])))
@@ -188,6 +196,21 @@ class TrainingEngine(ABC):
     @property
     @abstractmethod
     def model(self) -> torch.nn.Module: ...
+
+
+def add_metrics(total: dict[str, float], micro: dict[str, float]) -> None:
+    """``total[k] += micro[k]`` for each of a micro-batch's metrics (missing keys start at 0)."""
+    for k, v in micro.items():
+        total[k] = total.get(k, 0.0) + v
+
+
+def check_mixed_precision(value: str, key: str, device: str, on_cpu: str) -> None:
+    """ConfigError unless ``<key>=value`` is one of :data:`MIXED_PRECISION` and, for ``bf16``, the run has a GPU;
+    ``on_cpu`` says why the engine cannot compute in bf16 elsewhere."""
+    if value not in MIXED_PRECISION:
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(MIXED_PRECISION)}")
+    if value == "bf16" and device != "cuda":
+        raise ConfigError(f"{key}=bf16 needs a GPU (trainer.device resolved to {device}): {on_cpu}")
 
 
 def blend_(target: torch.Tensor, source: torch.Tensor, alpha: float) -> None:

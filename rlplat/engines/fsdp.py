@@ -1,11 +1,13 @@
 """PyTorch FSDP2 training engine: ``fully_shard`` per decoder layer, then the root module.
 
-fp32 everywhere on CPU (bf16 matmuls are ~80x slower on our AVX2 machines); on GPU fp32 master weights
-with bf16 compute and fp32 gradient reduction (``MixedPrecisionPolicy``), optional CPU offload of
-parameters and optimizer state. The optimizer is :class:`rlplat.engines.optim.Optimizer`. Every worker
-is its own data-parallel replica.
+fp32 everywhere on CPU (bf16 matmul is far slower than fp32 on CPU; measured figures: docs/performance.md);
+on GPU fp32 master weights with bf16 compute and fp32 gradient reduction (``MixedPrecisionPolicy``),
+optional CPU offload of parameters and optimizer state. The optimizer is
+:class:`rlplat.engines.optim.Optimizer`. Every worker is its own data-parallel replica.
 
-Memory: Llama/Qwen-style MLPs keep half their activations for the backward pass
+Memory: a causal LM with a plain output layer runs as :class:`rlplat.engines.token_head.TokenOutputLM` (its
+own decoder and output layer, under the same names), which computes log-probs, entropy and Σπ² without full
+logits; Llama/Qwen-style MLPs keep half their activations for the backward pass
 (:mod:`rlplat.engines.gated_mlp`); as a plain module (one worker, fp32, no offloading) the gradients and
 AdamW's moments live in flat buffers for the whole run (:func:`rlplat.engines.optim.attach_flat_grads`).
 
@@ -23,14 +25,14 @@ from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
 from rlplat.engines.base import (
-    MIXED_PRECISION, TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended,
+    TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended, check_mixed_precision,
     load_rank_state, save_rank_state,
 )
 from rlplat.engines.dist import DistContext
 from rlplat.engines.gated_mlp import install_gated_mlp
 from rlplat.engines.optim import Optimizer
 from rlplat.engines.packing import PackedBatch
-from rlplat.engines.token_head import HeadRequest, TokenOutputHead
+from rlplat.engines.token_head import TokenOutputLM
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask, response_log_probs
 
@@ -61,12 +63,8 @@ class FSDPEngine(TrainingEngine):
     def check_config(cls, cfg, role, world_size, device):
         super().check_config(cfg, role, world_size, device)
         engine_cfg, key = cfg[role].fsdp, f"{role}.fsdp"
-        if engine_cfg.mixed_precision not in MIXED_PRECISION:
-            raise ConfigError(f"{key}.mixed_precision={engine_cfg.mixed_precision!r} is not one of: "
-                              f"{', '.join(MIXED_PRECISION)}")
-        if engine_cfg.mixed_precision == "bf16" and device != "cuda":
-            raise ConfigError(f"{key}.mixed_precision=bf16 needs a GPU (trainer.device resolved to {device}): "
-                              f"on CPU the FSDP engine computes in float32 (auto or none)")
+        check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
+                              "on CPU the FSDP engine computes in float32 (auto or none)")
         if engine_cfg.param_offload and device != "cuda":
             raise ConfigError(f"{key}.param_offload needs a GPU (trainer.device resolved to {device})")
 
@@ -88,10 +86,12 @@ class FSDPEngine(TrainingEngine):
             _without_dropout(module)  # ... whose dropout stays off: updates see the log-probs the rollout had
         if optim_cfg is None:
             module.requires_grad_(False)
-        self.head = None if value_head else TokenOutputHead.install(module)
         install_gated_mlp(module)  # keeps half of the MLP's activations for the backward pass
         self.vocab_size = module.config.vocab_size
-        self._model = self._shard(module, fsdp_cfg)
+        # log-prob, entropy and sum pi^2 computed in chunks from the last hidden states, without full logits
+        self.chunked_head = not value_head and TokenOutputLM.fits(module)
+        layer_classes = set(getattr(module, "_no_split_modules", None) or ())
+        self._model = self._shard(TokenOutputLM(module) if self.chunked_head else module, fsdp_cfg, layer_classes)
         self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps,
                                flat_state=True) if optim_cfg else None
         self.pack_sequences = fsdp_cfg.pack_sequences and self._packing_matches_padding()
@@ -101,7 +101,9 @@ class FSDPEngine(TrainingEngine):
                   f"<role>.fsdp.pack_sequences=false to skip this check", flush=True)
         self.packing_efficiency()  # the check's tokens are not the run's
 
-    def _shard(self, module: torch.nn.Module, fsdp_cfg: DictConfig) -> torch.nn.Module:
+    def _shard(self, module: torch.nn.Module, fsdp_cfg: DictConfig, layer_classes: set[str]) -> torch.nn.Module:
+        """``module`` as the root of FSDP2, each submodule whose class is named in ``layer_classes`` (the
+        decoder layers) sharded on its own."""
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         on_gpu = self.ctx.device.type == "cuda"
@@ -115,9 +117,8 @@ class FSDPEngine(TrainingEngine):
         else:
             module.to(self.ctx.device)
         if self.ctx.world_size == 1 and "mp_policy" not in kwargs and not self.offloaded:
-            return module  # nothing to shard, cast or offload: FSDP's hooks would only cost time (~5 ms a step)
+            return module  # nothing to shard, cast or offload: FSDP's hooks would only cost time (docs/performance.md)
         # Shard each decoder layer on its own so only one layer's full weights exist at a time.
-        layer_classes = set(getattr(module, "_no_split_modules", None) or ())
         for sub in module.modules():
             if type(sub).__name__ in layer_classes:
                 fully_shard(sub, **kwargs)
@@ -139,26 +140,23 @@ class FSDPEngine(TrainingEngine):
         self.tokens_computed += rows.input_ids.numel()
         device = self.ctx.device
         inputs = {"input_ids": rows.input_ids.to(device), "position_ids": rows.position_ids.to(device),
-                  "attention_mask": t["attention_mask"].to(device) if masked else None, "use_cache": False}
+                  "attention_mask": t["attention_mask"].to(device) if masked else None}
         with torch.set_grad_enabled(grad):
-            if self.value_head:
-                values = self._model(**inputs).logits.reshape(-1)[rows.flat_index.to(device)]
-                return ForwardOutput(values=rows.scatter(values.float()))
-            if self.head is not None:  # log-prob, entropy, sum pi^2 computed in chunks by the output layer
-                self.head.request = HeadRequest(rows.flat_index, rows.targets, temperature, need_entropy,
-                                                need_sum_pi_squared)
-                try:
-                    out = self._model(**inputs).logits.reshape(-1, 3)[rows.flat_index.to(device)]
-                finally:
-                    self.head.request = None
+            if self.chunked_head:
+                out = self._model(**inputs, positions=rows.flat_index.to(device), targets=rows.targets.to(device),
+                                  temperature=temperature, need_entropy=need_entropy,
+                                  need_sum_pi_squared=need_sum_pi_squared)
                 return ForwardOutput(
-                    log_probs=rows.scatter(out[:, 0]),
-                    entropy=rows.scatter(out[:, 1]) if need_entropy else None,
-                    sum_pi_squared=rows.scatter(out[:, 2]) if need_sum_pi_squared else None,
+                    log_probs=rows.scatter(out.log_prob),
+                    entropy=rows.scatter(out.entropy) if need_entropy else None,
+                    sum_pi_squared=rows.scatter(out.sum_pi_squared) if need_sum_pi_squared else None,
                 )
+            if self.value_head:
+                values = self._model(**inputs, use_cache=False).logits.reshape(-1)[rows.flat_index.to(device)]
+                return ForwardOutput(values=rows.scatter(values.float()))
             from rlplat.algorithms import entropy_from_logits
 
-            logits = self._model(**inputs).logits
+            logits = self._model(**inputs, use_cache=False).logits
             logits = logits.reshape(-1, logits.shape[-1])[rows.flat_index.to(device)]
             log_probs, scaled = response_log_probs(logits, rows.targets.to(device), temperature)
             return ForwardOutput(

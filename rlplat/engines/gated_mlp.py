@@ -6,18 +6,22 @@ Autograd keeps four ``[tokens, ffn]`` tensors of this block per layer until the 
 the hidden width, they are the largest activations of a training forward pass. :class:`_SiluMulDown`
 keeps only ``gate(x)`` and ``up(x)`` and recomputes ``silu`` and the product in the backward pass: two
 elementwise operations over ``[tokens, ffn]``, next to the block's three ``tokens x hidden x ffn``
-matmuls. Its gradients come from the same kernels as autograd's (bit-identical on our machines). The
-recomputation is that of fused SwiGLU kernels (Liger Kernel's ``LigerSiLUMulFunction``: Hsu et al. 2024,
-arXiv:2410.10989), here with the ``down`` projection folded in so that the product is not kept either.
-SwiGLU itself: Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202.
+matmuls. Its gradients come from the same kernels as autograd's (tests/engines/test_gated_mlp.py compares
+them). The recomputation is that of fused SwiGLU kernels (Liger Kernel's ``LigerSiLUMulFunction``: Hsu et
+al. 2024, arXiv:2410.10989), here with the ``down`` projection folded in so that the product is not kept
+either. SwiGLU itself: Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202.
 
-:func:`install_gated_mlp` replaces the ``forward`` of each such block of a model in place (the weights,
-their names and the module tree stay as they are), for model types whose MLP is exactly this block.
+:func:`install_gated_mlp` puts a :class:`GatedMLP` in the place of each such block of a model, through the
+module tree (``setattr`` on its parent). The new module holds the block's own ``gate_proj``, ``up_proj`` and
+``down_proj`` layers under those names, so the parameters (the same objects), their names and therefore the
+state dict, checkpoints, export and weight sync stay as they are. Replacing the module, rather than an
+instance's ``forward`` or ``__class__``, keeps every object what it says it is: the model simply holds a
+different, ordinary module there, visible in ``print(model)``, and the block that was replaced is not
+altered. It is installed only for model types whose MLP is exactly this block, and only where the block
+holds nothing else.
 """
 
 from __future__ import annotations
-
-import types
 
 import torch
 import torch.nn.functional as F
@@ -50,25 +54,44 @@ class _SiluMulDown(torch.autograd.Function):
         return grad_gate, grad_up, grad_weight
 
 
-def _gated_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    return _SiluMulDown.apply(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)
+class GatedMLP(torch.nn.Module):
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))`` through :class:`_SiluMulDown`, with the layers of the block
+    it replaces."""
 
+    def __init__(self, gate_proj: torch.nn.Linear, up_proj: torch.nn.Linear, down_proj: torch.nn.Linear):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
-def _is_gated_mlp(module: torch.nn.Module) -> bool:
-    parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
-    return (all(type(part) is torch.nn.Linear for part in parts) and parts[2].bias is None
-            and type(getattr(module, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"))
+    @classmethod
+    def from_module(cls, mlp: torch.nn.Module) -> GatedMLP:
+        replacement = cls(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        replacement.train(mlp.training)
+        return replacement
+
+    @staticmethod
+    def fits(module: torch.nn.Module) -> bool:
+        """Whether ``module`` is exactly this block: three linear layers (``down_proj`` without bias) and SiLU,
+        and nothing else that holds a tensor (so the replacement's state dict is the block's)."""
+        parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+        return (all(type(part) is torch.nn.Linear for part in parts) and parts[2].bias is None
+                and type(getattr(module, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
+                and set(dict(module.named_children())) == {"gate_proj", "up_proj", "down_proj", "act_fn"}
+                and not any(True for _ in module.act_fn.parameters())
+                and not any(True for _ in module.named_parameters(recurse=False))
+                and not any(True for _ in module.named_buffers(recurse=False)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SiluMulDown.apply(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)
 
 
 def install_gated_mlp(model: torch.nn.Module) -> int:
-    """Give each decoder MLP of ``model`` the forward above; returns how many (0 when the model type is not
-    known to use exactly this block; a module that differs from it keeps its own forward)."""
+    """Put a :class:`GatedMLP` in place of each decoder MLP of ``model``; returns how many (0 when the model type
+    is not known to use exactly this block; a module that differs from it stays)."""
     config = model.config
     if getattr(config, "model_type", None) not in GATED_MLP_MODELS or getattr(config, "hidden_act", None) != "silu":
         return 0
-    installed = 0
-    for module in model.modules():
-        if _is_gated_mlp(module):
-            module.forward = types.MethodType(_gated_mlp_forward, module)
-            installed += 1
-    return installed
+    found = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if GatedMLP.fits(child)]
+    for parent, name, child in found:
+        setattr(parent, name, GatedMLP.from_module(child))
+    return len(found)

@@ -14,10 +14,14 @@ Per position with scaled logits ``z = W h / T`` (T = temperature) and ``p = soft
     d log_prob / d z = onehot(target) - p
     d entropy / d z  = -p ⊙ (log p + entropy)
 
-:class:`TokenOutputHead` puts this behind the model's own ``lm_head``: its class is swapped in place (the
-weight, its name and any tie to the input embedding stay as they are), it acts as the plain linear layer
-until a request is set, and then returns the per-position outputs in place of logits. Running inside the
-model's forward keeps FSDP's parameter gathering and gradient hooks exactly as they are.
+:func:`token_outputs` computes them and returns a :class:`TokenOutputs`. :class:`TokenOutputLM` is a Hugging
+Face causal LM whose forward returns them instead of logits: a new module holding the causal LM's own
+decoder (``model``) and output layer (``lm_head``) under the causal LM's names, so the parameters, their
+names (state dict, checkpoints, export, weight sync) and a tie between the output layer and the input
+embedding are unchanged, and nothing of the loaded model is patched. Its forward runs the decoder and then
+:func:`token_outputs` with the output layer's weight, explicitly: as the root module of FSDP2 it is where
+the root's parameters (embedding, final norm, output layer) are gathered before use and where FSDP hooks
+the outputs for the backward pass.
 """
 
 from __future__ import annotations
@@ -93,55 +97,54 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None
 
 
+@dataclass
+class TokenOutputs:
+    """The output layer's per-position results under ``softmax(logits / temperature)``, each ``[N]`` float32."""
+
+    log_prob: torch.Tensor  # log π(target)
+    entropy: torch.Tensor | None = None  # H(π); None when not asked for
+    sum_pi_squared: torch.Tensor | None = None  # Σ_v π_v²; None when not asked for
+
+
 def token_outputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                  need_entropy: bool = False, need_sum_pi_squared: bool = False):
-    """``(log_prob, entropy or None, Σp² or None)`` of ``targets`` ``[N]`` under
-    ``softmax(hidden @ weight.T / temperature)``, all ``[N]`` float32 (see the module docstring)."""
+                  need_entropy: bool = False, need_sum_pi_squared: bool = False) -> TokenOutputs:
+    """The outputs for ``targets`` ``[N]`` under ``softmax(hidden [N, H] @ weight [V, H].T / temperature)``,
+    computed in chunks (see the module docstring)."""
     log_prob, entropy, sum_sq = _ChunkedTokenOutputs.apply(hidden, weight, targets, 1.0 / temperature,
                                                           (need_entropy, need_sum_pi_squared))
-    return log_prob, entropy if need_entropy else None, sum_sq if need_sum_pi_squared else None
+    return TokenOutputs(log_prob, entropy if need_entropy else None, sum_sq if need_sum_pi_squared else None)
 
 
-@dataclass
-class HeadRequest:
-    """What :class:`TokenOutputHead` computes on its next call."""
+class TokenOutputLM(torch.nn.Module):
+    """A causal LM (``model`` = its decoder, ``lm_head`` = its output layer, the very modules of the loaded
+    Hugging Face model) whose forward returns :class:`TokenOutputs` at chosen positions instead of logits."""
 
-    flat_index: torch.Tensor  # [N] positions in the flattened [rows * T] hidden states
-    targets: torch.Tensor  # [N]
-    temperature: float
-    need_entropy: bool
-    need_sum_pi_squared: bool
+    def __init__(self, causal_lm: torch.nn.Module):
+        super().__init__()
+        self.model, self.lm_head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
+        self.config = causal_lm.config
+        self.train(causal_lm.training)
 
+    @staticmethod
+    def fits(causal_lm: torch.nn.Module) -> bool:
+        """Whether ``causal_lm`` computes its logits as exactly ``lm_head(model(...).last_hidden_state)``: a
+        model type known to apply nothing to the output layer's result, made of those two modules only (so
+        this class's parameter names are its), the output layer a bias-free linear layer."""
+        head = causal_lm.get_output_embeddings()
+        return (getattr(causal_lm.config, "model_type", None) in PLAIN_HEAD_MODELS
+                and dict(causal_lm.named_children()) == {"model": causal_lm.get_decoder(), "lm_head": head}
+                and not any(True for _ in causal_lm.named_parameters(recurse=False))
+                and not any(True for _ in causal_lm.named_buffers(recurse=False))
+                and type(head) is torch.nn.Linear and head.bias is None)
 
-class TokenOutputHead(torch.nn.Linear):
-    """An ``lm_head`` (bias-free ``nn.Linear``) that, while ``request`` is set, returns ``[rows, T, 3]``
-    float32 (log-prob, entropy, Σp² at the requested positions; 0 elsewhere) instead of logits."""
-
-    request: HeadRequest | None = None
-
-    @classmethod
-    def install(cls, model: torch.nn.Module) -> TokenOutputHead | None:
-        """Turn ``model``'s output layer into this class in place; None when the model is not known to use
-        its ``lm_head`` output unchanged (then the caller computes from full logits)."""
-        head = model.get_output_embeddings()
-        if getattr(model.config, "model_type", None) not in PLAIN_HEAD_MODELS:
-            return None
-        if type(head) is not torch.nn.Linear or head.bias is not None:
-            return None
-        head.__class__ = cls
-        return head
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        request = self.request
-        if request is None:
-            return super().forward(hidden)
-        rows, width = hidden.shape[:2]
-        flat = hidden.reshape(rows * width, hidden.shape[-1])
-        index = request.flat_index.to(hidden.device)
-        log_prob, entropy, sum_sq = token_outputs(flat[index], self.weight, request.targets.to(hidden.device),
-                                                  request.temperature, request.need_entropy,
-                                                  request.need_sum_pi_squared)
-        columns = [log_prob, entropy if entropy is not None else torch.zeros_like(log_prob),
-                   sum_sq if sum_sq is not None else torch.zeros_like(log_prob)]
-        out = torch.zeros(rows, width, 3, dtype=torch.float32, device=hidden.device)  # not a view: FSDP
-        return out.index_put((index // width, index % width), torch.stack(columns, dim=-1))  # hooks the output
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                positions: torch.Tensor, targets: torch.Tensor, temperature: float, need_entropy: bool = False,
+                need_sum_pi_squared: bool = False) -> TokenOutputs:
+        """``input_ids``, ``position_ids``, ``attention_mask`` ``[rows, T]`` (no mask: packed rows, see
+        :mod:`rlplat.engines.packing`); ``positions`` ``[N]`` index the flattened ``[rows * T]`` positions
+        whose next token is ``targets`` ``[N]``."""
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False).last_hidden_state
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return token_outputs(flat[positions], self.lm_head.weight, targets, temperature, need_entropy,
+                             need_sum_pi_squared)

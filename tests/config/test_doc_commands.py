@@ -1,18 +1,21 @@
 """Every trainer command printed in the README, the docs and ``--help`` passes ``--cfg job`` as written.
 
 A command whose block shows the output ``rlplat: config error: ...`` on the next line must fail with
-exactly that error instead.
+exactly that error instead. Each ``rollout=vllm`` command also trains one step with tiny knobs where vllm
+is installed; scripts/test.sh runs those (``-k vllm``) in the vLLM virtualenv, where a missing vllm fails.
 """
 
 import importlib.util
+import json
 import re
 import shlex
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from rlplat.config import ConfigError
-from rlplat.trainer.run import load_run_config
+from rlplat.trainer.run import load_run_config, run
 from rlplat.trainer.main import USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,32 +53,86 @@ ALL = [c for doc in DOCS for c in commands(doc.read_text(encoding="utf-8"), doc.
 ALL += commands(f"```\n{USAGE}\n```", "--help")
 
 
+# How many trainer commands each document prints. Change it with the docs: a change to how blocks are read
+# that drops (or invents) a command fails here instead of quietly testing fewer commands.
+PRINTED = {"README.md": 4, "concepts.md": 2, "megatron.md": 1, "migrating.md": 3, "options.md": 3,
+           "performance.md": 1, "report.md": 1, "rollout.md": 5, "troubleshooting.md": 7, "--help": 3}
+
+
 def test_the_docs_print_commands():
-    assert len(ALL) >= 5 and any("model.path=" in " ".join(args) for _, args, _ in ALL)
+    found = Counter(where.split(":", 1)[0] for where, _, _ in ALL)
+    assert dict(sorted(found.items())) == dict(sorted(PRINTED.items()))
+    assert sum(expected is not None for *_, expected in ALL) == 5  # commands shown with their config error
 
 
 MISSING = re.compile(r"needs the package '([\w.]+)', which is not installed")
 
 
+def validates(args: list[str], skip_missing) -> None:
+    """``args`` pass start-up validation, or the test skips (fails where required) for a missing engine."""
+    try:
+        load_run_config(args)
+    except ConfigError as err:
+        missing = MISSING.search(str(err))
+        if missing is None:
+            raise
+        skip_missing(missing.group(1))
+
+
 @pytest.mark.parametrize("where, args, expected", ALL, ids=[c[0][:80] for c in ALL])
-def test_documented_command_validates(where, args, expected):
-    """Commands for an optional engine (vLLM) run where its package is installed (CI's vLLM virtualenv
-    runs this test too); the documented "not installed" error is checked where it is not."""
+def test_documented_command_validates(where, args, expected, skip_missing):
+    """Commands for an optional engine (vLLM) run where its package is installed (the vLLM virtualenv runs
+    them in test_documented_vllm_command_runs); the documented "not installed" error is checked where it
+    is not."""
     optional = MISSING.search(expected or "")
     if optional and importlib.util.find_spec(optional.group(1)):
         pytest.skip(f"shows the error of a missing {optional.group(1)!r}, which is installed here")
     if expected is None:
-        try:
-            load_run_config(args)
-        except ConfigError as err:
-            missing = MISSING.search(str(err))
-            if missing is None:
-                raise
-            pytest.skip(f"needs the optional package {missing.group(1)!r}")
+        validates(args, skip_missing)
     else:
         with pytest.raises(ConfigError) as err:
             load_run_config(args)
         assert f"rlplat: config error: {err.value}".startswith(expected)
+
+
+def key(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+# Each documented rollout=vllm command (one of each set of arguments), run for one step with the knobs below
+# replacing its own: its rollout.vllm.* and algorithm settings reach a real vLLM engine. Server mode needs
+# a running server: tests/rollout/test_vllm_server.py runs it; here it is validated only.
+VLLM = list({tuple(args): (where, args) for where, args, expected in ALL
+             if "rollout=vllm" in args and expected is None}.values())
+
+
+def one_step_knobs(model: str, data: str, out: Path) -> list[str]:
+    """A tiny model, 2 prompts x 2 responses of up to 8 tokens, one worker, one step, in-process on CPU."""
+    return [f"model.path={model}", f"data.train_files={data}", f"data.val_files={data}", "data.max_prompt_length=128",
+            "data.max_response_length=8", "data.train_batch_size_prompts=2", "actor.mini_batch_size_prompts=2",
+            "rollout.n=2", "rollout.val_n=1", "actor.micro_batch_size_seqs_per_worker=4",
+            "actor.log_prob_micro_batch_size_seqs_per_worker=4", "ref.log_prob_micro_batch_size_seqs_per_worker=4",
+            "critic.micro_batch_size_seqs_per_worker=4", "trainer.workers_per_node=1", "trainer.nnodes=1",
+            "trainer.total_steps=1", "trainer.test_freq=0", "trainer.device=cpu", "trainer.ray_address=inprocess",
+            f"trainer.output_dir={out}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where, args", VLLM, ids=[w[:80] for w, _ in VLLM])
+def test_documented_vllm_command_runs(where, args, skip_missing, tiny_model_path, small_val, tmp_path):
+    validates(args, skip_missing)  # as written
+    if "rollout.mode=server" in args:
+        return
+    knobs = one_step_knobs(tiny_model_path, small_val, tmp_path)
+    replaced = {key(k) for k in knobs}
+    summary = run(*load_run_config([a for a in args if key(a) not in replaced] + knobs))
+    assert summary["steps"] == 1
+    step = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert step["step"] == 1 and step["timing/generate_s"] > 0 and step["response_length/mean"] > 0
+
+
+def test_the_docs_print_vllm_commands():
+    assert len(VLLM) == 5 and sum("rollout.mode=server" in args for _, args in VLLM) == 1
 
 
 @pytest.mark.parametrize("knob", ["rollout.n=4", "rollout.n=2", "data.train_batch_size_prompts=8",

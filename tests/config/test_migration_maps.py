@@ -126,7 +126,10 @@ def test_the_check_refuses_what_is_not_a_setting():
     assert problem("algorithm.loss_agg_mode=seq-mean-token-sum-norm") is None
     assert problem("algorithm.clip_ratio_c=1e9") is None and problem("data.truncation=filter") is None
     assert "did you mean 'trainer.total_steps'" in problem("trainer.total_step")
-    assert problem("algorithm=grpoo") is not None
-    assert problem("rollout.n=many") is not None
-    assert problem("algorithm.loss_agg_mode=token_mean") is not None
-    assert problem("data.truncation=middle") is not None
+    # each refusal says what is wrong and lists what would be accepted
+    assert re.fullmatch(r"'algorithm=grpoo': presets of 'algorithm' are \(.*'grpo'.*\)", problem("algorithm=grpoo"))
+    assert problem("rollout.n=many") == "'rollout.n=many': Value 'many' of type 'str' could not be converted to Integer"
+    assert re.fullmatch(r"'algorithm.loss_agg_mode=token_mean': algorithm.loss_agg_mode takes one of \(.*'token-mean'.*\)",
+                        problem("algorithm.loss_agg_mode=token_mean"))
+    assert re.fullmatch(r"'data.truncation=middle': data.truncation takes one of \(.*'left'.*\)",
+                        problem("data.truncation=middle"))

@@ -123,8 +123,21 @@ def test_inprocess_critic_values_and_update(tiny_model_path):
         group.shutdown()
 
 
+@pytest.fixture(scope="module")
+def untied_model_path(tmp_path_factory):
+    """The tiny model with an output layer of its own (not the input embedding)."""
+    from rlplat.models.tiny import TinyModelSpec, build_tiny_model
+
+    spec = TinyModelSpec(tie_word_embeddings=False)
+    return str(build_tiny_model(tmp_path_factory.mktemp("untied") / "model", spec, seed=0))
+
+
 @pytest.mark.slow
-def test_two_ray_workers_fsdp_matches_unsharded(ray_cluster, tiny_model_path):
+@pytest.mark.parametrize("weights", ["tied", "untied"])
+def test_two_ray_workers_fsdp_matches_unsharded(ray_cluster, request, weights):
+    """The output layer's weight (tied to the embedding or its own) is a sharded parameter of the root module,
+    gathered by its forward, where the chunked token outputs use it; its gradient is reduced like the rest."""
+    tiny_model_path = request.getfixturevalue("tiny_model_path" if weights == "tied" else "untied_model_path")
     cfg, plan = engine_config(tiny_model_path, workers=2)
     pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
     group = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg, plan=plan)

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Olmo2Config, Olmo2ForCausalLM, Qwen2Config, \
     Qwen2ForCausalLM
 
-from rlplat.engines.gated_mlp import install_gated_mlp
+from rlplat.engines.gated_mlp import GatedMLP, install_gated_mlp
 
 
 def _qwen2(**overrides) -> torch.nn.Module:
@@ -90,4 +90,19 @@ def _olmo2() -> torch.nn.Module:
 def test_only_exactly_this_block_is_replaced(build, expected):
     model = build()
     assert install_gated_mlp(model) == expected
-    assert sum("forward" in vars(module) for module in model.modules()) == expected
+    assert sum(type(module) is GatedMLP for module in model.modules()) == expected
+    assert not any("forward" in vars(module) for module in model.modules())  # no instance is patched
+
+
+def test_the_replacement_keeps_the_parameters_and_their_names(tiny_model_path):
+    """The same parameter objects under the same names: state dicts, checkpoints and weight sync see no change."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    before = dict(model.named_parameters())
+    keys = list(model.state_dict())
+    replaced = [model.model.layers[i].mlp for i in range(model.config.num_hidden_layers)]
+    assert install_gated_mlp(model) == len(replaced)
+    assert dict(model.named_parameters()) == before  # nn.Parameter compares by identity
+    assert list(model.state_dict()) == keys
+    for layer, old in zip(model.model.layers, replaced):
+        assert type(layer.mlp) is GatedMLP and layer.mlp is not old
+        assert type(old).__name__ == "Qwen2MLP" and "forward" not in vars(old)  # the old block is untouched

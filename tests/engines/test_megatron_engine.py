@@ -262,3 +262,86 @@ def test_a_checkpoint_resumes_in_another_parallel_layout(ray_cluster, tiny_model
     assert any((continued[name] - initial[name]).abs().max() > 1e-4 for name in initial)
     for name, tensor in continued.items():
         torch.testing.assert_close(resumed[name], tensor, atol=1e-6, rtol=1e-5)
+
+
+def cuda_only_calls() -> dict[str, object]:
+    """The functions that rlplat.engines.megatron.cpu redirects while Megatron-Core runs on CPU."""
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.tensor_parallel import random
+
+    return {"current_device": torch.cuda.current_device, "synchronize": torch.cuda.synchronize,
+            "Tensor.cuda": torch.Tensor.cuda, "schedules.torch": schedules.torch,
+            "get_rng": random._get_cuda_rng_state, "set_rng": random._set_cuda_rng_state}
+
+
+def assert_originals(originals: dict[str, object]) -> None:
+    now = cuda_only_calls()
+    assert [name for name in originals if now[name] is not originals[name]] == []
+
+
+def test_cpu_redirections_last_only_while_megatron_runs(tiny_model_path):
+    """After the engine is built, scores, trains (forward, backward and the optimizer step in Megatron-Core's
+    schedule, every layer recomputed) and checkpoints, torch and megatron-core hold their own functions
+    again; inside those calls the redirections were in place."""
+    originals = cuda_only_calls()
+    cfg, plan = engine_config(tiny_model_path, extra=megatron(1, recompute=True))
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=True)
+        assert_originals(originals)
+        seen = []  # torch.cuda.current_device() as each forward of the first layer saw it
+        group.worker.actor.model.decoder.layers[0].register_forward_hook(
+            lambda *_: seen.append(torch.cuda.current_device()))
+        torch.manual_seed(0)
+        out = group.generate_sequences(prompt_batch(tiny_model_path))
+        group.compute_log_probs(out)
+        group.compute_ref_log_probs(out)
+        assert_originals(originals)
+        metrics = group.update_actor(with_training_fields(out))[0]
+        assert metrics["grad_norm"] > 0
+        assert_originals(originals)
+        engine = group.worker.actor
+        engine.backward(engine.forward(out, grad=True).log_probs.sum())  # outside the schedule: the same
+        assert_originals(originals)
+        assert seen and set(seen) == {"cpu"}
+        dict(engine.full_weights())
+        assert_originals(originals)
+    finally:
+        group.shutdown()
+    assert_originals(originals)
+
+
+def test_cpu_redirections_nest_and_may_close_out_of_order():
+    from rlplat.engines.megatron import cpu
+
+    originals = cuda_only_calls()
+    outer, inner = cpu.redirected(), cpu.redirected()
+    outer.__enter__()
+    inner.__enter__()
+    assert torch.cuda.current_device() == "cpu"
+    outer.__exit__(None, None, None)
+    assert torch.cuda.current_device() == "cpu"  # the inner block is still open
+    inner.__exit__(None, None, None)
+    assert_originals(originals)
+    with cpu.building():
+        assert torch.ones(1).cuda().device.type == "cpu"
+    assert_originals(originals)
+    assert "cuda" not in vars(torch.Tensor)  # inherited from torch's C base class, as before
+
+
+def test_an_unknown_megatron_core_release_is_one_config_line(monkeypatch):
+    """The CPU support redirects private functions of megatron-core 0.16: another release is refused at
+    start-up, and the redirections refuse to install."""
+    from rlplat.engines.megatron import cpu
+
+    monkeypatch.setattr(cpu, "megatron_version", lambda: "0.17.0")
+    with pytest.raises(ConfigError) as err:
+        load_run_config(["actor.strategy=megatron", "trainer.device=cpu"])
+    assert str(err.value).startswith("actor.strategy=megatron on cpu: megatron-core 0.17.0 is installed; rlplat "
+                                     "runs Megatron-Core on CPU only with 0.16.x"), str(err.value)
+    assert "\n" not in str(err.value)
+    originals = cuda_only_calls()
+    with pytest.raises(RuntimeError, match="megatron-core 0.17.0 is installed"):
+        with cpu.redirected():
+            pass
+    assert_originals(originals)

@@ -41,7 +41,8 @@ def test_chunked_output_layer_equals_full_logits_with_gradients(monkeypatch):
     weight = torch.randn(13, 6, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 13, (9,))
     monkeypatch.setattr(token_head, "CHUNK_BYTES", 4 * 13 * 4)  # chunks of 4 positions
-    log_prob, entropy, sum_sq = token_head.token_outputs(hidden, weight, targets, 0.7, True, True)
+    out = token_head.token_outputs(hidden, weight, targets, 0.7, True, True)
+    log_prob, entropy, sum_sq = out.log_prob, out.entropy, out.sum_pi_squared
     log_p = ((hidden @ weight.T) / 0.7).log_softmax(-1)
     expected = (log_p.gather(-1, targets[:, None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1))
     torch.testing.assert_close(log_prob.double(), expected[0], atol=1e-5, rtol=0)
@@ -52,6 +53,29 @@ def test_chunked_output_layer_equals_full_logits_with_gradients(monkeypatch):
     want = torch.autograd.grad(expected[0] @ weights[0] + expected[1] @ weights[1], (hidden, weight))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
+
+
+def test_token_output_lm_is_the_causal_lms_modules_and_scores_as_it_does(tiny_model_path):
+    """The same modules, parameters and names as the causal LM it is built from (a tied output layer stays
+    tied), and the log-probs and entropy of its full logits; nothing asked for, nothing returned."""
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    assert token_head.TokenOutputLM.fits(plain)
+    lm = token_head.TokenOutputLM(plain)
+    assert lm.model is plain.model and lm.lm_head is plain.lm_head
+    assert list(lm.state_dict()) == list(plain.state_dict())
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight
+    ids = torch.randint(0, plain.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    positions, targets = torch.tensor([3, 8, 12]), torch.tensor([5, 6, 7])
+    position_ids = torch.arange(7).repeat(2, 1)
+    with torch.no_grad():
+        out = lm(ids, position_ids, None, positions, targets, 0.7, need_entropy=True)
+        log_p = (plain(input_ids=ids).logits.reshape(14, -1)[positions] / 0.7).log_softmax(-1)
+    torch.testing.assert_close(out.log_prob, log_p.gather(-1, targets[:, None]).squeeze(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.entropy, -(log_p.exp() * log_p).sum(-1), atol=1e-5, rtol=0)
+    assert out.sum_pi_squared is None
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    assert not token_head.TokenOutputLM.fits(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=30)))
 
 
 def varied_lengths(model_path: str) -> list[str]:
@@ -80,7 +104,7 @@ def rollout_with_varied_lengths(group, model_path):
 
 def test_packed_forward_equals_padded_forward_and_plain_transformers(actor, tiny_model_path):
     engine = actor.worker.actor
-    assert engine.pack_sequences and engine.head is not None
+    assert engine.pack_sequences and engine.chunked_head
     out = rollout_with_varied_lengths(actor, tiny_model_path)
     mask = out.tensors["response_mask"].bool()
     results = {}

@@ -2,16 +2,20 @@
 write trains one rlplat step, and rlplat's reward scores each fixture's reference answer as correct."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from rlplat.data import RLDataset
 from rlplat.reward.scorers import scorer_for
 from rlplat.trainer.run import load_run_config, run
+from rlplat.trainer.sft import ensure_embedded_model
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -27,8 +31,6 @@ def preprocess(script: str, train: str, test: str, out: Path, *extra: str) -> su
 def read_rows(path: Path) -> list[dict]:
     """The rows as rlplat's dataset checks them (this also proves the schema is what the trainer reads)."""
     from transformers import AutoTokenizer
-
-    from rlplat.trainer.sft import ensure_embedded_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_embedded_model())
     data = RLDataset([str(path)], tokenizer, max_prompt_length=512, truncation="error", apply_chat_template=True)
@@ -85,11 +87,19 @@ def test_preprocessor_output_trains_one_step(name, embedded_cache, tmp_path):
         "rollout.n=2", "rollout.val_n=1", "actor.micro_batch_size_seqs_per_worker=2",
         "critic.micro_batch_size_seqs_per_worker=2", "trainer.total_steps=1",
         "trainer.test_freq=0", "trainer.ray_address=inprocess", f"trainer.output_dir={tmp_path / 'out'}",
+        # Both responses of a prompt often score alike (advantage 0, no policy gradient at step 1): the entropy
+        # term gives this data's tokens a gradient whatever they score, and without weight decay only that
+        # gradient can move the weights.
+        "actor.entropy_coeff=0.01", "actor.optim.weight_decay=0",
     ])
     summary = run(cfg, plan)
     assert summary["steps"] == 1
     step = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert step["step"] == 1 and step["actor/grad_norm"] >= 0
+    assert step["step"] == 1 and 0 < step["actor/grad_norm"] < math.inf, step["actor/grad_norm"]
+    before = load_file(str(Path(ensure_embedded_model()) / "model.safetensors"))
+    after = load_file(str(Path(summary["hf_export"]) / "model.safetensors"))
+    assert sorted(after) == sorted(before)
+    assert any(not torch.equal(before[name], after[name]) for name in before)  # the step moved the policy
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path):

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -102,7 +103,8 @@ def _wait_for_step(proc, step):
     raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()[-2000:]}")
 
 
-@pytest.mark.parametrize("signum, ray", [(signal.SIGINT, False), (signal.SIGTERM, False),
+# SIGINT in-process, with the step it finishes pinned: test_ctrl_c_finishes_the_step_in_flight_then_saves_it
+@pytest.mark.parametrize("signum, ray", [(signal.SIGTERM, False),
                                          pytest.param(signal.SIGTERM, True, marks=pytest.mark.slow, id="SIGTERM-ray")])
 def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cache, small_val, tmp_path, signum, ray):
     """In-process and with Ray worker groups (two workers): the run stops between steps, saves, shuts its
@@ -121,6 +123,129 @@ def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cach
     from rlplat.trainer.checkpoint import verify
 
     assert step >= 2 and verify(ckpt) is None
+
+
+HELD_REWARD = '''"""Scores a sample 1 if the answer is in the response; while {hold} exists, a call waits for it to go
+(a slow reward, such as a sandbox or a judge model, that keeps the step from finishing)."""
+import sys
+import time
+from pathlib import Path
+
+HOLD = Path({hold!r})
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if HOLD.exists():
+        print("reward: held", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + 600  # a run the test failed to stop ends by itself
+        while HOLD.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return float(str(ground_truth) in solution_str)
+'''
+
+
+def _start_held(tmp_path, small_val, *extra):
+    """A run (200 steps: far more than a test waits for) whose reward calls wait while ``hold`` exists;
+    its stdout goes to a file, its stderr is read line by line."""
+    hold = tmp_path / "hold"
+    reward = tmp_path / "held_reward.py"
+    reward.write_text(HELD_REWARD.format(hold=str(hold)))
+    # in-process scoring: the reward runs in a thread of the run's own process, so a hard exit ends it too
+    with (tmp_path / "stdout.txt").open("w") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlplat.trainer.main", *SMALL, f"data.val_files={small_val}",
+             "trainer.total_steps=200", f"trainer.output_dir={tmp_path}/out", f"reward.custom_fn.path={reward}",
+             "reward.isolation=inprocess", *extra],
+            stdout=stdout, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return proc, hold
+
+
+def _poll(proc, done, what: str, timeout_s: float = 300):
+    """Wait until ``done()`` (a file the run writes); the bound only ends a test whose run went wrong."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (status {proc.returncode}) before {what}: {proc.stderr.read()[-2000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} after {timeout_s} s")
+        time.sleep(0.1)
+
+
+def _read_until(proc, text: str, seen: list[str]) -> None:
+    """Read the run's stderr up to the first line containing ``text`` (kept in ``seen``)."""
+    for line in proc.stderr:
+        seen.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"the run ended without printing {text!r}: {''.join(seen)[-2000:]}")
+
+
+def _logged_steps(out) -> list[int]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _hold_a_step(proc, hold, out, ready, what: str) -> tuple[int, list[str]]:
+    """Once ``ready()``, hold the run inside a step's reward; returns that step and the stderr read so far."""
+    _poll(proc, ready, what)
+    hold.touch()
+    seen: list[str] = []
+    _read_until(proc, "reward: held", seen)
+    # steps before the held one are logged (metrics are written before a step ends); the held one cannot be
+    return max(_logged_steps(out)) + 1, seen
+
+
+def test_ctrl_c_finishes_the_step_in_flight_then_saves_it(embedded_cache, small_val, tmp_path):
+    """The signal arrives while step k is scoring: step k completes (no later step starts), the signal's
+    checkpoint is step k, one line names it, exit status 130."""
+    proc, hold = _start_held(tmp_path, small_val, "trainer.save_freq=0")  # only the signal saves
+    out = tmp_path / "out"
+    try:
+        step, seen = _hold_a_step(proc, hold, out, lambda: 1 in _logged_steps(out), "step 1 in metrics.jsonl")
+        proc.send_signal(signal.SIGINT)
+        _read_until(proc, "SIGINT received: finishing the current step", seen)
+        hold.unlink()  # the reward returns: the step goes on
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    err = "".join(seen) + err
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    ckpt = out / "checkpoints" / f"step_{step:06d}"
+    assert err.strip().splitlines()[-1] == (
+        f"rlplat: stopped by SIGINT after step {step}; the newest checkpoint is {ckpt}; "
+        f"run the same command again to resume (trainer.resume_mode=auto), or python -m rlplat.tools.export {ckpt} "
+        f"for its model")
+    from rlplat.trainer.checkpoint import verify
+
+    assert _logged_steps(out)[-1] == step  # the held step finished and was logged; none after it started
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", ckpt.name]
+    assert (out / "checkpoints" / "latest").read_text() == ckpt.name and verify(ckpt) is None
+
+
+def test_a_second_ctrl_c_exits_at_once_keeping_the_last_checkpoint(embedded_cache, small_val, tmp_path):
+    """A run held inside step k (a slow reward) gets Ctrl-C; once the run said it will finish the step, a
+    second Ctrl-C exits at once with 130: step k never completes, and the checkpoint of step k-1 stays the
+    newest, complete one. The step cannot end while held, so the second signal cannot race the run's exit."""
+    proc, hold = _start_held(tmp_path, small_val, "trainer.save_freq=1")
+    out = tmp_path / "out"
+    root = out / "checkpoints"
+    try:
+        step, seen = _hold_a_step(proc, hold, out, lambda: (root / "latest").exists(), "a first checkpoint")
+        proc.send_signal(signal.SIGINT)
+        _read_until(proc, "SIGINT received: finishing the current step", seen)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # held, the run would wait 600 s for its reward
+    finally:
+        proc.kill()
+    err = "".join(seen) + err
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == "rlplat: second SIGINT: exiting now", err[-3000:]
+    from rlplat.trainer.checkpoint import verify
+
+    newest = root / (root / "latest").read_text()
+    assert newest.name == f"step_{step - 1:06d}" and verify(newest) is None  # a real save, intact
+    assert max(_logged_steps(out)) == step - 1  # the held step did not finish
+    assert not any(p.name.startswith((f"step_{step:06d}", f".step_{step:06d}")) for p in root.iterdir())
 
 
 def test_a_second_signal_exits_at_once(tmp_path):

@@ -37,6 +37,7 @@ def test_pieces_are_contiguous_within_budget_and_as_many_as_the_fullest_replica_
     assert [int(p.tensors["attention_mask"].sum()) for p in pieces] == [12, 12, 8, 8]  # filled in order
     more = micro_batches(Replicas(other=6), rows_of(lengths), max_seqs=100, max_tokens=12)
     assert len(more) == 6 and all(len(p) > 0 for p in more)  # the other replica needs 6: so do we
+    assert torch.cat([p.tensors["row"] for p in more]).tolist() == list(range(10))  # still every row once, in order
     assert max(int(p.tensors["attention_mask"].sum()) for p in more) <= 12
     alone = micro_batches(Replicas(other=1), rows_of([30, 2, 2]), max_seqs=100, max_tokens=10)
     assert [len(p) for p in alone] == [1, 2]  # a sequence over the budget is a piece of its own

@@ -18,22 +18,25 @@ the data-parallel replicas (:mod:`rlplat.engines.optim`), bf16 compute on a GPU.
 torch.distributed.checkpoint directories of Hugging Face-named slices, so they load into any parallel
 layout (``_checkpoint_state``). docs/megatron.md has the whole picture.
 
-On CPU (tests, small runs) Megatron-Core's CUDA-only calls are pointed at the CPU
-(:mod:`rlplat.engines.megatron.cpu`).
+On CPU (tests, small runs) Megatron-Core's CUDA-only calls are pointed at the CPU for the length of each
+of the engine's calls into it (:mod:`rlplat.engines.megatron.cpu`, entered by :func:`_runs_megatron`),
+and only for a megatron-core release that module was written for.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.engines.base import (MIXED_PRECISION, ForwardOutput, ParallelLayout, TrainingEngine, blend_,
-                                 check_blended, load_rank_state, save_rank_state)
+from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, add_metrics, blend_, check_blended,
+                                 check_mixed_precision, load_rank_state, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
+from rlplat.engines.megatron import cpu
 from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_split_dim,
                                              megatron_from_hf, megatron_name, stage_layers, tp_slice)
 from rlplat.engines.megatron.model import build_gpt_model, no_grad_at
@@ -86,13 +89,21 @@ def _init_parallel_state(tp: int, pp: int, device: torch.device, seed: int) -> N
                 parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
             raise RuntimeError("two Megatron engines in one worker need the same tensor and pipeline parallel sizes")
         return
-    if device.type == "cpu":
-        from rlplat.engines.megatron import cpu
-
-        cpu.use_cpu()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     if device.type == "cuda":
         model_parallel_cuda_manual_seed(seed)
+
+
+def _runs_megatron(method):
+    """``method`` calls into Megatron-Core: on CPU it runs with Megatron-Core's CUDA-only calls redirected
+    (:data:`rlplat.engines.megatron.cpu.redirected`), and they are restored when it returns."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._megatron_context():
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class MegatronEngine(TrainingEngine):
@@ -107,27 +118,39 @@ class MegatronEngine(TrainingEngine):
             data_parallel_size(world_size, tp, pp, model_shape(cfg.model))
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
-        if engine_cfg.mixed_precision not in MIXED_PRECISION:
-            raise ConfigError(f"{key}.mixed_precision={engine_cfg.mixed_precision!r} is not one of: "
-                              f"{', '.join(MIXED_PRECISION)}")
-        if engine_cfg.mixed_precision == "bf16" and device != "cuda":
-            raise ConfigError(f"{key}.mixed_precision=bf16 needs a GPU (trainer.device resolved to {device}): "
-                              f"Megatron-Core's layers compute in bf16 only under CUDA autocast")
+        check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
+                              "Megatron-Core's layers compute in bf16 only under CUDA autocast")
         if engine_cfg.sequence_parallel and tp == 1:
             raise ConfigError(f"{key}.sequence_parallel=true needs {key}.tensor_model_parallel_size > 1 (the "
                               f"sequence is split over the tensor-parallel ranks)")
+        if device != "cuda":
+            try:
+                cpu.check_version()
+            except RuntimeError as err:
+                raise ConfigError(f"{role}.strategy=megatron on {device}: {err}") from None
 
     def __init__(self, model_path: str, model_cfg: DictConfig, engine_cfg: DictConfig, dist_ctx: DistContext,
                  optim_cfg: DictConfig | None = None, total_optimizer_steps: int = 1, value_head: bool = False):
+        self.ctx, self.device = dist_ctx, dist_ctx.device
+        with self._megatron_context():
+            self._build(model_path, model_cfg, engine_cfg, optim_cfg, total_optimizer_steps, value_head)
+
+    def _megatron_context(self) -> contextlib.AbstractContextManager:
+        """What every call into Megatron-Core runs inside: on CPU, :data:`cpu.redirected`; nothing on a GPU."""
+        return cpu.redirected() if self.device.type == "cpu" else contextlib.nullcontext()
+
+    def _build(self, model_path: str, model_cfg: DictConfig, engine_cfg: DictConfig, optim_cfg: DictConfig | None,
+               total_optimizer_steps: int, value_head: bool) -> None:
+        """The model-parallel state, the model with this rank's slice of the Hugging Face weights, and its
+        optimizer."""
         from megatron.core import parallel_state as ps
         from transformers import AutoConfig
 
         tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
-        self.ctx, self.device = dist_ctx, dist_ctx.device
         _init_parallel_state(tp, pp, self.device, seed=0)
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
         self.shape = GPTShape.from_hf_config(hf_config)
-        data_parallel_size(dist_ctx.world_size, tp, pp, self.shape)  # a clear error for sizes that do not fit
+        data_parallel_size(self.ctx.world_size, tp, pp, self.shape)  # a clear error for sizes that do not fit
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), tp
         self.pp_rank, self.pp = ps.get_pipeline_model_parallel_rank(), pp
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pp - 1
@@ -143,12 +166,7 @@ class MegatronEngine(TrainingEngine):
         self.hf_names = list(hf)  # exported under these names (a tied lm_head included, as HF lists it)
         recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1} \
             if engine_cfg.recompute_activations else {}
-        if self.device.type == "cpu":
-            from rlplat.engines.megatron import cpu
-
-            building = cpu.building()
-        else:
-            building = contextlib.nullcontext()
+        building = cpu.building() if self.device.type == "cpu" else contextlib.nullcontext()
         with building:  # the losses carry the global denominators: the schedule must not rescale them
             self._model = build_gpt_model(hf_config, pre_process=self.first_stage, post_process=self.last_stage,
                                           value_head=value_head, tensor_model_parallel_size=tp,
@@ -177,6 +195,7 @@ class MegatronEngine(TrainingEngine):
         return self._model
 
     @property
+    @_runs_megatron
     def layout(self) -> ParallelLayout:
         from megatron.core import parallel_state
 
@@ -223,6 +242,7 @@ class MegatronEngine(TrainingEngine):
         return vocab_parallel_outputs(logits, responses, self.tp_rank * logits.shape[-1], need_entropy,
                                       need_sum_pi_squared)
 
+    @_runs_megatron
     def forward(self, micro: Batch, *, temperature=1.0, need_entropy=False, need_sum_pi_squared=False, grad=False):
         if self.pp > 1:
             raise RuntimeError("a pipeline stage has no outputs of its own: use infer / train_mini_batch")
@@ -263,6 +283,7 @@ class MegatronEngine(TrainingEngine):
                                    group=self.pp_group)
         return box[0]
 
+    @_runs_megatron
     def infer(self, micro_batches, *, temperature=1.0, need_entropy=False, need_sum_pi_squared=False):
         def outputs(logits, micro):
             fwd = self._outputs(logits, micro, temperature, need_entropy, need_sum_pi_squared)
@@ -274,24 +295,23 @@ class MegatronEngine(TrainingEngine):
         merged = {name: torch.cat([r[name] for r in results]) for name in results[0]} if results else None
         return self._from_last_stage(merged)
 
+    @_runs_megatron
     def train_mini_batch(self, micro_batches, loss_fn, *, temperature=1.0, need_entropy=False):
-        if self.optim is None:
-            raise RuntimeError("this engine is frozen (built without an optimizer)")
+        self._check_trainable()
 
         def loss(logits, micro):
             return loss_fn(self._outputs(logits, micro, temperature, need_entropy, False), micro)
 
         metrics: dict[str, float] = {}
         for micro_metrics in self._schedule(micro_batches, loss, forward_only=False):
-            for k, v in micro_metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + v
-        metrics = self._from_last_stage(metrics)
-        self.reduce_gradients()
-        keys = sorted(metrics)
-        summed = dict(zip(keys, self.all_reduce_dp([metrics[k] for k in keys])))
-        summed.update(self.optim.step())
-        return summed
+            add_metrics(metrics, micro_metrics)
+        return self._step_optimizer(self._from_last_stage(metrics))
 
+    @_runs_megatron
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()  # recomputed layers run their forward again here
+
+    @_runs_megatron
     def reduce_gradients(self) -> None:
         """Sum the gradients over the replicas (the losses use global denominators); with sequence
         parallelism, the norms' over the tensor-parallel ranks (each saw its slice of the sequence); with
@@ -334,6 +354,21 @@ class MegatronEngine(TrainingEngine):
         """Gather every tensor-parallel shard (and pipeline stage), convert, and yield Hugging Face weights
         in buckets. Unlike FSDP's stream this holds the full model once per call (a per-layer stream is to
         come)."""
+        hf = self._gathered_hf()
+        bucket, size = [], 0
+        for name, tensor in ((name, hf[name]) for name in self.hf_names):
+            tensor = tensor.to(dtype) if dtype is not None else tensor
+            if bucket and size + tensor.numel() * tensor.element_size() > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+        if bucket:
+            yield bucket
+
+    @_runs_megatron
+    def _gathered_hf(self) -> dict[str, torch.Tensor]:
+        """Every weight, whole, under its Hugging Face name (CPU tensors; collective over the tp and pp groups)."""
         state = self._model.state_dict()
         ranks = [{} for _ in range(self.tp)]  # this stage's Megatron tensors of every tensor-parallel rank
         for name in self.names:
@@ -350,17 +385,9 @@ class MegatronEngine(TrainingEngine):
             hf = {name: t for stage in stages for name, t in stage.items()}
         if "lm_head.weight" in self.hf_names and "lm_head.weight" not in hf:  # tied to the embedding
             hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
-        bucket, size = [], 0
-        for name, tensor in ((name, hf[name]) for name in self.hf_names):
-            tensor = tensor.to(dtype) if dtype is not None else tensor
-            if bucket and size + tensor.numel() * tensor.element_size() > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
-        if bucket:
-            yield bucket
+        return hf
 
+    @_runs_megatron
     def blend_weights(self, buckets, alpha):
         """Collects the full Hugging Face weights, converts them to this rank's tensor-parallel shard and
         blends it (the conversion only moves and slices, so it commutes with the blend)."""
@@ -371,6 +398,7 @@ class MegatronEngine(TrainingEngine):
             for name, tensor in self._from_hf(hf).items():
                 blend_(state[name], tensor.to(self.device), alpha)
 
+    @_runs_megatron
     def close(self) -> None:
         from megatron.core import parallel_state
 
@@ -425,12 +453,14 @@ class MegatronEngine(TrainingEngine):
                                            shape=torch.Size(whole), stride=torch.empty(whole, device="meta").stride())
         return out
 
+    @_runs_megatron
     def save_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp
 
         dcp.save(self._checkpoint_state(), checkpoint_id=path)
         save_rank_state(path, self.ctx.rank, self.optim)
 
+    @_runs_megatron
     def load_checkpoint(self, path: str) -> None:
         """Reads this rank's slices, whatever layout wrote them (and the moments of the weights it steps)."""
         import torch.distributed.checkpoint as dcp
