@@ -119,7 +119,7 @@ class ActorConfig:
     # (every replica runs as many as the fullest needs); None = count sequences (the two keys above)
     micro_batch_max_tokens_per_worker: Optional[int] = None
     ppo_epochs: int = count(1)  # passes over each step's batch
-    shuffle: bool = True  # shuffle sequences before splitting them into mini-batches
+    shuffle: bool = True  # shuffle sequences before splitting them into mini-batches (the critic's update too)
     entropy_coeff: float = 0.0  # entropy bonus in the actor loss
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

@@ -1,9 +1,9 @@
 """The training-engine interface: one model, spread over the workers of a group by the engine's own
 parallelism (FSDP shards it over data-parallel ranks; tensor/pipeline-parallel engines split it too).
 
-An engine owns the micro-batch loop: :meth:`TrainingEngine.infer` runs micro-batches forward and
-:meth:`TrainingEngine.train_mini_batch` runs them forward and backward through a loss function and
-steps the optimizer once (a pipeline-parallel schedule calls the loss itself, so the role cannot drive
+An engine owns the micro-batch loop: given a batch and how to split it (:class:`MicroBatching`),
+:meth:`TrainingEngine.infer` runs its micro-batches forward and :meth:`TrainingEngine.train_mini_batch`
+runs them forward and backward through a loss function and steps the optimizer once (a pipeline-parallel schedule calls the loss itself, so the role cannot drive
 forward and backward). The loss is computed by the role that owns the engine
 (:mod:`rlplat.workers.actor_loss`), so engines know nothing about RL algorithms. Engines report where a
 worker sits in their layout (:class:`ParallelLayout`): the controller splits batches by data-parallel
@@ -44,6 +44,15 @@ class ForwardOutput:
     entropy: torch.Tensor | None = None  # entropy of π(· | prefix) at each response position
     values: torch.Tensor | None = None  # critic value V(prefix before the token)
     sum_pi_squared: torch.Tensor | None = None  # Σ_v π(v | prefix)² at each response position (optimal baselines)
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How an engine splits a batch into micro-batches: ``max_seqs`` rows each, or, with ``max_tokens``, pieces
+    of at most that many real tokens (see :func:`micro_batches`)."""
+
+    max_seqs: int
+    max_tokens: int | None = None
 
 
 #: what ``train_mini_batch`` calls per micro-batch: ``loss_fn(fwd, micro) -> (scalar loss, {metric: value})``
@@ -109,13 +118,13 @@ class TrainingEngine(ABC):
         engine whose wrapper already did, such as FSDP's, keeps this no-op)."""
 
     def infer(
-        self, micro_batches: Iterable[Batch], *, temperature: float = 1.0, need_entropy: bool = False,
+        self, batch: Batch, *, split: MicroBatching, temperature: float = 1.0, need_entropy: bool = False,
         need_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """No-grad forward over the micro-batches; the non-empty :class:`ForwardOutput` fields,
-        concatenated over the micro-batches as float32 CPU tensors ``[rows, response_len]`` by name."""
+        """No-grad forward over ``batch`` in micro-batches (``split``); the non-empty :class:`ForwardOutput`
+        fields, concatenated as float32 CPU tensors ``[rows, response_len]`` by name."""
         outputs: dict[str, list[torch.Tensor]] = {}
-        for micro in micro_batches:
+        for micro in micro_batches(self, batch, split):
             fwd = self.forward(micro, temperature=temperature, need_entropy=need_entropy,
                                need_sum_pi_squared=need_sum_pi_squared)
             for name in ("log_probs", "entropy", "values", "sum_pi_squared"):
@@ -124,17 +133,18 @@ class TrainingEngine(ABC):
         return {name: torch.cat(parts) for name, parts in outputs.items()}
 
     def train_mini_batch(
-        self, micro_batches: Iterable[Batch], loss_fn: LossFn, *, temperature: float = 1.0,
+        self, mini: Batch, loss_fn: LossFn, *, split: MicroBatching, temperature: float = 1.0,
         need_entropy: bool = False,
     ) -> dict[str, float]:
-        """Forward and backward every micro-batch through ``loss_fn`` (its losses already scaled with the
-        mini-batch's global denominators, so they add up to the mini-batch loss), then one optimizer step
+        """Forward and backward every micro-batch of ``mini`` (``split``) through ``loss_fn`` (its losses already
+        scaled with the mini-batch's global denominators, so they add up to the mini-batch loss), then one
+        optimizer step
         (``self.optim``, an :class:`~rlplat.engines.optim.Optimizer`; None = frozen engine). Returns the
         loss functions' metrics summed over micro-batches and data-parallel replicas, plus ``grad_norm``
         and ``lr``. A pipeline-parallel engine overrides this with its schedule."""
         self._check_trainable()
         metrics: dict[str, float] = {}
-        for micro in micro_batches:
+        for micro in micro_batches(self, mini, split):
             fwd = self.forward(micro, temperature=temperature, need_entropy=need_entropy, grad=True)
             loss, micro_metrics = loss_fn(fwd, micro)
             self.backward(loss)
@@ -211,6 +221,33 @@ def check_mixed_precision(value: str, key: str, device: str, on_cpu: str) -> Non
         raise ConfigError(f"{key}={value!r} is not one of: {', '.join(MIXED_PRECISION)}")
     if value == "bf16" and device != "cuda":
         raise ConfigError(f"{key}=bf16 needs a GPU (trainer.device resolved to {device}): {on_cpu}")
+
+
+def micro_batches(engine: TrainingEngine, batch: Batch, split: MicroBatching) -> list[Batch]:
+    """``engine``'s micro-batches of ``batch`` (this replica's rows): ``split.max_seqs`` rows each, or, with a token
+    budget, contiguous pieces of at most ``split.max_tokens`` real tokens (prompt + response; a longer
+    sequence is a piece of its own), filled in order. Every data-parallel replica runs as many pieces as the
+    fullest needs (the engines' collectives, such as FSDP's gathers, pair up forward passes): a replica that
+    needs fewer halves its largest pieces."""
+    if split.max_tokens is None:
+        return batch.split(split.max_seqs)
+    lengths = batch.tensors["attention_mask"].sum(-1).tolist()
+    pieces: list[list[int]] = [[]]  # row indices
+    used = 0  # tokens in the last piece
+    for row, length in enumerate(lengths):
+        if pieces[-1] and used + length > split.max_tokens:
+            pieces.append([])
+            used = 0
+        pieces[-1].append(row)
+        used += length
+    count = int(engine.all_reduce_dp([len(pieces)], op="max")[0])
+    if count > len(batch):
+        raise RuntimeError(f"{count} micro-batches for {len(batch)} rows: replicas hold different row counts")
+    while len(pieces) < count:  # halve the piece with the most tokens among those of 2+ rows
+        at = max((i for i, p in enumerate(pieces) if len(p) > 1), key=lambda i: sum(lengths[r] for r in pieces[i]))
+        half = len(pieces[at]) // 2
+        pieces[at:at + 1] = [pieces[at][:half], pieces[at][half:]]
+    return [batch[p[0]:p[-1] + 1] for p in pieces]
 
 
 def blend_(target: torch.Tensor, source: torch.Tensor, alpha: float) -> None:

@@ -13,7 +13,7 @@ AdamW's moments live in flat buffers for the whole run (:func:`rlplat.engines.op
 
 Gradients: FSDP averages gradients over the data-parallel ranks, while rlplat's losses are normalised by
 global (whole mini-batch) denominators and must be *summed* over ranks;
-:meth:`FSDPEngine.train_mini_batch` therefore multiplies the loss by the data-parallel size.
+:meth:`FSDPEngine.backward` therefore multiplies the loss by the data-parallel size.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from rlplat.algorithms import LossDenominators
 from rlplat.config.plan import RunPlan
-from rlplat.engines import ParallelLayout, TrainingEngine
+from rlplat.engines import MicroBatching, ParallelLayout, TrainingEngine
 from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
 from rlplat.rollout.base import NonFiniteLogitsError
@@ -60,37 +60,11 @@ def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str
     os.replace(tmp, path)
 
 
-def micro_batches(engine: TrainingEngine, batch: Batch, max_seqs: int, max_tokens: int | None) -> list[Batch]:
-    """This worker's micro-batches of ``batch``: ``max_seqs`` rows each, or, with a token budget, contiguous
-    pieces of at most ``max_tokens`` real tokens (prompt + response; a longer sequence is a piece of its
-    own), filled in order. Every data-parallel replica runs as many pieces as the fullest needs (the
-    engines' collectives, such as FSDP's gathers, pair up forward passes): a replica that needs fewer
-    halves its largest pieces."""
-    if max_tokens is None:
-        return batch.split(max_seqs)
-    lengths = batch.tensors["attention_mask"].sum(-1).tolist()
-    pieces: list[list[int]] = [[]]  # row indices
-    used = 0  # tokens in the last piece
-    for row, length in enumerate(lengths):
-        if pieces[-1] and used + length > max_tokens:
-            pieces.append([])
-            used = 0
-        pieces[-1].append(row)
-        used += length
-    count = int(engine.all_reduce_dp([len(pieces)], op="max")[0])
-    if count > len(batch):
-        raise RuntimeError(f"{count} micro-batches for {len(batch)} rows: replicas hold different row counts")
-    while len(pieces) < count:  # halve the piece with the most tokens among those of 2+ rows
-        at = max((i for i, p in enumerate(pieces) if len(p) > 1), key=lambda i: sum(lengths[r] for r in pieces[i]))
-        half = len(pieces[at]) // 2
-        pieces[at:at + 1] = [pieces[at][:half], pieces[at][half:]]
-    return [batch[p[0]:p[-1] + 1] for p in pieces]
-
-
 def reference_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -> Batch:
-    micro = micro_batches(engine, batch, cfg.ref.log_prob_micro_batch_size_seqs_per_worker,
+    split = MicroBatching(cfg.ref.log_prob_micro_batch_size_seqs_per_worker,
                           cfg.ref.log_prob_micro_batch_max_tokens_per_worker)
-    return Batch.from_dict({"ref_log_probs": engine.infer(micro, temperature=batch.meta["temperature"])["log_probs"]})
+    return Batch.from_dict({"ref_log_probs": engine.infer(batch, split=split,
+                                                          temperature=batch.meta["temperature"])["log_probs"]})
 
 
 class _Role(Worker):
@@ -103,15 +77,16 @@ class _Role(Worker):
         super().__init__(rank, world_size, device)
         self.cfg, self.plan = cfg, plan
 
-    def _train(self, engine: TrainingEngine, batch: Batch, epochs: int, mini_size: int, micro_size: int, loss_fn,
-               max_tokens: int | None = None, **forward) -> dict[str, float]:
-        """``epochs`` passes of mini-batches of ``mini_size`` rows (this worker's share), each split in
-        micro-batches of ``micro_size`` rows or ``max_tokens`` tokens (:func:`micro_batches`); one
-        optimizer step per mini-batch. ``loss_fn(fwd, micro, denominators)`` gets the mini-batch's global
-        token and sequence counts. Returns mean metrics."""
+    def _train(self, engine: TrainingEngine, batch: Batch, epochs: int, mini_size: int, split: MicroBatching,
+               loss_fn, **forward) -> dict[str, float]:
+        """``epochs`` passes of mini-batches of ``mini_size`` rows (this worker's share), each split by the
+        engine into micro-batches (``split``); one optimizer step per mini-batch. ``loss_fn(fwd, micro,
+        denominators)`` gets the mini-batch's global token and sequence counts. Returns mean metrics."""
         totals: dict[str, float] = {}
         steps = 0
         # one permutation per replica: its tensor-parallel ranks must see the same rows in the same order
+        # (seed + step + replica can repeat across steps and replicas; their batches differ, so no two
+        # replicas of one step share an order with the same rows)
         replica = engine.layout.dp_rank
         gen = torch.Generator().manual_seed(self.cfg.trainer.seed + batch.meta.get("step", 0) + replica)
         for _ in range(epochs):
@@ -119,9 +94,8 @@ class _Role(Worker):
             for mini in data.split(mini_size):
                 local = LossDenominators.from_mask(mini.tensors["response_mask"])
                 denominators = LossDenominators(*engine.all_reduce_dp([local.num_tokens, local.num_seqs]))
-                metrics = engine.train_mini_batch(
-                    micro_batches(engine, mini, micro_size, max_tokens),
-                    lambda fwd, micro: loss_fn(fwd, micro, denominators), **forward)
+                metrics = engine.train_mini_batch(mini, lambda fwd, micro: loss_fn(fwd, micro, denominators),
+                                                  split=split, **forward)
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v
                 steps += 1
@@ -271,11 +245,10 @@ class ActorRolloutRefWorker(_Role):
         """``old_log_probs`` ``[B, R]`` under the current actor, with ``sum_pi_squared`` when the advantage
         estimator reads it and ``entropy`` when asked (the trainer does not: the update reports the entropy
         of the same policy, and at a large vocabulary it costs another pass over each token's logits)."""
-        out = self.actor.infer(
-            micro_batches(self.actor, batch, self.cfg.actor.log_prob_micro_batch_size_seqs_per_worker,
-                          self.cfg.actor.micro_batch_max_tokens_per_worker), temperature=batch.meta["temperature"],
-            need_entropy=entropy, need_sum_pi_squared=self.plan.estimator.needs_sum_pi_squared,
-        )
+        actor = self.cfg.actor
+        split = MicroBatching(actor.log_prob_micro_batch_size_seqs_per_worker, actor.micro_batch_max_tokens_per_worker)
+        out = self.actor.infer(batch, split=split, temperature=batch.meta["temperature"], need_entropy=entropy,
+                               need_sum_pi_squared=self.plan.estimator.needs_sum_pi_squared)
         out["old_log_probs"] = out.pop("log_probs")
         return Batch.from_dict(out)
 
@@ -294,9 +267,8 @@ class ActorRolloutRefWorker(_Role):
 
         # the entropy metric is always reported; it gets a gradient only with a coefficient
         self.actor.packing_efficiency()  # count this update's forward passes only
-        metrics = self._train(self.actor, batch, cfg.actor.ppo_epochs, self._mini_batch_rows(batch),
-                              cfg.actor.micro_batch_size_seqs_per_worker, loss_fn,
-                              cfg.actor.micro_batch_max_tokens_per_worker,
+        split = MicroBatching(cfg.actor.micro_batch_size_seqs_per_worker, cfg.actor.micro_batch_max_tokens_per_worker)
+        metrics = self._train(self.actor, batch, cfg.actor.ppo_epochs, self._mini_batch_rows(batch), split, loss_fn,
                               temperature=batch.meta["temperature"], need_entropy=True)
         metrics["perf/packing_efficiency"] = self.actor.packing_efficiency()
         self.weights_stale = True  # sent to the rollout engine at the next rollout
@@ -367,9 +339,7 @@ class CriticWorker(_Role):
 
     @register(Dispatch.DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:
-        critic = self.cfg.critic
-        out = self.critic.infer(micro_batches(self.critic, batch, critic.micro_batch_size_seqs_per_worker,
-                                              critic.micro_batch_max_tokens_per_worker))
+        out = self.critic.infer(batch, split=self._critic_split())
         return Batch.from_dict({"values": out["values"] * batch.tensors["response_mask"]})
 
     @register(Dispatch.DP_SPLIT_EXACT)
@@ -380,8 +350,11 @@ class CriticWorker(_Role):
             return critic_loss(fwd, micro, cfg.algorithm, cfg.critic.cliprange_value, denominators, self.plan.loss_scale_factor)
 
         return self._train(self.critic, batch, cfg.critic.ppo_epochs, self._mini_batch_rows(batch),
-                           cfg.critic.micro_batch_size_seqs_per_worker, loss_fn,
-                           cfg.critic.micro_batch_max_tokens_per_worker)
+                           self._critic_split(), loss_fn)
+
+    def _critic_split(self) -> MicroBatching:
+        critic = self.cfg.critic
+        return MicroBatching(critic.micro_batch_size_seqs_per_worker, critic.micro_batch_max_tokens_per_worker)
 
 
 class SFTWorker(_Role):
@@ -404,7 +377,8 @@ class SFTWorker(_Role):
     @register(Dispatch.DP_SPLIT_EXACT)
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised step on teacher-forced responses: token-mean negative log-likelihood."""
-        return self._train(self.actor, batch, 1, len(batch), self.cfg.actor.micro_batch_size_seqs_per_worker, sft_loss)
+        return self._train(self.actor, batch, 1, len(batch), MicroBatching(self.cfg.actor.micro_batch_size_seqs_per_worker),
+                           sft_loss)
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str, model_path: str) -> None:

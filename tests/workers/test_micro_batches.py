@@ -9,7 +9,8 @@ from rlplat.config import ConfigError
 from rlplat.trainer.run import load_run_config
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.protocol import Batch
-from rlplat.workers.roles import ActorRolloutRefWorker, micro_batches
+from rlplat.engines.base import MicroBatching, micro_batches
+from rlplat.workers.roles import ActorRolloutRefWorker
 from workers.helpers import engine_config, prompt_batch, with_training_fields
 
 
@@ -32,16 +33,16 @@ def rows_of(lengths: list[int]) -> Batch:
 
 def test_pieces_are_contiguous_within_budget_and_as_many_as_the_fullest_replica_needs():
     lengths = [9, 1, 1, 1, 6, 6, 3, 3, 2, 8]  # 40 tokens
-    pieces = micro_batches(Replicas(other=1), rows_of(lengths), max_seqs=100, max_tokens=12)
+    pieces = micro_batches(Replicas(other=1), rows_of(lengths), MicroBatching(100, 12))
     assert torch.cat([p.tensors["row"] for p in pieces]).tolist() == list(range(10))  # in order, every row once
     assert [int(p.tensors["attention_mask"].sum()) for p in pieces] == [12, 12, 8, 8]  # filled in order
-    more = micro_batches(Replicas(other=6), rows_of(lengths), max_seqs=100, max_tokens=12)
+    more = micro_batches(Replicas(other=6), rows_of(lengths), MicroBatching(100, 12))
     assert len(more) == 6 and all(len(p) > 0 for p in more)  # the other replica needs 6: so do we
     assert torch.cat([p.tensors["row"] for p in more]).tolist() == list(range(10))  # still every row once, in order
     assert max(int(p.tensors["attention_mask"].sum()) for p in more) <= 12
-    alone = micro_batches(Replicas(other=1), rows_of([30, 2, 2]), max_seqs=100, max_tokens=10)
+    alone = micro_batches(Replicas(other=1), rows_of([30, 2, 2]), MicroBatching(100, 10))
     assert [len(p) for p in alone] == [1, 2]  # a sequence over the budget is a piece of its own
-    assert [len(p) for p in micro_batches(Replicas(other=1), rows_of(lengths), max_seqs=4, max_tokens=None)] == [4, 4, 2]
+    assert [len(p) for p in micro_batches(Replicas(other=1), rows_of(lengths), MicroBatching(4, None))] == [4, 4, 2]
 
 
 def test_a_token_budget_gives_the_same_update_as_sequence_counts(tiny_model_path):
@@ -55,7 +56,7 @@ def test_a_token_budget_gives_the_same_update_as_sequence_counts(tiny_model_path
             torch.manual_seed(0)
             batch = with_training_fields(group.generate_sequences(prompt_batch(tiny_model_path)))
             if budget is not None:  # several micro-batches, none over the budget
-                pieces = micro_batches(group.worker.actor, batch, 100, budget)
+                pieces = micro_batches(group.worker.actor, batch, MicroBatching(100, budget))
                 assert len(pieces) > 2 and max(int(p.tensors["attention_mask"].sum()) for p in pieces) <= budget
             group.update_actor(batch)
             weights[budget] = dict(group.worker.actor.full_weights())
@@ -92,7 +93,7 @@ def test_replicas_that_need_different_counts_run_the_same_number(ray_cluster, ti
         out.pop(["response_mask", "attention_mask"])
         out = out.union(Batch.from_dict({"response_mask": response_mask,
                                          "attention_mask": torch.cat([prompt_mask, response_mask], dim=1)}))
-        counts = [len(micro_batches(Replicas(other=1), out[rows], 100, budget)) for rows in (slice(0, 4), slice(4, 8))]
+        counts = [len(micro_batches(Replicas(other=1), out[rows], MicroBatching(100, budget))) for rows in (slice(0, 4), slice(4, 8))]
         assert counts[0] < counts[1], counts
         train = with_training_fields(out)
         group.update_actor(train)  # would hang if the replicas ran different numbers of forward passes

@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
 from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, add_metrics, blend_, check_blended,
-                                 check_mixed_precision, load_rank_state, save_rank_state)
+                                 check_mixed_precision, load_rank_state, micro_batches, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
 from rlplat.engines.megatron import cpu
 from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_split_dim,
@@ -249,13 +249,13 @@ class MegatronEngine(TrainingEngine):
         with torch.set_grad_enabled(grad):
             return self._outputs(self._stage_forward(micro), micro, temperature, need_entropy, need_sum_pi_squared)
 
-    def _schedule(self, micro_batches, per_micro, forward_only: bool) -> list:
-        """Run ``micro_batches`` through Megatron-Core's forward(-backward) schedule (pipelined when pp > 1);
+    def _schedule(self, pieces: list[Batch], per_micro, forward_only: bool) -> list:
+        """Run the micro-batches ``pieces`` through Megatron-Core's forward(-backward) schedule (pipelined when pp > 1);
         ``per_micro(logits, micro) -> (scalar loss, result)`` runs on the last stage, whose results are
         returned in order (an empty list on the other stages)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        micros = list(micro_batches)
+        micros = list(pieces)
 
         def step(data_iterator, model):
             micro = next(data_iterator)
@@ -284,26 +284,26 @@ class MegatronEngine(TrainingEngine):
         return box[0]
 
     @_runs_megatron
-    def infer(self, micro_batches, *, temperature=1.0, need_entropy=False, need_sum_pi_squared=False):
+    def infer(self, batch, *, split, temperature=1.0, need_entropy=False, need_sum_pi_squared=False):
         def outputs(logits, micro):
             fwd = self._outputs(logits, micro, temperature, need_entropy, need_sum_pi_squared)
             return logits.new_zeros(()), {name: value.float().cpu() for name, value in vars(fwd).items()
                                           if value is not None}
 
         with torch.no_grad():
-            results = self._schedule(micro_batches, outputs, forward_only=True)
+            results = self._schedule(micro_batches(self, batch, split), outputs, forward_only=True)
         merged = {name: torch.cat([r[name] for r in results]) for name in results[0]} if results else None
         return self._from_last_stage(merged)
 
     @_runs_megatron
-    def train_mini_batch(self, micro_batches, loss_fn, *, temperature=1.0, need_entropy=False):
+    def train_mini_batch(self, mini, loss_fn, *, split, temperature=1.0, need_entropy=False):
         self._check_trainable()
 
         def loss(logits, micro):
             return loss_fn(self._outputs(logits, micro, temperature, need_entropy, False), micro)
 
         metrics: dict[str, float] = {}
-        for micro_metrics in self._schedule(micro_batches, loss, forward_only=False):
+        for micro_metrics in self._schedule(micro_batches(self, mini, split), loss, forward_only=False):
             add_metrics(metrics, micro_metrics)
         return self._step_optimizer(self._from_last_stage(metrics))
 
