@@ -67,7 +67,7 @@ class PackedBatch:
         bins = first_fit_decreasing(lengths_list, capacity)
         starts = [0] * batch  # where each sequence starts in the flattened rows
         used = []  # the tokens each row holds
-        for row, members in enumerate(bins):  # plain ints: a tensor write per sequence cost ~10 us each
+        for row, members in enumerate(bins):  # plain ints: a tensor write per sequence is slow (docs/performance.md)
             offset = row * capacity
             for b in members:
                 starts[b] = offset
