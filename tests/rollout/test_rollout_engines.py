@@ -144,3 +144,30 @@ def test_hf_sampling_restricts_logits_as_transformers_warpers_do(top_k, top_p):
     got = restrict_logits(scaled, SamplingParams(max_new_tokens=1, top_k=top_k, top_p=top_p))
     assert torch.equal(torch.isinf(got), torch.isinf(expected))
     torch.testing.assert_close(got.softmax(-1), expected.softmax(-1))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["sampled", "greedy"])
+@pytest.mark.parametrize("dense_forward", [True, False], ids=["dense", "model-forward"])
+def test_nan_logits_raise_a_typed_error_also_when_greedy(tiny_model_path, tmp_path, temperature, dense_forward):
+    """NaN weights give NaN logits: the hf engine raises NonFiniteLogitsError whether it samples (where torch
+    would fail on its own) or decodes greedily (where argmax would silently pick a token)."""
+    from transformers import AutoTokenizer
+
+    from rlplat.rollout.base import NonFiniteLogitsError, RolloutSetup, SamplingParams
+    from rlplat.rollout.hf import HFRolloutEngine
+    from rlplat.trainer.run import load_run_config
+
+    broken = tmp_path / "nan-model"
+    shutil.copytree(tiny_model_path, broken)
+    model = AutoModelForCausalLM.from_pretrained(broken)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    model.save_pretrained(broken)
+    tok = AutoTokenizer.from_pretrained(broken)
+    setup = RolloutSetup(model_path=str(broken), tokenizer_path=str(broken), device=torch.device("cpu"),
+                         dtype=torch.float32, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         max_model_len=256, seed=0, rank=0, world_size=1)
+    section = load_run_config([f"rollout.hf.dense_forward={str(dense_forward).lower()}"])[0].rollout.hf
+    engine = HFRolloutEngine(setup, section)
+    with pytest.raises(NonFiniteLogitsError, match="NaN or infinite"):
+        engine.generate(prompt_batch(str(broken), n=2), SamplingParams(max_new_tokens=4, temperature=temperature))

@@ -85,7 +85,7 @@ def test_sampling_from_a_nan_model_is_one_line(tiny_model_path, small_val, tmp_p
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(
-        "rlplat: validation at step 0: the rollout engine (hf) was asked to sample from NaN/inf probabilities")
+        "rlplat: validation at step 0: the rollout engine (hf) found NaN/inf logits")
 
 
 def _start(tmp_path, small_val, *extra, ray=False):
