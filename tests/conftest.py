@@ -1,6 +1,9 @@
 import os
+import re
 import subprocess
 import sys
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +21,43 @@ def pytest_sessionstart(session):
             why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
             pytest.exit(f"RLPLAT_REQUIRE_VLLM is set, but {package} does not import in {sys.executable}: {why}",
                         returncode=1)
+
+
+# ---------------------------------------------------------------- CI seconds by area (docs/testing.md)
+TESTING_DOC = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
+_SECONDS: dict[str, float] = defaultdict(float)
+
+
+def area_of(nodeid: str) -> str:
+    """The budget area of a test: ``vllm`` for the run in the vLLM virtualenv, else its folder under tests/
+    (``top`` for the files directly in tests/)."""
+    if REQUIRED:
+        return "vllm"
+    parts = nodeid.split("::")[0].split("/")
+    return parts[1] if len(parts) > 2 else "top"
+
+
+def budgets() -> dict[str, float]:
+    """Seconds per area from the budget table of docs/testing.md (between its ci-budget markers)."""
+    text = TESTING_DOC.read_text() if TESTING_DOC.is_file() else ""
+    table = text.partition("<!-- ci-budget:start -->")[2].partition("<!-- ci-budget:end -->")[0]
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^\| `(\w+)` \|[^|\n]*\|[^|\n]*\| (\d+) \|", table, re.M)}
+
+
+def pytest_runtest_logreport(report):
+    _SECONDS[area_of(report.nodeid)] += report.duration  # setup, call and teardown
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Seconds spent per area against its budget: a report, never a failure (timings drift by the hour)."""
+    if not _SECONDS:
+        return
+    limits = budgets()
+    terminalreporter.section("CI seconds by area (budgets: docs/testing.md)")
+    for area, seconds in sorted(_SECONDS.items(), key=lambda kv: -kv[1]):
+        limit = limits.get(area)
+        note = "" if limit is None else f" / {limit:.0f}" + ("  OVER BUDGET" if seconds > limit else "")
+        terminalreporter.write_line(f"{area:>12} {seconds:8.1f} s{note}")
 
 
 @pytest.fixture
