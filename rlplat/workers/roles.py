@@ -85,8 +85,6 @@ class _Role(Worker):
         totals: dict[str, float] = {}
         steps = 0
         # one permutation per replica: its tensor-parallel ranks must see the same rows in the same order
-        # (seed + step + replica can repeat across steps and replicas; their batches differ, so no two
-        # replicas of one step share an order with the same rows)
         replica = engine.layout.dp_rank
         gen = torch.Generator().manual_seed(self.cfg.trainer.seed + batch.meta.get("step", 0) + replica)
         for _ in range(epochs):
@@ -377,8 +375,8 @@ class SFTWorker(_Role):
     @register(Dispatch.DP_SPLIT_EXACT)
     def update_sft(self, batch: Batch) -> dict[str, float]:
         """One supervised step on teacher-forced responses: token-mean negative log-likelihood."""
-        return self._train(self.actor, batch, 1, len(batch), MicroBatching(self.cfg.actor.micro_batch_size_seqs_per_worker),
-                           sft_loss)
+        split = MicroBatching(self.cfg.actor.micro_batch_size_seqs_per_worker)
+        return self._train(self.actor, batch, 1, len(batch), split, sft_loss)
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str, model_path: str) -> None:
