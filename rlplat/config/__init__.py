@@ -6,4 +6,5 @@ from rlplat.config.plan import RunPlan, make_plan
 from rlplat.config.schema import RLPlatConfig
 from rlplat.config.validate import validate
 
-__all__ = ["ConfigError", "RLPlatConfig", "RunPlan", "compose_config", "group_options", "load_config", "make_plan", "validate"]
+__all__ = ["ConfigError", "RLPlatConfig", "RunPlan", "compose_config", "group_options", "load_config", "make_plan",
+           "validate"]
