@@ -143,13 +143,13 @@ class FSDPEngine(TrainingEngine):
                   "attention_mask": t["attention_mask"].to(device) if masked else None}
         with torch.set_grad_enabled(grad):
             if self.chunked_head:
-                out = self._model(**inputs, positions=rows.flat_index.to(device), targets=rows.targets.to(device),
-                                  temperature=temperature, need_entropy=need_entropy,
-                                  need_sum_pi_squared=need_sum_pi_squared)
+                log_prob, entropy, sum_sq = self._model(
+                    **inputs, positions=rows.flat_index.to(device), targets=rows.targets.to(device),
+                    temperature=temperature, need_entropy=need_entropy, need_sum_pi_squared=need_sum_pi_squared)
                 return ForwardOutput(
-                    log_probs=rows.scatter(out.log_prob),
-                    entropy=rows.scatter(out.entropy) if need_entropy else None,
-                    sum_pi_squared=rows.scatter(out.sum_pi_squared) if need_sum_pi_squared else None,
+                    log_probs=rows.scatter(log_prob),
+                    entropy=rows.scatter(entropy) if need_entropy else None,
+                    sum_pi_squared=rows.scatter(sum_sq) if need_sum_pi_squared else None,
                 )
             if self.value_head:
                 values = self._model(**inputs, use_cache=False).logits.reshape(-1)[rows.flat_index.to(device)]

@@ -139,12 +139,15 @@ class TokenOutputLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 positions: torch.Tensor, targets: torch.Tensor, temperature: float, need_entropy: bool = False,
-                need_sum_pi_squared: bool = False) -> TokenOutputs:
+                need_sum_pi_squared: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``input_ids``, ``position_ids``, ``attention_mask`` ``[rows, T]`` (no mask: packed rows, see
         :mod:`rlplat.engines.packing`); ``positions`` ``[N]`` index the flattened ``[rows * T]`` positions
-        whose next token is ``targets`` ``[N]``."""
+        whose next token is ``targets`` ``[N]``. Returns the fields of :class:`TokenOutputs` as a tuple: FSDP2
+        hooks the tensors of a tuple output to gather the weights again for the backward pass, and older torch
+        releases (2.11) do not look inside a dataclass (the head weight's storage is then freed in backward)."""
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False).last_hidden_state
         flat = hidden.reshape(-1, hidden.shape[-1])
-        return token_outputs(flat[positions], self.lm_head.weight, targets, temperature, need_entropy,
-                             need_sum_pi_squared)
+        out = token_outputs(flat[positions], self.lm_head.weight, targets, temperature, need_entropy,
+                            need_sum_pi_squared)
+        return out.log_prob, out.entropy, out.sum_pi_squared

@@ -83,12 +83,19 @@ def test_cuda_megatron_matches_fsdp(tiny_model_path, precision):
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
     step = max((fsdp_weights[n] - initial[n]).abs().max() for n in initial)
     apart = max((megatron_weights[n] - fsdp_weights[n]).abs().max() for n in initial)
+    # AdamW's first step moves every weight by about lr * sign(gradient), so a weight whose gradient is near 0
+    # can move the other way under bf16 rounding: in bf16 the updates are compared as whole vectors
+    flat = lambda w: torch.cat([(w[n] - initial[n]).flatten() for n in sorted(initial)])  # noqa: E731
+    relative = float((flat(megatron_weights) - flat(fsdp_weights)).norm() / flat(fsdp_weights).norm())
     print(f"\n[megatron vs fsdp, {precision}] log-probs: max {diff.max():.2e} mean {diff.mean():.2e}; grad_norm "
           f"{megatron_metrics['grad_norm']:.6f} vs {fsdp_metrics['grad_norm']:.6f}; weights after the update: "
-          f"max apart {apart:.2e} (the update moved them up to {step:.2e})")
+          f"max apart {apart:.2e} (the update moved them up to {step:.2e}); updates apart {relative:.3f} (relative L2)")
     assert diff.max() <= (1e-3 if precision == "float32" else 2e-2)
     assert megatron_metrics["grad_norm"] == pytest.approx(fsdp_metrics["grad_norm"], rel=1e-3 if mixed == "none" else 5e-2)
-    assert apart < (1e-5 if precision == "float32" else 0.2 * step)
+    if precision == "float32":
+        assert apart < 1e-5
+    else:
+        assert relative < 0.1  # an H200 gave 0.017 (docs/performance.md, "Engines on a GPU")
 
 
 def test_cuda_grpo_trains_three_steps_with_megatron(tmp_path):

@@ -70,9 +70,11 @@ def test_token_output_lm_is_the_causal_lms_modules_and_scores_as_it_does(tiny_mo
     with torch.no_grad():
         out = lm(ids, position_ids, None, positions, targets, 0.7, need_entropy=True)
         log_p = (plain(input_ids=ids).logits.reshape(14, -1)[positions] / 0.7).log_softmax(-1)
-    torch.testing.assert_close(out.log_prob, log_p.gather(-1, targets[:, None]).squeeze(-1), atol=1e-5, rtol=0)
-    torch.testing.assert_close(out.entropy, -(log_p.exp() * log_p).sum(-1), atol=1e-5, rtol=0)
-    assert out.sum_pi_squared is None
+    assert isinstance(out, tuple)  # a tuple, so that FSDP2 of every supported torch hooks it for backward
+    log_prob, entropy, sum_pi_squared = out
+    torch.testing.assert_close(log_prob, log_p.gather(-1, targets[:, None]).squeeze(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, -(log_p.exp() * log_p).sum(-1), atol=1e-5, rtol=0)
+    assert sum_pi_squared is None
     from transformers import GPT2Config, GPT2LMHeadModel
 
     assert not token_head.TokenOutputLM.fits(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=30)))
