@@ -38,8 +38,6 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.algorithms import (
-    AdvantageInput,
-    AdvantageOptions,
     KLInput,
     get_advantage_estimator,
     kl_penalized_rewards,
@@ -51,6 +49,7 @@ from rlplat.config.plan import RunPlan
 from rlplat.controller.dispatch import balanced_order
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
+from rlplat.trainer.advantage_input import advantage_input
 from rlplat.trainer.checkpoint import Checkpointer
 from rlplat.trainer.components import Components, Scores
 from rlplat.trainer.metrics import data_metrics, explained_variance, throughput_metrics, timed
@@ -60,7 +59,7 @@ from rlplat.trainer.summary import write_summary
 from rlplat.trainer.validation import Validator
 from rlplat.utils.errors import Interrupted, RunError
 from rlplat.utils.progress import Progress
-from rlplat.workers.actor_loss import old_log_probs_key, rollout_correction
+from rlplat.workers.actor_loss import old_log_probs_key
 
 
 #: stages that neither read nor reorder the scores: rewards are computed while they run
@@ -366,60 +365,13 @@ class PPOTrainer:
             mean_kl = float((kl.sum(-1) / t["response_mask"].sum(-1).clamp(min=1)).mean())
             metrics.update({"actor/reward_kl": mean_kl, "actor/kl_coef": self.kl_ctrl.value})
             self.kl_ctrl.update(mean_kl, len(batch))
-        _, group_ids = np.unique(batch.non_tensors["uid"].astype(str), return_inverse=True)
-        present = set(t.keys())
-
-        def optional(key: str) -> torch.Tensor | None:
-            return t[key] if key in present else None
-
-        terms, weights = self._reward_terms(batch)
-        out = self.estimator(
-            AdvantageInput(
-                token_level_rewards=rewards,
-                response_mask=t["response_mask"],
-                group_ids=torch.as_tensor(group_ids, dtype=torch.long),
-                values=optional("values"),
-                baseline_scores=optional("baseline_scores"),
-                reward_components=terms,
-                reward_weights=weights,
-                old_log_probs=optional("old_log_probs"),
-                sum_pi_squared=optional("sum_pi_squared"),
-                importance_weights=self._importance_weights(t),
-                options=AdvantageOptions(gamma=cfg.gamma, lam=cfg.lam, epsilon=cfg.norm_adv_epsilon,
-                                         scale=cfg.norm_adv_scale, gpg_f_norm=cfg.gpg_f_norm,
-                                         otb_zero_tail=cfg.otb_zero_tail),
-            )
-        )
-        if "values" in present:  # before this step's critic update: how well the critic predicted
+        out = self.estimator(advantage_input(batch, rewards, cfg, self.reward_term_weights))
+        if "values" in t.keys():  # before this step's critic update: how well the critic predicted
             metrics["critic/vf_explained_var"] = explained_variance(out.returns, t["values"], t["response_mask"])
         if out.zero_variance is not None and "batch/real_batch_size_ratio" not in metrics:
             metrics["batch/real_batch_size_ratio"] = 1.0 - float(out.zero_variance.float().mean())
         fields = {"token_level_rewards": rewards, "advantages": out.advantages, "returns": out.returns}
         return batch.union(Batch.from_dict(fields))
-
-    def _importance_weights(self, t) -> torch.Tensor | None:
-        """The rollout correction's truncated importance weights ``[batch, response_len]`` as the loss takes
-        them (``algorithm.tis_cap``; None when off)."""
-        cap = self.cfg.algorithm.tis_cap
-        if cap is None or "rollout_log_probs" not in t.keys():
-            return None
-        return rollout_correction(t["old_log_probs"], t, t["response_mask"], cap)[0]
-
-    def _reward_terms(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The reward terms ``[batch, num_terms]`` and weights ``[num_terms]`` for gdpo.
-
-        Whatever a recipe's reward stage added to the scores beyond the reward functions (e.g. a length
-        penalty) becomes one more term of weight 1, so the terms always add up to the scores.
-        """
-        t = batch.tensors
-        if "reward_terms" not in t.keys() or self.reward_term_weights is None:
-            return None, None
-        terms, weights = t["reward_terms"], self.reward_term_weights.to(t["reward_terms"].dtype)
-        residual = t["token_level_scores"].sum(-1).to(terms.dtype) - terms @ weights  # [batch]
-        if bool((residual.abs() > 1e-5).any()):
-            terms = torch.cat([terms, residual.unsqueeze(-1)], dim=-1)
-            weights = torch.cat([weights, weights.new_ones(1)])
-        return terms, weights
 
     def mask_truncated(self, batch: Batch, metrics: dict) -> Batch:
         """Responses cut off at ``data.max_response_length`` get no loss: their response mask is cleared

@@ -159,16 +159,15 @@ def test_an_estimator_that_needs_values_gets_a_critic_whatever_its_name():
 
 def test_gdpo_terms_include_what_a_recipe_added_to_the_scores():
     # reward functions give terms [[1], [0]] with weight [2]; a recipe subtracted 0.5 from row 1's score
-    cfg, plan = load_run_config(["algorithm=gdpo"])
-    trainer = PPOTrainer(cfg, plan, components=None)
-    trainer.reward_term_weights = torch.tensor([2.0])
+    from rlplat.trainer.advantage_input import reward_terms
+
     batch = Batch.from_dict({"reward_terms": torch.tensor([[1.0], [0.0]]),
                              "token_level_scores": torch.tensor([[0.0, 2.0], [0.0, -0.5]])})
-    terms, weights = trainer._reward_terms(batch)
+    terms, weights = reward_terms(batch, torch.tensor([2.0]))
     assert terms.tolist() == [[1.0, 0.0], [0.0, -0.5]] and weights.tolist() == [2.0, 1.0]
     plain = Batch.from_dict({"reward_terms": torch.tensor([[1.0], [0.0]]),
                              "token_level_scores": torch.tensor([[0.0, 2.0], [0.0, 0.0]])})
-    assert trainer._reward_terms(plain)[0].tolist() == [[1.0], [0.0]]  # no residual: no extra term
+    assert reward_terms(plain, torch.tensor([2.0]))[0].tolist() == [[1.0], [0.0]]  # no residual: no extra term
 
 
 def test_balanced_order_evens_the_replicas_tokens():
