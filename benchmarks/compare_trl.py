@@ -4,6 +4,8 @@
     .venv-bench/bin/python benchmarks/compare_trl.py              # 3 sizes x 2 length modes x 3 frameworks, 2 repeats
     .venv-bench/bin/python benchmarks/compare_trl.py --sizes small --steps 3 --repeats 1
     .venv-bench/bin/python benchmarks/compare_trl.py --sizes 25m --lengths fixed --frameworks rlplat-inprocess trl
+    .venv-bench/bin/python benchmarks/compare_trl.py --sizes mid 25m --lengths fixed --frameworks rlplat-inprocess trl \
+        --task countdown --prompts 8 --samples 4 --response-tokens 128 --micro-batch all   # long prompts too
 
 Workloads: a randomly initialised Qwen2 built locally (rlplat.models.tiny, seed 0, tied embeddings, the
 104-token character tokenizer and its chat template); prompts are rlplat's arithmetic task served in file
@@ -14,6 +16,14 @@ order, so both frameworks see the same prompts at every step; the reward is ``co
     small  0.32M    hidden 128, 2 layers, 4 heads / 2 kv, ffn 256    8 prompts x 8 samples x 16 tokens
     mid    3.6M     hidden 256, 4 layers, 4 heads / 2 kv, ffn 896    8 prompts x 8 samples x 48 tokens
     25m    25.3M    hidden 512, 8 layers, 8 heads / 4 kv, ffn 1536   8 prompts x 4 samples x 128 tokens
+
+Workload options replace a size's step for every size run: ``--task`` (the built-in task whose prompts
+are served, train and validation: ``arithmetic``, 7-9 prompt tokens with the chat template, or ``countdown``,
+97-101), ``--prompts``, ``--samples`` (per prompt), ``--response-tokens`` (the limit) and ``--micro-batch``
+(sequences per forward/backward: ``all``, the default, or a divisor of the step's sequences; rlplat
+``actor.micro_batch_size_seqs_per_worker``, TRL ``per_device_train_batch_size`` with as many gradient
+accumulation steps as make one step, ``steps_per_generation`` the same, so one generate() call still
+samples the whole step).
 
 Length modes: ``variable`` (a response ends at EOS) and ``fixed`` (EOS is sampled like any other token
 and does not end the response, so every response has the maximum length: rlplat ``rollout.ignore_eos``;
@@ -45,8 +55,15 @@ PPOTrainer subclass whose save_checkpoint does nothing (run()'s trainer_cls), an
 Memory: peak RSS summed over the run's whole process tree (Ray's gcs/raylet/dashboard/worker processes and
 rlplat's reward worker processes included), sampled every 0.2 s by this parent process; also PSS (shared
 pages split between processes, every 1 s), which counts a multi-process run's shared libraries once, not
-once per process. The JSON has each run's RSS by process at the peak (``procs_at_peak``). Run it on a quiet
+once per process. The JSON has each run's RSS by process at the peak (``procs_at_peak``). The largest
+single process's peak (``peak_proc_rss_mb``) is the kernel's high-water mark (``VmHWM`` in
+``/proc/<pid>/status``, read at every sample, and the run's own ``getrusage`` maximum when it ends), so it
+misses no peak between samples. Run it on a quiet
 machine: with 2 threads on 2 cores any other load stretches steps many times over (and unevenly).
+``--stage-memory`` (in-process runs) also gives the run's own peak RSS by stage (generation, log-probs, the
+update's forward pass, the rest of the update, the optimizer step, all else) and the bytes the update's
+forward pass saves for the backward pass (:class:`StageMemory`); it resets the kernel's high-water mark
+at every stage boundary, so the parent's own memory readings of that process are only a lower bound.
 ``--rlplat-overrides`` appends config overrides to the rlplat runs (e.g. reward.isolation=inprocess).
 
 Roofline: the fp32 matmul rate of this machine (1024^2 and 2048^2 matmuls, 2 threads, best of 10) against
@@ -63,6 +80,7 @@ Achieved fraction = (FLOPs / peak rate) / measured seconds, per stage and per st
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -86,6 +104,7 @@ SIZES = {
                          intermediate_size=1536, max_position_embeddings=512), "prompts": 8, "n": 4, "tokens": 128},
 }
 LENGTHS = ("variable", "fixed")
+PROMPT_TASKS = ("arithmetic", "countdown")
 FRAMEWORKS = ("rlplat-ray", "rlplat-inprocess", "trl")
 LR = 1e-5
 THREADS = 2
@@ -112,7 +131,7 @@ def trl_reward(completions, ground_truth, **kwargs) -> list[float]:
 def summarize(per_step: list[dict], startup_s: float, seqs: int, threads: int) -> dict:
     """A run's medians over its measured steps."""
     med = {key: statistics.median(s[key] for s in per_step) for key in per_step[0]}
-    return {"steps": len(per_step), "step_s": med["step_s"], **{f"{k}_s": med[k] for k in STAGES},
+    return {"steps": len(per_step), "seqs": seqs, "step_s": med["step_s"], **{f"{k}_s": med[k] for k in STAGES},
             "weight_sync_s": med.get("weight_sync", 0.0), "completions_per_s": seqs / med["step_s"],
             "tokens_per_s": (med["prompt_tokens"] + med["gen_tokens"]) / med["step_s"],
             "gen_tokens_per_s": med["gen_tokens"] / med["step_s"], "prompt_len": med["prompt_tokens"] / seqs,
@@ -121,8 +140,77 @@ def summarize(per_step: list[dict], startup_s: float, seqs: int, threads: int) -
             **({"eos_per_response": med["eos_tokens"] / seqs} if "eos_tokens" in med else {})}
 
 
-def run_rlplat(framework: str, size: str, length: str, workdir: Path, steps: int, warmup: int, t0: float,
-               extra: list[str]) -> dict:
+class StageMemory:
+    """Peak RSS of this process by stage, exactly: the kernel's high-water mark (``VmHWM``) is reset
+    (``/proc/self/clear_refs``) whenever a stage begins or ends, and read before each reset, so each
+    stage's peak counts only its own time, nested stages included (the innermost stage owns the time).
+    Also the bytes the update's forward pass saves for the backward pass (``saved_tensors_hooks``, each
+    storage counted once), the largest over the micro-batches."""
+
+    def __init__(self):
+        self.peaks: dict[str, float] = defaultdict(float)
+        self.stack = ["other"]  # what no stage covers, start-up included
+        self.saved_mb = 0.0
+        self._close_segment()
+
+    @staticmethod
+    def _reset() -> None:
+        Path("/proc/self/clear_refs").write_text("5")
+
+    def _close_segment(self) -> None:
+        self.peaks[self.stack[-1]] = max(self.peaks[self.stack[-1]], _high_water_mb(os.getpid()))
+        self._reset()
+
+    def wrap(self, owner, method: str, stage: str, when=None, saved: bool = False) -> None:
+        """Count ``owner.method``'s time as ``stage`` (when ``when(args, kwargs)`` holds, for its call's
+        arguments); ``saved``: also measure what its autograd graph saves."""
+        inner = getattr(owner, method)
+
+        @functools.wraps(inner)  # keeps what decorators attached (rlplat's worker-method registration)
+        def measured(*args, **kwargs):
+            if when is not None and not when(args, kwargs):
+                return inner(*args, **kwargs)
+            self._close_segment()
+            self.stack.append(stage)
+            try:
+                if not saved:
+                    return inner(*args, **kwargs)
+                with self._saved_bytes():
+                    return inner(*args, **kwargs)
+            finally:
+                self._close_segment()
+                self.stack.pop()
+
+        setattr(owner, method, measured)
+
+    def _saved_bytes(self):
+        import torch
+
+        storages: dict[int, int] = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        class Context:
+            def __enter__(ctx):
+                ctx.hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+                ctx.hooks.__enter__()
+
+            def __exit__(ctx, *exc):
+                ctx.hooks.__exit__(*exc)
+                self.saved_mb = max(self.saved_mb, sum(storages.values()) / 2**20)
+
+        return Context()
+
+    def result(self) -> dict:
+        self._close_segment()
+        return {"stage_peak_mb": dict(self.peaks), "saved_for_backward_mb": self.saved_mb}
+
+
+def run_rlplat(framework: str, size: str, length: str, w: dict, workdir: Path, steps: int, warmup: int, t0: float,
+               extra: list[str], memory: StageMemory | None) -> dict:
     import torch
 
     from rlplat.trainer.ppo import PPOTrainer
@@ -139,8 +227,16 @@ def run_rlplat(framework: str, size: str, length: str, workdir: Path, steps: int
     except ImportError:
         pass
 
-    w = SIZES[size]
-    seqs = w["prompts"] * w["n"]
+    if memory is not None:  # in-process only: the Ray workers' stages run in other processes
+        from rlplat.engines.fsdp import FSDPEngine
+        from rlplat.workers.roles import ActorRolloutRefWorker
+
+        memory.wrap(ActorRolloutRefWorker, "generate_sequences", "generate")
+        memory.wrap(ActorRolloutRefWorker, "compute_log_probs", "logprob")
+        memory.wrap(ActorRolloutRefWorker, "update_actor", "update")
+        memory.wrap(FSDPEngine, "forward", "update_forward", when=lambda args, kwargs: kwargs.get("grad"), saved=True)
+        memory.wrap(torch.optim.AdamW, "step", "optimizer")
+    seqs = w["seqs"]
     out = workdir / f"out-{framework}-{size}-{length}-{os.getpid()}"
     overrides = [
         f"model.path={workdir / f'model-{size}'}", "algorithm=grpo", "algorithm.use_kl_loss=false",
@@ -148,7 +244,8 @@ def run_rlplat(framework: str, size: str, length: str, workdir: Path, steps: int
         "data.shuffle=false", f"data.train_batch_size_prompts={w['prompts']}",
         f"actor.mini_batch_size_prompts={w['prompts']}",
         f"rollout.n={w['n']}", f"data.max_response_length={w['tokens']}", "actor.ppo_epochs=1",
-        f"actor.micro_batch_size_seqs_per_worker={seqs}", f"actor.log_prob_micro_batch_size_seqs_per_worker={seqs}",
+        f"actor.micro_batch_size_seqs_per_worker={w['micro']}",
+        f"actor.log_prob_micro_batch_size_seqs_per_worker={w['micro']}",
         f"rollout.hf.batch_size_seqs_per_worker={seqs}", f"actor.optim.lr={LR}", "actor.optim.lr_schedule=constant",
         "actor.optim.warmup_steps=0", "actor.optim.weight_decay=0.0", "actor.optim.grad_clip=1.0",
         "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=-1",
@@ -226,22 +323,23 @@ class TRLStageTimers:
                            "gen_tokens": c["gen_tokens"], "eos_tokens": c["eos_tokens"]})
 
 
-def run_trl(size: str, length: str, workdir: Path, steps: int, warmup: int, t0: float) -> dict:
+def run_trl(size: str, length: str, w: dict, workdir: Path, steps: int, warmup: int, t0: float,
+            memory: StageMemory | None) -> dict:
     import pyarrow.parquet as pq
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    w = SIZES[size]
-    seqs = w["prompts"] * w["n"]
+    seqs, accumulate = w["seqs"], w["seqs"] // w["micro"]
     rows = pq.read_table(workdir / f"train-{size}.parquet").to_pylist()
     data = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows])
     fixed = length == "fixed"
     args = GRPOConfig(
         output_dir=str(workdir / f"trl-{size}-{length}-{os.getpid()}"), max_steps=steps, seed=42,
-        # one generation batch = one optimizer step = one forward/backward over all of it
-        per_device_train_batch_size=seqs, gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+        # one generation batch = one optimizer step = its micro-batches' forward/backward passes
+        per_device_train_batch_size=w["micro"], gradient_accumulation_steps=accumulate,
+        steps_per_generation=accumulate, num_iterations=1,
         num_generations=w["n"], max_completion_length=w["tokens"], shuffle_dataset=False,
         beta=0.0, loss_type="grpo", epsilon=0.2, scale_rewards="group",
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
@@ -258,6 +356,13 @@ def run_trl(size: str, length: str, workdir: Path, steps: int, warmup: int, t0: 
     if fixed:
         trainer.eos_token_ids = [-1]  # no completion is cut after an EOS (no token id is -1)
     timers = TRLStageTimers(trainer)
+    if memory is not None:
+        memory.wrap(trainer, "_generate", "generate")
+        memory.wrap(trainer, "_get_per_token_logps_and_entropies", "logprob",
+                    when=lambda args, kwargs: not torch.is_grad_enabled())
+        memory.wrap(trainer, "training_step", "update")
+        memory.wrap(trainer, "compute_loss", "update_forward", saved=True)
+        memory.wrap(torch.optim.AdamW, "step", "optimizer")
 
     class StepTimes(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
@@ -272,20 +377,31 @@ def run_trl(size: str, length: str, workdir: Path, steps: int, warmup: int, t0: 
     return summarize(timers.steps[warmup:], timers.first_step_wall - t0, seqs, torch.get_num_threads())
 
 
-def run_one(framework: str, size: str, length: str, workdir: Path, steps: int, warmup: int, extra: list[str]) -> dict:
+def run_one(framework: str, size: str, length: str, w: dict, workdir: Path, steps: int, warmup: int,
+            extra: list[str], stage_memory: bool = False) -> dict:
+    import resource
+
     import torch
 
     torch.set_num_threads(THREADS)
     t0 = float(os.environ["RLPLAT_BENCH_T0"])
+    memory = StageMemory() if stage_memory else None
     if framework == "trl":
-        return run_trl(size, length, workdir, steps, warmup, t0)
-    return run_rlplat(framework, size, length, workdir, steps, warmup, t0, extra)
+        result = run_trl(size, length, w, workdir, steps, warmup, t0, memory)
+    else:
+        result = run_rlplat(framework, size, length, w, workdir, steps, warmup, t0, extra, memory)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    if memory is not None:  # its resets lower the kernel's maximum: the stages' peaks hold the run's
+        result.update(memory.result())
+        peak = max(peak, *result["stage_peak_mb"].values())
+    return {**result, "self_max_rss_mb": peak}
 
 
 # ---------------------------------------------------------------- the parent: memory, runs, tables
 class TreeMonitor(threading.Thread):
-    """Peak RSS (every 0.2 s) and PSS (every 1 s) summed over a process and all its descendants, and the
-    CPU seconds they used (each process's last reading)."""
+    """Peak RSS (every 0.2 s) and PSS (every 1 s) summed over a process and all its descendants, each
+    process's own high-water mark (``hwm``: pid -> (label, MB)), and the CPU seconds they used (each
+    process's last reading)."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
@@ -293,6 +409,7 @@ class TreeMonitor(threading.Thread):
         self.peak_rss = self.peak_pss = 0
         self.procs_at_peak: dict[str, float] = {}  # RSS MB by process label at the peak
         self.cpu_s: dict[int, float] = {}
+        self.hwm: dict[int, tuple[str, float]] = {}
 
     def run(self) -> None:
         import psutil
@@ -314,6 +431,8 @@ class TreeMonitor(threading.Thread):
                     times = proc.cpu_times()
                     self.cpu_s[proc.pid] = times.user + times.system
                     names[_label(proc)] += proc_rss / 2**20
+                    self.hwm[proc.pid] = (_label(proc), max(_high_water_mb(proc.pid), proc_rss / 2**20,
+                                                             self.hwm.get(proc.pid, ('', 0.0))[1]))
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     pass
             if rss > self.peak_rss:
@@ -321,6 +440,15 @@ class TreeMonitor(threading.Thread):
             self.peak_pss = max(self.peak_pss, pss)
             tick += 1
             self.done.wait(0.2)
+
+
+def _high_water_mb(pid: int) -> float:
+    """The kernel's peak RSS of a process so far (``VmHWM``), MB; 0 where it cannot be read."""
+    try:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0.0
+    return int(line.split()[1]) / 1024  # kB
 
 
 def _label(proc) -> str:
@@ -336,11 +464,14 @@ def _label(proc) -> str:
     return f"python {Path(script).name}" if script else name
 
 
-def launch(framework: str, size: str, length: str, workdir: Path, steps: int, warmup: int, extra: list[str]) -> dict:
+def launch(framework: str, size: str, length: str, workdir: Path, args) -> dict:
     """One run in a fresh process, its process tree watched; the child's result plus memory and CPU."""
     log = workdir / f"log-{framework}-{size}-{length}-{time.time_ns()}.txt"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", framework, size, length, "--workdir", str(workdir),
-           "--steps", str(steps), "--warmup", str(warmup), "--rlplat-overrides", *extra]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--task", args.task,
+           *(["--stage-memory"] if args.stage_memory else []),
+           *[f"--{key}={value}" for key, value in workload_options(args).items()],
+           "--rlplat-overrides", *args.rlplat_overrides]
     start = time.time()
     env = {**os.environ, **CHILD_ENV, "RLPLAT_BENCH_T0": repr(start)}
     with log.open("w") as out:
@@ -357,22 +488,45 @@ def launch(framework: str, size: str, length: str, workdir: Path, steps: int, wa
     if code != 0 or not lines:
         print(f"[compare_trl] {framework}/{size}/{length} failed (exit {code}):\n{text[-3000:]}", file=sys.stderr)
         return {**base, "error": f"exit {code}"}
-    return {**base, **json.loads(lines[-1][len("RESULT "):]), "peak_rss_mb": monitor.peak_rss / 2**20,
-            "peak_pss_mb": monitor.peak_pss / 2**20, "procs_at_peak": monitor.procs_at_peak,
+    result = json.loads(lines[-1][len("RESULT "):])
+    label, proc_peak = max(monitor.hwm.values(), key=lambda item: item[1], default=("", 0.0))
+    if result["self_max_rss_mb"] >= proc_peak:  # the run's own process, to its last page
+        label, proc_peak = "run", result["self_max_rss_mb"]
+    return {**base, **result, "peak_rss_mb": monitor.peak_rss / 2**20, "peak_proc_rss_mb": proc_peak,
+            "peak_proc": label, "peak_pss_mb": monitor.peak_pss / 2**20, "procs_at_peak": monitor.procs_at_peak,
             "cpu_cores_mean": sum(monitor.cpu_s.values()) / wall}
 
 
-def prepare(sizes: list[str], workdir: Path, steps: int) -> None:
+def prepare(args, workdir: Path) -> None:
     """Models (one per size) and prompt files, built once and shared by every run."""
     from rlplat.data import TASKS, write_parquet
     from rlplat.models.tiny import TinyModelSpec, build_tiny_model
 
-    write_parquet(TASKS.get("arithmetic")(1, seed=1, split="test"), workdir / "val.parquet")
-    for size in sizes:
-        w = SIZES[size]
-        build_tiny_model(workdir / f"model-{size}", TinyModelSpec(**w["spec"]), seed=0)
-        rows = TASKS.get("arithmetic")(w["prompts"] * (steps + 1), seed=0, split="train")
+    task = TASKS.get(args.task)
+    write_parquet(task(1, seed=1, split="test"), workdir / "val.parquet")
+    for size in args.sizes:
+        build_tiny_model(workdir / f"model-{size}", TinyModelSpec(**SIZES[size]["spec"]), seed=0)
+        rows = task(workload(size, args)["prompts"] * (args.steps + 1), seed=0, split="train")
         write_parquet(rows, workdir / f"train-{size}.parquet")
+
+
+def workload_options(args) -> dict[str, str]:
+    """The workload options given on the command line (those a run's process must see too)."""
+    given = {"prompts": args.prompts, "samples": args.samples, "response-tokens": args.response_tokens,
+             "micro-batch": args.micro_batch}
+    return {key: str(value) for key, value in given.items() if value is not None}
+
+
+def workload(size: str, args) -> dict:
+    """The step run at ``size``: its defaults (``SIZES``) with the workload options in their place."""
+    w = SIZES[size]
+    prompts, n = args.prompts or w["prompts"], args.samples or w["n"]
+    seqs = prompts * n
+    micro = seqs if args.micro_batch in (None, "all") else int(args.micro_batch)
+    if seqs % micro:
+        raise SystemExit(f"--micro-batch {micro} does not divide the step's {seqs} sequences")
+    return {"task": args.task, "prompts": prompts, "n": n, "tokens": args.response_tokens or w["tokens"],
+            "seqs": seqs, "micro": micro}
 
 
 def cpu_name() -> str:
@@ -413,10 +567,9 @@ def matmul_gflops() -> dict[int, float]:
     return rates
 
 
-def step_flops(size: str, vocab: int, prompt_len: float, response_len: float) -> dict[str, float]:
+def step_flops(size: str, seqs: int, vocab: int, prompt_len: float, response_len: float) -> dict[str, float]:
     """FLOPs per step by stage (module docstring: the counting)."""
-    w = SIZES[size]
-    s = w["spec"]
+    s = SIZES[size]["spec"]
     h, layers = s["hidden_size"], s["num_hidden_layers"]
     kv = s["num_key_value_heads"] * h // s["num_attention_heads"]
     body = layers * (2 * h * h + 2 * h * kv + 3 * h * s["intermediate_size"])
@@ -426,7 +579,6 @@ def step_flops(size: str, vocab: int, prompt_len: float, response_len: float) ->
     def attn(n: float) -> float:
         return 4 * h * layers * n * (n + 1) / 2
 
-    seqs = w["prompts"] * w["n"]
     forward = seqs * (2 * body * length + 2 * head * r + attn(length))
     generate = seqs * (2 * body * (length - 1) + 2 * head * r + attn(length - 1))
     return {"generate": generate, "forward": forward, "update": 3 * forward}
@@ -446,6 +598,9 @@ def median_rows(runs: list[dict]) -> list[dict]:
             for key, value in ok[0].items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     row[key] = statistics.median(r[key] for r in ok)
+            if "stage_peak_mb" in ok[0]:
+                row["stage_peak_mb"] = {stage: statistics.median(r["stage_peak_mb"].get(stage, 0.0) for r in ok)
+                                        for stage in ok[0]["stage_peak_mb"]}
         rows.append(row)
     return rows
 
@@ -454,7 +609,7 @@ def add_roofline(rows: list[dict], peak_gflops: float, vocab: int) -> None:
     for row in rows:
         if not row["repeats"]:
             continue
-        f = step_flops(row["size"], vocab, row["prompt_len"], row["response_len"])
+        f = step_flops(row["size"], row["seqs"], vocab, row["prompt_len"], row["response_len"])
         logprob = f["forward"] if row["logprob_s"] > 0 else 0.0
         total = f["generate"] + logprob + f["update"]
         ideal = {"generate": f["generate"], "logprob": logprob, "update": f["update"], "step": total}
@@ -472,16 +627,17 @@ def ratios(rows: list[dict]) -> list[dict]:
             continue
         out.append({"size": size, "length": length, "framework": framework,
                     "speed": row["completions_per_s"] / trl["completions_per_s"],
-                    "rss": row["peak_rss_mb"] / trl["peak_rss_mb"], "pss": row["peak_pss_mb"] / trl["peak_pss_mb"]})
+                    "rss": row["peak_rss_mb"] / trl["peak_rss_mb"], "pss": row["peak_pss_mb"] / trl["peak_pss_mb"],
+                    "proc_rss": row["peak_proc_rss_mb"] / trl["peak_proc_rss_mb"]})
     return out
 
 
 def print_tables(rows: list[dict], rats: list[dict], peak_gflops: float) -> None:
     print("memory: peak RSS summed over each run's whole process tree (driver, Ray gcs/raylet/workers, reward "
-          "workers); PSS splits shared pages")
+          "workers); PSS splits shared pages; proc MB: the largest single process's peak RSS")
     print(f"{'size':<6} {'length':<8} {'framework':<16} {'steps':>5} {'s/step':>7} {'compl/s':>8} {'tok/s':>7} "
           f"{'gen tok/s':>9} {'resp len':>8} {'gen s':>7} {'score s':>7} {'logp s':>6} {'update s':>8} {'other s':>7} "
-          f"{'start s':>7} {'RSS MB':>7} {'PSS MB':>7}")
+          f"{'start s':>7} {'RSS MB':>7} {'PSS MB':>7} {'proc MB':>7}")
     for r in rows:
         head = f"{r['size']:<6} {r['length']:<8} {r['framework']:<16}"
         if not r["repeats"]:
@@ -490,14 +646,25 @@ def print_tables(rows: list[dict], rats: list[dict], peak_gflops: float) -> None
         print(f"{head} {r['steps']:>5.0f} {r['step_s']:>7.3f} {r['completions_per_s']:>8.1f} {r['tokens_per_s']:>7.0f} "
               f"{r['gen_tokens_per_s']:>9.0f} {r['response_len']:>8.1f} {r['generate_s']:>7.3f} {r['score_s']:>7.3f} "
               f"{r['logprob_s']:>6.3f} {r['update_s']:>8.3f} {r['other_s']:>7.3f} {r['startup_s']:>7.1f} "
-              f"{r['peak_rss_mb']:>7.0f} {r['peak_pss_mb']:>7.0f}")
+              f"{r['peak_rss_mb']:>7.0f} {r['peak_pss_mb']:>7.0f} {r['peak_proc_rss_mb']:>7.0f}")
     if rats:
-        print("\nrlplat / TRL: speed = completions/s ratio (> 1: rlplat faster); memory = peak summed RSS, PSS ratio "
-              "(< 1: rlplat smaller)")
-        print(f"{'size':<6} {'length':<8} {'framework':<16} {'speed':>6} {'RSS':>6} {'PSS':>6}")
+        print("\nrlplat / TRL: speed = completions/s ratio (> 1: rlplat faster); memory = peak summed RSS, PSS, "
+              "largest process's RSS ratio (< 1: rlplat smaller)")
+        print(f"{'size':<6} {'length':<8} {'framework':<16} {'speed':>6} {'RSS':>6} {'PSS':>6} {'proc':>6}")
         for q in rats:
             print(f"{q['size']:<6} {q['length']:<8} {q['framework']:<16} {q['speed']:>6.2f} {q['rss']:>6.2f} "
-                  f"{q['pss']:>6.2f}")
+                  f"{q['pss']:>6.2f} {q['proc_rss']:>6.2f}")
+    staged = [r for r in rows if r["repeats"] and "stage_peak_mb" in r]
+    if staged:
+        names = ("generate", "logprob", "update_forward", "update", "optimizer", "other")
+        print("\npeak RSS of the run's own process by stage, MB (update_forward: the update's forward pass, update: "
+              "the rest of it but the optimizer step; other: start-up and all else); saved MB: what the update's "
+              "forward pass saves for the backward pass")
+        print(f"{'size':<6} {'length':<8} {'framework':<16} " + " ".join(f"{n:>14}" for n in names) + f" {'saved MB':>8}")
+        for r in staged:
+            peaks = r["stage_peak_mb"]
+            print(f"{r['size']:<6} {r['length']:<8} {r['framework']:<16} "
+                  + " ".join(f"{peaks.get(n, 0.0):>14.0f}" for n in names) + f" {r['saved_for_backward_mb']:>8.0f}")
     print(f"\nroofline: fp32 matmul peak {peak_gflops:.1f} GFLOP/s ({THREADS} threads); GFLOP per step and the "
           f"fraction of the peak achieved (counting: module docstring)")
     print(f"{'size':<6} {'length':<8} {'framework':<16} {'gen GF':>7} {'upd GF':>7} {'step GF':>7} {'gen %':>6} "
@@ -524,7 +691,7 @@ def run_matrix(args, workdir: Path, with_trl: bool, rlplat_fixed: bool) -> list[
             for repeat in range(args.repeats):
                 for framework in frameworks if repeat % 2 == 0 else frameworks[::-1]:
                     print(f"[compare_trl] {size} {length} {framework} (repeat {repeat + 1}/{args.repeats})", flush=True)
-                    result = launch(framework, size, length, workdir, args.steps, args.warmup, args.rlplat_overrides)
+                    result = launch(framework, size, length, workdir, args)
                     runs.append({**result, "repeat": repeat})
     return runs
 
@@ -537,6 +704,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per row, in alternating order (median shown)")
     parser.add_argument("--steps", type=int, default=6, help="GRPO steps per run, warm-up included")
     parser.add_argument("--warmup", type=int, default=1, help="first steps of each run left out of its medians")
+    parser.add_argument("--task", default="arithmetic", choices=PROMPT_TASKS, help="the prompts (module docstring)")
+    parser.add_argument("--prompts", type=int, help="prompts per step (default: the size's)")
+    parser.add_argument("--samples", type=int, help="responses per prompt (default: the size's)")
+    parser.add_argument("--response-tokens", type=int, help="response length limit (default: the size's)")
+    parser.add_argument("--micro-batch", help="sequences per forward/backward: all (default) or a divisor of the step")
+    parser.add_argument("--stage-memory", action="store_true",
+                        help="also measure each stage's peak RSS and the update's saved tensors (in-process runs)")
     parser.add_argument("--rlplat-overrides", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra rlplat config overrides for the rlplat runs (e.g. reward.isolation=inprocess)")
     parser.add_argument("--one", nargs=3, metavar=("FRAMEWORK", "SIZE", "LENGTH"), help=argparse.SUPPRESS)
@@ -545,7 +719,9 @@ def main() -> None:
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     if args.one:
-        result = run_one(*args.one, args.workdir, args.steps, args.warmup, args.rlplat_overrides)
+        framework, size, length = args.one
+        result = run_one(framework, size, length, workload(size, args), args.workdir, args.steps, args.warmup,
+                         args.rlplat_overrides, args.stage_memory)
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -570,7 +746,7 @@ def main() -> None:
     peak = max(rates.values())
     with tempfile.TemporaryDirectory(prefix="compare_trl-") as tmp:
         workdir = Path(tmp)
-        prepare(args.sizes, workdir, args.steps)
+        prepare(args, workdir)
         from transformers import AutoTokenizer
 
         vocab = len(AutoTokenizer.from_pretrained(workdir / f"model-{args.sizes[0]}"))
@@ -581,10 +757,15 @@ def main() -> None:
     print(f"\nmachine: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, trl {trl_version}, {THREADS} threads; {args.steps} steps per run "
           f"(first {args.warmup} dropped), medians over steps then over {args.repeats} repeats")
+    for size in args.sizes:
+        w = workload(size, args)
+        print(f"workload {size}: {w['task']} prompts, {w['prompts']} x {w['n']} sequences, {w['tokens']} response "
+              f"tokens at most, micro-batches of {w['micro']}")
     print_tables(rows, rats, peak)
     print(json.dumps({
         "settings": {**vars(args), "workdir": None, "lr": LR, "threads": THREADS,
-                     "sizes_spec": {s: SIZES[s] for s in args.sizes}},
+                     "sizes_spec": {s: SIZES[s] for s in args.sizes},
+                     "workloads": {s: workload(s, args) for s in args.sizes}},
         "cpu": cpu_name(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                                         "trl": trl_version},
         "matmul_gflops": rates, "matmul_peak_gflops": peak, "skipped": skipped, "rows": rows, "ratios": rats,

@@ -21,4 +21,4 @@ if [ $# -eq 0 ] && [ -z "${RLPLAT_SKIP_VLLM:-}" ]; then
   RLPLAT_REQUIRE_VLLM=1 "${RLPLAT_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest tests/rollout tests/trainer/test_learning.py \
     tests/examples/test_scripts.py tests/tools/test_export.py tests/config/test_doc_commands.py -k vllm
 fi
-"$venv/bin/python" -m pytest "${@:-tests}"
+"$venv/bin/python" -m pytest --durations=15 "${@:-tests}"  # the 15 slowest tests, for the budgets of docs/testing.md

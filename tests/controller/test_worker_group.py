@@ -104,6 +104,7 @@ def test_in_process_group():
 
 @pytest.fixture
 def by_value():
+    pytest.importorskip("ray")
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -39,6 +39,7 @@ def run_in_terminal(cmd) -> str:
 
 @pytest.mark.slow
 def test_a_terminal_gets_a_progress_bar_with_an_eta(embedded_cache, small_val, tmp_path):
+    pytest.importorskip("ray")  # Ray mode: the Quickstart's
     text = run_in_terminal(command(tmp_path / "tty", small_val))  # Ray mode, as the Quickstart runs
     assert "\x1b[" in text and "━" in text  # rich drew a bar
     assert "eta" in text and "3/3" in text and "reward" in text and "val acc" in text
