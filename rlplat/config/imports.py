@@ -41,12 +41,37 @@ def import_user_modules(names: Iterable[str]) -> list[tuple[str, str | None]]:
     """
     imported = []
     for name in names:
+        if name.endswith(".py"):
+            module_name = name.removesuffix(".py").replace(os.sep, ".").strip(".")
+            raise ConfigError(f"trainer.imports: {name!r} is a file name; the list takes module names, as an "
+                              f"import statement does: trainer.imports=[{module_name}] (the module must be on "
+                              f"PYTHONPATH, installed, or under the directory the command runs from)")
         try:
             module = importlib.import_module(name)
         except Exception as err:  # a user's module can fail in any way; report it as one line
-            raise ConfigError(f"trainer.imports: cannot import {name!r}: {type(err).__name__}: {err}") from None
+            missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+            hint = _did_you_mean(missing, name) if missing and f"{name}.".startswith(f"{missing}.") else ""
+            raise ConfigError(f"trainer.imports: cannot import {name!r}: {type(err).__name__}: {err}{hint}") from None
         imported.append((name, _path_entry(module)))
     return imported
+
+
+def _did_you_mean(missing: str, name: str) -> str:
+    """``"; did you mean 'x'?"`` when an importable module is named like ``missing`` (the part of ``name``
+    that does not exist: the siblings in its parent package, or the top-level modules on ``sys.path``),
+    with the rest of ``name`` after it; else ``""``."""
+    import difflib
+    import pkgutil
+
+    parent, _, leaf = missing.rpartition(".")
+    try:
+        where = importlib.import_module(parent).__path__ if parent else None
+    except Exception:  # a broken parent: no sibling to offer
+        return ""
+    found = difflib.get_close_matches(leaf, [m.name for m in pkgutil.iter_modules(where)], n=1, cutoff=0.75)
+    if not found:
+        return ""
+    return f"; did you mean {(f'{parent}.' if parent else '') + found[0] + name[len(missing):]!r}?"
 
 
 def import_in_worker(modules: Iterable[tuple[str, str | None]]) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rlplat.registry import Registry, RegistryError
+from rlplat.utils.files import plain_modes
 
 TASKS: Registry[Callable[..., list[dict]]] = Registry("built-in task")
 SPLIT_DEFAULTS = {"train": (20_000, 0), "test": (256, 1)}  # split -> (rows, seed) of builtin:<task>
@@ -198,9 +199,7 @@ def write_parquet(rows: list[dict], path: str | os.PathLike) -> Path:
     os.close(fd)
     try:
         pd.DataFrame(rows).to_parquet(tmp, index=False)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as a plainly created file (mkstemp makes it private)
+        plain_modes(tmp)  # as a plainly created file (mkstemp makes it private)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

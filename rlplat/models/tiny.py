@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from rlplat.utils.files import plain_modes
+
 PAD, EOS, BOS = "<|pad|>", "<|endoftext|>", "<|bos|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
@@ -86,4 +88,5 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec(),
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    plain_modes(out_dir)  # save_pretrained writes the weights private
     return out_dir

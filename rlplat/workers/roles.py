@@ -25,6 +25,7 @@ from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
 from rlplat.rollout.base import NonFiniteLogitsError
 from rlplat.utils.errors import RunError
+from rlplat.utils.files import plain_modes
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
 from rlplat.workers.base import Dispatch, Worker, register
 from rlplat.workers.engine_setup import build_rollout_engine, build_training_engine
@@ -52,9 +53,7 @@ def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str
     tmp = tempfile.mkdtemp(prefix=EXPORT_TEMP_PREFIX, dir=parent)
     model.save_pretrained(tmp, safe_serialization=True)
     AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_path).save_pretrained(tmp)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # readable like a plainly created directory (mkdtemp makes it private)
+    plain_modes(tmp)  # mkdtemp and save_pretrained's weight file are private; an export is for colleagues too
     if os.path.exists(path):
         shutil.rmtree(path)
     os.replace(tmp, path)

@@ -73,6 +73,25 @@ def test_a_module_that_fails_to_import_is_one_line(user_dir):
                                    "ModuleNotFoundError: No module named 'not_a_module_anywhere'")
 
 
+@pytest.mark.parametrize("given, expected", [
+    ("my_pkg/estimators.py", "'my_pkg/estimators.py' is a file name; the list takes module names, as an import "
+     "statement does: trainer.imports=[my_pkg.estimators] (the module must be on PYTHONPATH, installed, or under "
+     "the directory the command runs from)"),
+    ("my_pkg.estimator", "cannot import 'my_pkg.estimator': ModuleNotFoundError: No module named "
+     "'my_pkg.estimator'; did you mean 'my_pkg.estimators'?"),
+    ("my_pkgs.estimators", "cannot import 'my_pkgs.estimators': ModuleNotFoundError: No module named 'my_pkgs'; "
+     "did you mean 'my_pkg.estimators'?"),
+])
+def test_a_file_name_or_a_misspelt_module_gets_the_right_name(user_dir, monkeypatch, given, expected):
+    from rlplat.config.errors import ConfigError
+    from rlplat.config.imports import import_user_modules
+
+    monkeypatch.syspath_prepend(str(user_dir))
+    with pytest.raises(ConfigError) as err:
+        import_user_modules([given])
+    assert str(err.value) == f"trainer.imports: {expected}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["inprocess", "ray"])
 def test_user_plugins_train(user_dir, embedded_cache, small_val, where):

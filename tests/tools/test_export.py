@@ -3,7 +3,9 @@
 and log-probs; bad input is one line and exit status 2."""
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -103,6 +105,20 @@ def test_float16_and_the_last_line(checkpoint, tmp_path, capsys):
     assert model.dtype == torch.float16
     export(checkpoint, tmp_path / "fp16", "--dtype", "float32")  # a previous export is replaced
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "fp16").dtype == torch.float32
+
+
+def test_an_export_follows_the_umask(checkpoint, tmp_path):
+    """model.safetensors comes out of save_pretrained private (0600): an export is readable as the user's
+    umask says, like every other file (colleagues on a shared filesystem load it)."""
+    previous = os.umask(0o027)
+    try:
+        export(checkpoint, tmp_path / "shared")
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [tmp_path / "shared", *(tmp_path / "shared").iterdir()]}
+    assert modes.pop("model.safetensors") == 0o640
+    assert modes.pop("shared") == 0o750
+    assert set(modes.values()) == {0o640}, modes
 
 
 def edited(checkpoint, tmp_path, **keys):
