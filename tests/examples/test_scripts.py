@@ -59,22 +59,69 @@ def test_cpu_script_default_runs_on_ray(embedded_cache, small_val, tmp_path):
 
 
 MISSING = re.compile(r"needs the package '([\w.]+)', which is not installed")
+RECORDER = '#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$RLPLAT_RECORD"\n'  # a PYTHON that only keeps its arguments
+COMPOSE = """
+import contextlib, io, json, sys
+from rlplat.trainer.main import main
+results = {}
+for name, argv in json.load(sys.stdin).items():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 2
+    results[name] = [code, out.getvalue(), err.getvalue()]
+json.dump(results, sys.stdout)
+"""
+# DEVICE=cpu: validation checks that trainer.device=cuda has a visible GPU, which this machine lacks;
+# every other key, preset, batch-size rule and registered name is validated exactly as on a GPU.
+VARIANTS = {  # the knobs of each composition beyond DEVICE=cpu
+    **{script.stem: (script, {}) for script in GPU_SCRIPTS},
+    "knobs": (EXAMPLES / "gpu" / "qwen2.5-0.5b_gsm8k_fsdp_hf.sh",
+              dict(MODEL="/models/mine", N="16", LR="2e-6", WORKERS="2", RAY_ADDRESS="",
+                   LOGGER="console,tensorboard", OUTPUT_DIR="/tmp/x")),
+    "bad_knob": (EXAMPLES / "gpu" / "qwen2.5-7b_gsm8k_fsdp_hf.sh", dict(MINI_BATCH_PROMPTS="100")),
+}
 
 
-def composed(script: Path, skip_missing, **knobs: str) -> dict:
-    # DEVICE=cpu: validation checks that trainer.device=cuda has a visible GPU, which this machine lacks;
-    # every other key, preset, batch-size rule and registered name is validated exactly as on a GPU.
-    done = bash(script, script_env(DEVICE="cpu", **knobs), "--cfg", "job", "trainer.seed=5")
-    missing = MISSING.search(done.stderr)
-    if done.returncode == 2 and missing:  # the engines are checked last: everything else has passed
-        skip_missing(missing.group(1))  # a failure where the package is required (the vLLM virtualenv)
+@pytest.fixture(scope="module")
+def compositions(tmp_path_factory):
+    """Each script's ``--cfg job`` command, composed and validated as ``python -m rlplat.trainer.main`` does
+    it: each script runs with a PYTHON that records the command it builds, then one Python process runs the
+    CLI's ``main`` on every recorded command (one interpreter start instead of one per script).
+    name -> [exit code, stdout, stderr]."""
+    tmp = tmp_path_factory.mktemp("compose")
+    recorder = tmp / "python"
+    recorder.write_text(RECORDER)
+    recorder.chmod(0o755)
+    commands = {}
+    for name, (script, knobs) in VARIANTS.items():
+        record = tmp / f"{name}.args"
+        env = {**script_env(DEVICE="cpu", **knobs), "PYTHON": str(recorder), "RLPLAT_RECORD": str(record)}
+        done = bash(script, env, "--cfg", "job", "trainer.seed=5")
+        assert done.returncode == 0, done.stderr[-3000:]
+        args = record.read_text().split("\0")[:-1]
+        assert args[:2] == ["-m", "rlplat.trainer.main"], args
+        commands[name] = args[2:]
+    done = subprocess.run([sys.executable, "-c", COMPOSE], input=json.dumps(commands), capture_output=True,
+                          text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    return yaml.safe_load(done.stdout)
+    return json.loads(done.stdout)
+
+
+def composed(compositions, name: str, skip_missing) -> dict:
+    code, out, err = compositions[name]
+    missing = MISSING.search(err)
+    if code == 2 and missing:  # the engines are checked last: everything else has passed
+        skip_missing(missing.group(1))  # a failure where the package is required (the vLLM virtualenv)
+    assert code == 0, err[-3000:]
+    return yaml.safe_load(out)
 
 
 @pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: p.stem)
-def test_gpu_script_composes_and_validates(script, skip_missing):
-    cfg = composed(script, skip_missing)
+def test_gpu_script_composes_and_validates(script, compositions, skip_missing):
+    cfg = composed(compositions, script.stem, skip_missing)
     strategy, rollout = script.stem.split("_")[-2:] if "gpu" in str(script) else ("fsdp", "hf")
     assert cfg["model"]["path"].startswith("Qwen/Qwen2.5-")
     assert cfg["data"]["train_files"].endswith("/train.parquet")
@@ -86,17 +133,15 @@ def test_gpu_script_composes_and_validates(script, skip_missing):
         assert cfg["trainer"]["nnodes"] == 2 and cfg["trainer"]["ray_address"] == "auto"
 
 
-def test_gpu_script_knobs_reach_the_config(skip_missing):
-    cfg = composed(EXAMPLES / "gpu" / "qwen2.5-0.5b_gsm8k_fsdp_hf.sh", skip_missing, MODEL="/models/mine", N="16", LR="2e-6",
-                   WORKERS="2", RAY_ADDRESS="", LOGGER="console,tensorboard", OUTPUT_DIR="/tmp/x")
+def test_gpu_script_knobs_reach_the_config(compositions, skip_missing):
+    cfg = composed(compositions, "knobs", skip_missing)
     assert cfg["model"]["path"] == "/models/mine" and cfg["rollout"]["n"] == 16
     assert cfg["actor"]["optim"]["lr"] == 2e-6 and cfg["trainer"]["workers_per_node"] == 2
     assert cfg["trainer"]["logger"] == ["console", "tensorboard"] and cfg["trainer"]["output_dir"] == "/tmp/x"
 
 
-def test_bad_knob_fails_with_one_line():
-    done = bash(EXAMPLES / "gpu" / "qwen2.5-7b_gsm8k_fsdp_hf.sh", script_env(DEVICE="cpu", MINI_BATCH_PROMPTS="100"),
-                "--cfg", "job")
-    assert done.returncode == 2
-    assert "rlplat: config error: actor.mini_batch_size_prompts=100 must divide data.train_batch_size_prompts=256" \
-        in done.stderr and "Traceback" not in done.stderr
+def test_bad_knob_fails_with_one_line(compositions):
+    code, _, err = compositions["bad_knob"]
+    assert code == 2
+    assert err.strip() == ("rlplat: config error: actor.mini_batch_size_prompts=100 must divide "
+                           "data.train_batch_size_prompts=256")
