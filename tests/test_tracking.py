@@ -100,3 +100,24 @@ def test_metrics_jsonl_is_written_whatever_the_loggers(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["score/mean"]) for r in rows] == [(1, 0.5), (2, 1.0)]
     assert (write_report(tmp_path) / "index.html").is_file()
+
+
+def test_rewind_cuts_later_steps_into_a_side_file(tmp_path):
+    tracker = Tracker(["jsonl"], tmp_path)
+    for step in range(5):
+        tracker.log({"x": float(step)}, step)
+    tracker._jsonl.write('{"step": 5, "x"')  # a line a kill -9 cut short
+    tracker._jsonl.flush()
+    tracker.rewind(2)  # resumed from the checkpoint of step 2
+    tracker.log({"x": 30.0}, 3)
+    tracker.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    cut = (tmp_path / "metrics.cut.jsonl").read_text().splitlines()
+    assert steps == [0, 1, 2, 3] and [json.loads(line)["step"] for line in cut[:2]] == [3, 4]
+    assert cut[2] == '{"step": 5, "x"'
+
+    fresh = Tracker(["jsonl"], tmp_path)
+    fresh.rewind(None)  # a new run in the same output dir: the earlier run's rows move aside
+    fresh.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert len((tmp_path / "metrics.cut.jsonl").read_text().splitlines()) == 3 + 4

@@ -55,7 +55,7 @@ from rlplat.trainer.components import Components, Scores
 from rlplat.trainer.metrics import data_metrics, explained_variance, throughput_metrics, timed
 from rlplat.trainer.prompt_hook import PromptHook
 from rlplat.trainer.signals import stop_on_signals
-from rlplat.trainer.summary import write_summary
+from rlplat.trainer.summary import WallClock, write_summary
 from rlplat.trainer.validation import Validator
 from rlplat.utils.errors import Interrupted, RunError
 from rlplat.utils.progress import Progress
@@ -197,9 +197,12 @@ class PPOTrainer:
         """Train for ``trainer.total_steps`` (from the resumed step), validating and saving on schedule; the
         finished run's actor is exported to ``hf_export`` (a stopped run's checkpoint can be exported)."""
         cfg = self.cfg
-        wall = time.perf_counter()
         with stop_on_signals() as stop:  # a signal stops the loop between steps (see rlplat.trainer.signals)
             self.step = resumed = self.resume()
+            # a run killed after its checkpoint logged later steps: each step is recorded once
+            self.components.tracker.rewind(resumed or None)
+            self.validator.rewind(resumed or None)
+            self.clock = WallClock(cfg.trainer.output_dir, resumed=resumed > 0)
             self.progress = Progress(cfg.trainer.progress, cfg.trainer.total_steps, self.step)
             with self.progress:
                 last_val, saved = self.train_loop(stop)
@@ -209,7 +212,8 @@ class PPOTrainer:
                 self.checkpoints.export(self.step, self.components)
         if stop.requested:
             self.stopped_by_signal(stop)
-        return self.summary(self.initial_val, last_val, time.perf_counter() - wall)
+        self.clock.mark()
+        return self.summary(self.initial_val, last_val, self.clock.seconds)
 
     def train_loop(self, stop) -> tuple[dict[str, float], int]:
         """Steps until ``trainer.total_steps`` or a signal; returns the last validation and the last saved step."""
@@ -229,6 +233,7 @@ class PPOTrainer:
             # Logged before saving: a checkpoint of step N implies step N's metrics are on disk (a crash
             # between the two repeats step N after the resume, with the same metrics, rather than lose it).
             tracker.log(metrics, self.step)
+            self.clock.mark()
             self.progress.step_done(self.step, metrics)
             if cfg.trainer.save_freq > 0 and self.step % cfg.trainer.save_freq == 0 or last:
                 self.save_checkpoint()

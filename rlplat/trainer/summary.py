@@ -4,6 +4,8 @@ time, where its outputs are, and the algorithm that produced them."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -35,3 +37,27 @@ def write_summary(cfg: DictConfig, steps: int, initial: dict, final: dict, wall_
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+class WallClock:
+    """A run's wall time over the commands that made it: ``segments.json`` in the output dir lists each
+    command's start and the time of its last finished step (``mark``), so a run killed and resumed counts
+    the time every segment ran, the steps redone after the resume included."""
+
+    def __init__(self, output_dir: str | Path, resumed: bool):
+        self.path = Path(output_dir) / "segments.json"
+        earlier = json.loads(self.path.read_text()) if resumed and self.path.is_file() else []
+        now = time.time()
+        self.segments = [*earlier, {"start": now, "end": now}]
+        self.mark()
+
+    def mark(self) -> None:
+        """The current segment lasts until now."""
+        self.segments[-1]["end"] = time.time()
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.segments))
+        os.replace(tmp, self.path)
+
+    @property
+    def seconds(self) -> float:
+        return sum(s["end"] - s["start"] for s in self.segments)

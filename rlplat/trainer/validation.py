@@ -15,6 +15,7 @@ from rlplat.protocol import Batch
 from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import validation_metrics
 from rlplat.utils.progress import Progress
+from rlplat.utils.tracking import rewind_jsonl
 
 
 class Validator:
@@ -54,6 +55,10 @@ class Validator:
         metrics["timing/validate_s"] = time.perf_counter() - start
         print(f"[validate step {step}] accuracy={metrics['val/accuracy']:.3f} on {len(scores)} responses", flush=True)
         return metrics
+
+    def rewind(self, keep_through: int | None) -> None:
+        """Cut ``val_samples.jsonl`` back to step ``keep_through`` (as the tracker cuts ``metrics.jsonl``)."""
+        rewind_jsonl(Path(self.cfg.trainer.output_dir) / "val_samples.jsonl", keep_through)
 
     def write_samples(self, step: int, samples: list[dict]) -> None:
         """Append this validation's samples to ``val_samples.jsonl``: one line ``{"step", "samples"}``

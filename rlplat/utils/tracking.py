@@ -9,6 +9,12 @@ tensorboard, wandb and mlflow are optional packages (extras of the same name); a
 naming the extra. wandb follows ``WANDB_MODE`` (``offline`` writes the run under the output dir without
 network); mlflow follows ``MLFLOW_TRACKING_URI`` and otherwise keeps a local store (sqlite + artifacts)
 in ``<output_dir>/mlflow``.
+
+A resumed run continues from its checkpoint's step, but a run killed after that checkpoint had logged
+later steps already. :meth:`Tracker.rewind` cuts those rows from ``metrics.jsonl`` (into
+``metrics.cut.jsonl`` beside it, nothing is lost) and makes tensorboard discard its events from the
+checkpoint's step on (``purge_step``), so each step appears once. wandb and mlflow cannot un-log: each
+command starts a run of its own there.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -55,11 +62,41 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def rewind_jsonl(path: Path, keep_through: int | None) -> int:
+    """Cut the rows of ``path`` (a JSON object with a ``step`` per line) after step ``keep_through`` (every row
+    when None; a line that does not parse, as a killed run can leave, too) and append them to
+    ``<name>.cut.jsonl`` beside it. Returns how many rows were cut."""
+    if not path.is_file():
+        return 0
+    keep, cut = [], []
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            step = None
+        (keep if keep_through is not None and step is not None and step <= keep_through else cut).append(line)
+    if cut:
+        with path.with_name(f"{path.stem}.cut.jsonl").open("a") as f:
+            f.write("".join(line + "\n" for line in cut))
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, path)
+    return len(cut)
+
+
 class _TensorBoard:
     def __init__(self, output_dir: Path, **_):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(output_dir / "tensorboard"))
+        self.dir = str(output_dir / "tensorboard")
+        self.writer = SummaryWriter(self.dir)
+
+    def rewind(self, keep_through: int | None) -> None:
+        """Readers discard this directory's events from step ``keep_through + 1`` on (all when None)."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(self.dir, purge_step=0 if keep_through is None else keep_through + 1)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -156,6 +193,21 @@ class Tracker:
                 raise RunError(f"trainer.logger: {name} failed to start ({type(err).__name__}: {reason}); fix its "
                                f"setup (e.g. WANDB_MODE=offline, MLFLOW_TRACKING_URI) or remove it from "
                                f"trainer.logger") from None
+
+    def rewind(self, keep_through: int | None) -> None:
+        """Forget what was logged after step ``keep_through`` (everything when None: a run starting afresh in
+        an output dir that holds an earlier run's metrics), where the sink can: see the module docstring."""
+        self._jsonl.close()
+        path = self.output_dir / "metrics.jsonl"
+        cut = rewind_jsonl(path, keep_through)
+        self._jsonl = path.open("a")
+        if cut:
+            after = "an earlier run" if keep_through is None else f"the steps after {keep_through}"
+            print(f"[tracking] moved {cut} rows of {after} from metrics.jsonl to metrics.cut.jsonl", flush=True)
+        if cut or keep_through is not None:
+            for sink in self._sinks:
+                if hasattr(sink, "rewind"):
+                    sink.rewind(keep_through)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}

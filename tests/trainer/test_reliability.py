@@ -313,7 +313,7 @@ def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, s
     # 8 prompts, 4 per step: every epoch is 2 steps, so each checkpoint (every 2 steps) is on an epoch boundary
     train = write_parquet(TASKS.get("arithmetic")(8, seed=3, split="train"), tmp_path / "train.parquet")
     common = [*SMALL, f"data.val_files={small_val}", f"data.train_files={train}", "trainer.total_steps=6",
-              "trainer.save_freq=2"]
+              "trainer.save_freq=2", "trainer.logger=[console,tensorboard]"]
     assert main([*common, f"trainer.output_dir={tmp_path}/full"]) == 0
 
     kill_at = random.Random(13).randint(3, 5)  # a step after the first checkpoint (step 2)
@@ -333,3 +333,24 @@ def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, s
     for step in range(7):
         assert resumed[step] == full[step], (step, kill_at, saved)
     assert full[3] != full[4]  # the steps differ, so equality means something
+
+    # each step once: the rows the killed run logged after its checkpoint were cut (into a side file)
+    rows = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(7))
+    cut = [json.loads(line)["step"] for line in (crashed / "metrics.cut.jsonl").read_text().splitlines()]
+    checkpoint_step = int(saved.removeprefix("step_"))
+    assert cut and all(checkpoint_step < step <= kill_at for step in cut), (cut, saved, kill_at)
+    # tensorboard reads each step once, the resumed run's values (the killed run's later events purged)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(crashed / "tensorboard"))
+    events.Reload()
+    scalars = events.Scalars("actor/pg_loss")
+    assert [e.step for e in scalars] == list(range(1, 7))
+    assert [e.value for e in scalars] == pytest.approx([full[step]["actor/pg_loss"] for step in range(1, 7)])
+    # the wall time counts both commands
+    segments = json.loads((crashed / "segments.json").read_text())
+    summary = json.loads((crashed / "summary.json").read_text())
+    assert len(segments) == 2
+    assert summary["wall_time_s"] == pytest.approx(sum(s["end"] - s["start"] for s in segments))
+    assert summary["wall_time_s"] > segments[1]["end"] - segments[1]["start"]
