@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlplat.config.derive import derive_batch_sizes
 from rlplat.config.errors import ConfigError
 from rlplat.config.imports import import_user_modules
+from rlplat.config.migration import equivalent
 from rlplat.config.schema import RLPlatConfig, register_schema
 from rlplat.config.validate import validate
 
@@ -56,6 +57,10 @@ def check_key(path: str) -> None:
             raise ConfigError(f"unknown config key {path!r}: {parent!r} is a value, not a section")
         fields = _schema_fields(node)
         if part not in fields:
+            if known := equivalent(path):
+                framework, setting = known
+                raise ConfigError(f"unknown config key {path!r}: that is {framework}'s name; rlplat's is {setting} "
+                                  f"(docs/migrating.md maps the others)")
             parent = ".".join(parts[:depth])
             where = f"under {parent!r}" if parent else "at the top level"
             suggestion = _closest(part, fields, prefix=f"{parent}." if parent else "")

@@ -133,3 +133,44 @@ def test_the_check_refuses_what_is_not_a_setting():
                         problem("algorithm.loss_agg_mode=token_mean"))
     assert re.fullmatch(r"'data.truncation=middle': data.truncation takes one of \(.*'left'.*\)",
                         problem("data.truncation=middle"))
+
+
+def rows_naming_rlplat_keys(section: str, framework: str) -> dict[str, str]:
+    """``{their key: rlplat's setting}`` from a table's rows that name one (see rlplat.config.migration):
+    the full keys of the first column (verl's dotted, TRL's plain), paired one to one with the rlplat
+    column's entries when the counts match, else each with all of them; rows whose key is rlplat's too
+    are left out (such a key is never unknown)."""
+    found: dict[str, str] = {}
+    for cells in table(section):
+        if NO_EQUIVALENT in cells[1] or not (targets := backticked(cells[1])):
+            continue
+        keys = [entry.split("=")[0].lstrip("+").strip() for entry in backticked(cells[0])]
+        keys = [key for key in keys if " " not in key
+                and ("." in key if framework == "verl" else re.fullmatch(r"[a-z_0-9]+", key))]
+        paired = len(keys) == len(targets) > 1
+        for index, key in enumerate(keys):
+            target = targets[index] if paired else ", ".join(targets)
+            if key != target.split("=")[0]:
+                found.setdefault(key, target)
+    return found
+
+
+def test_the_unknown_key_maps_are_the_tables():
+    from rlplat.config import migration
+
+    assert migration.VERL == rows_naming_rlplat_keys("From verl", "verl")
+    assert migration.TRL == rows_naming_rlplat_keys("From TRL", "TRL")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("actor_rollout_ref.rollout.n=4", "that is verl's name; rlplat's is rollout.n"),
+    ("+actor_rollout_ref.actor.kl_loss_coef=0.01", "that is verl's name; rlplat's is algorithm.kl_loss_coef"),
+    ("num_generations=8", "that is TRL's name; rlplat's is rollout.n"),
+])
+def test_a_verl_or_trl_key_gets_rlplats_name(override, expected):
+    from rlplat.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config([override])
+    assert str(err.value) == (f"unknown config key {override.split('=')[0].lstrip('+')!r}: {expected} "
+                              f"(docs/migrating.md maps the others)")
