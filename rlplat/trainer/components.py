@@ -142,7 +142,9 @@ class Components:
         """A training batch's :class:`Scores` (:meth:`score_result`, as tensors with their reward terms)."""
         manager = self.reward_train
         result = self.score_result(batch)
-        metrics = {"reward/num_errors": float(result.num_errors)}
+        correct = result.correct()  # the reward's acc, else score >= 1: what val/accuracy counts
+        metrics = {"reward/num_errors": float(result.num_errors),
+                   "reward/accuracy": sum(correct) / max(len(correct), 1)}
         for name, values in {**result.per_function, **result.extras}.items():
             metrics[f"reward/{name}_mean"] = sum(values) / max(len(values), 1)
         columns = [result.per_function[name] for name in manager.names]

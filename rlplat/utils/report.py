@@ -24,7 +24,8 @@ from rlplat.utils.tracking import SAMPLE_COLUMNS  # the columns of a validation 
 # (file name, figure title, metrics). A key ending in "/" stands for every metric under it, in name order,
 # after the ones named before it. Groups with no metric in the run are left out.
 GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("reward", "Reward", ("score/mean", "reward/mean", "score/max", "score/min", "reward/num_errors")),
+    ("reward", "Reward", ("score/mean", "reward/mean", "reward/accuracy", "score/max", "score/min",
+                          "reward/num_errors")),
     ("validation", "Validation", ("val/accuracy", "val/score_mean", "val/reward_num_errors", "val/")),
     ("response_length", "Response length",
      ("response_length/mean", "response_length/max", "response_length/truncation_ratio")),

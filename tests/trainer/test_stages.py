@@ -282,3 +282,20 @@ def test_optimal_token_baseline_gets_the_losss_importance_weights():
         sum_pi_squared=fields["sum_pi_squared"]))
     torch.testing.assert_close(got, expected.advantages)
     assert not torch.allclose(got, unweighted.advantages)  # the weights made a difference
+
+
+def test_training_logs_the_rewards_accuracy():
+    """A reward's ``acc`` (else score >= 1, as validation counts) is logged for training batches too."""
+    from types import SimpleNamespace
+
+    from rlplat.reward.manager import ScoreResult
+    from rlplat.trainer.components import Components
+
+    result = ScoreResult(scores=[0.2, 1.0, 0.9, 0.0], per_function={"f": [0.2, 1.0, 0.9, 0.0]},
+                         acc=[1.0, 0.0, None, None], extras={"f/format": [1.0, 1.0, 0.0, 0.0]})
+    fake = SimpleNamespace(score_result=lambda batch: result,
+                           reward_train=SimpleNamespace(names=["f"], functions=[("f", 1.0)], overlong=None))
+    scores = Components.score_batch(fake, batch=None)
+    assert scores.metrics["reward/accuracy"] == pytest.approx((1 + 0 + 0 + 0) / 4)  # acc, acc, 0.9 < 1, 0.0 < 1
+    assert scores.metrics["reward/f_mean"] == pytest.approx(0.525)
+    assert scores.metrics["reward/f/format_mean"] == pytest.approx(0.5)
