@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GRPO on gsm8k with Qwen/Qwen2.5-7B-Instruct: FSDP2 training + Hugging Face rollout. Hardware: 8 x 80 GB GPU.
-# Data first: python examples/data_preprocess/gsm8k.py --out-dir data/gsm8k   (writes train/test parquet)
+# Data first: .venv/bin/python examples/data_preprocess/gsm8k.py --out-dir data/gsm8k   (writes train/test parquet)
 # Knobs: see examples/common.sh (e.g. WORKERS=4 LR=2e-6 bash examples/gpu/qwen2.5-7b_gsm8k_fsdp_hf.sh); extra args are Hydra overrides.
 set -euo pipefail
 ALGO=${ALGO:-grpo}

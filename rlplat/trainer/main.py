@@ -26,20 +26,26 @@ Examples:
 
 
 def registered_names() -> dict[str, tuple[str, ...]]:
-    """Every registered algorithm plug-in name by kind, as ``--help`` and the README list them."""
+    """Every registered plug-in name by kind (algorithms and reward functions), as ``--help`` and the
+    README list them."""
     from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+    from rlplat.reward import REWARD_FUNCTIONS
 
     return {
         "advantage estimators (algorithm.adv_estimator)": ADVANTAGE_ESTIMATORS.names(),
         "policy losses (algorithm.policy_loss)": POLICY_LOSSES.names(),
         "loss aggregation modes (algorithm.loss_agg_mode)": AGGREGATION_MODES.names(),
         "KL estimators (algorithm.kl_penalty, algorithm.kl_loss_type)": KL_ESTIMATORS.names(),
+        "reward functions (reward.functions; auto = by data_source)": REWARD_FUNCTIONS.names(),
     }
 
 
 def _names_help() -> str:
-    lines = [f"  {kind}: {' '.join(names)}" for kind, names in registered_names().items()]
-    lines.append("  (every KL estimator also as NAME+: its value with the k2 gradient, straight-through)")
+    lines = []
+    for kind, names in registered_names().items():
+        lines.append(f"  {kind}: {' '.join(names)}")
+        if kind.startswith("KL estimators"):
+            lines.append("  (every KL estimator also as NAME+: its value with the k2 gradient, straight-through)")
     return "\n".join(lines)
 
 

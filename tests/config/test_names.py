@@ -1,9 +1,10 @@
-"""``--help`` and the README list every registered algorithm name, and only those."""
+"""``--help`` and the README list every registered algorithm and reward function name, and only those."""
 
 import re
 from pathlib import Path
 
 from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from rlplat.reward import REWARD_FUNCTIONS
 from rlplat.trainer.main import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -12,13 +13,14 @@ KINDS = {
     "policy losses": POLICY_LOSSES,
     "loss aggregation modes": AGGREGATION_MODES,
     "KL estimators": KL_ESTIMATORS,
+    "reward functions": REWARD_FUNCTIONS,
 }
 
 
 def readme_names(kind: str) -> set[str]:
     """The names in the first backtick span of the README's "- <kind>:" bullet (which may wrap)."""
     text = README.read_text(encoding="utf-8")
-    match = re.search(rf"^  - {kind}: `([^`]*)`", text, flags=re.MULTILINE)
+    match = re.search(rf"^  - {kind}(?: \([^)]*\))?: `([^`]*)`", text, flags=re.MULTILINE)
     assert match, f"README has no '  - {kind}: `...`' line"
     return set(match.group(1).split())
 
