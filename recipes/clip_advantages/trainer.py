@@ -2,12 +2,11 @@
 
 Clipping advantages bounds the update any single response can cause (a guard used e.g. when rewards
 have rare large outliers); with GRPO's group-normalised advantages, c = 1 clips the responses that are
-more than one group standard deviation from their group's mean.
+more than one group standard deviation from their group's mean. c is ``recipe.max_abs`` (default 1.0):
+``python -m recipes.clip_advantages.main recipe.max_abs=2``.
 """
 
 from __future__ import annotations
-
-import os
 
 from rlplat.protocol import Batch
 from rlplat.trainer.ppo import PPOTrainer
@@ -15,8 +14,11 @@ from rlplat.trainer.ppo import PPOTrainer
 
 class ClipAdvantagesTrainer(PPOTrainer):
     stage_order = PPOTrainer.insert_stage("clip_advantages", after="advantages")
-    # The recipe's one knob, read from the environment so the entry point stays rlplat's CLI.
-    max_abs = float(os.environ.get("CLIP_ADVANTAGES_MAX_ABS", "1.0"))
+
+    @property
+    def max_abs(self) -> float:
+        """The recipe's one setting, from the config's free-form ``recipe`` section."""
+        return float(self.cfg.recipe.get("max_abs", 1.0))
 
     def clip_advantages(self, batch: Batch, metrics: dict) -> Batch:
         adv = batch.pop(["advantages"]).tensors["advantages"]  # [batch, response_len]

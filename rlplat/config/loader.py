@@ -50,6 +50,8 @@ def check_key(path: str) -> None:
     node: typing.Any = RLPlatConfig
     parts = path.split(".")
     for depth, part in enumerate(parts):
+        if typing.get_origin(node) is dict:  # a free-form section (recipe.*): any key below it
+            return
         if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
             if part.isdigit():  # e.g. data.train_files.0
                 continue
@@ -97,7 +99,8 @@ def _format_omegaconf_error(err: BaseException) -> str:
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose the raw (unvalidated) config; errors are ConfigError with the key path."""
-    overrides = list(overrides or [])
+    # recipe.* keys are free-form: set or added alike (Hydra's "++"), so users need no "+" for them
+    overrides = [f"++{o}" if o.startswith("recipe.") else o for o in overrides or []]
     check_overrides(overrides)
     register_schema()
     GlobalHydra.instance().clear()

@@ -349,6 +349,8 @@ class RLPlatConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # A recipe's own settings, free-form and read only by the recipe: recipe.max_abs=2 (recipes/README.md)
+    recipe: dict[str, Any] = field(default_factory=dict)
 
 
 SCHEMA_NAME = "rlplat_schema"

@@ -75,6 +75,17 @@ def test_worked_example_runs(embedded_cache, small_val, tmp_path):
     steps = [m for m in run(cmd, ROOT) if "actor/pg_loss" in m]
     assert len(steps) == 2 and all(0.0 <= m["recipe/adv_clip_frac"] <= 1.0 for m in steps)
     assert all("timing/clip_advantages_s" in m for m in steps)  # the stage ran every step
+    assert "max_abs: 2" in (tmp_path / "config.yaml").read_text().split("\nrecipe:\n", 1)[1]  # the guide's setting
+
+
+def test_a_recipes_settings_are_free_form_and_kept():
+    from rlplat.config import ConfigError, load_config
+
+    cfg = load_config(["recipe.max_abs=2", "+recipe.name=clip", "recipe.nested.depth=3"])
+    assert cfg.recipe == {"max_abs": 2, "name": "clip", "nested": {"depth": 3}}
+    assert load_config([]).recipe == {}
+    with pytest.raises(ConfigError, match="did you mean 'recipe'"):
+        load_config(["recipes.max_abs=2"])
 
 
 @pytest.mark.slow
