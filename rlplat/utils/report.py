@@ -3,6 +3,7 @@
 Reads what a run writes to its ``trainer.output_dir`` and writes ``RUN_DIR/report/``::
 
     metrics.jsonl      ─► <group>.png                     one figure per metric group, one panel per metric
+    segments.json      ─► the dotted lines in them        where a resumed run picked up
     val_samples.jsonl  ─► samples_{first,latest}.html     the first and the latest validation's samples
                           samples_{first,latest}.jsonl    (the same, one sample per line)
     command.txt, summary.json, config.yaml, the above ─► index.html
@@ -35,7 +36,15 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("throughput", "Throughput",
      ("perf/tokens_per_s", "timing/step_s", "timing/generate_s", "timing/update_actor_s")),
     ("critic", "Critic", ("critic/",)),
+    ("actor", "Actor update", ("actor/pg_loss", "actor/pg_clipfrac", "actor/ratio_mean", "actor/")),
+    ("reward_terms", "Reward functions and their fields", ("reward/",)),
+    ("recipe", "Recipe metrics", ("recipe/",)),
 )
+# Every metric no group above shows, but timing and throughput details, goes to a last figure of its own.
+OTHER = ("other", "Other metrics")
+NOT_IN_OTHER = ("timing/", "perf/")
+SMOOTH_FROM = 20  # points from which a curve also gets its exponential moving average
+SMOOTHING = 0.9  # the moving average's weight on the past
 Series = dict[str, tuple[list[int], list[float]]]  # metric -> (steps, values), by step
 USAGE = "usage: python -m rlplat.tools.report RUN_DIR   (writes RUN_DIR/report/index.html, plots and sample tables)"
 
@@ -71,18 +80,50 @@ def metric_series(rows: list[dict]) -> Series:
     return {key: (sorted(points), [points[s] for s in sorted(points)]) for key, points in by_metric.items()}
 
 
-def group_panels(metrics: Series) -> list[tuple[str, str, list[str]]]:
-    """(file name, title, the metrics it shows) for each group of :data:`GROUPS` that has data."""
-    found = []
-    for name, title, patterns in GROUPS:
+def group_panels(metrics: Series) -> list[tuple[str, str, list[list[str]]]]:
+    """(file name, title, panels) for each group of :data:`GROUPS` that has data, then :data:`OTHER`. A
+    metric is shown once, in the first group that names it; a panel is a list of metrics whose curves
+    are identical (``score/mean`` and ``reward/mean`` with one reward function), drawn once."""
+    found, shown = [], set()
+    groups = [*GROUPS, (*OTHER, tuple(sorted(k for k in metrics if not k.startswith(NOT_IN_OTHER))))]
+    for name, title, patterns in groups:
         keys: list[str] = []
         for pattern in patterns:
             matches = sorted(k for k in metrics if k.startswith(pattern)) if pattern.endswith("/") else (
                 [pattern] if pattern in metrics else [])
-            keys += [k for k in matches if k not in keys]
-        if keys:
-            found.append((name, title, keys))
+            keys += [k for k in matches if k not in keys and k not in shown]
+        shown.update(keys)
+        panels: list[list[str]] = []
+        for key in keys:
+            same = next((panel for panel in panels if metrics[panel[0]] == metrics[key]), None)
+            if same is None:
+                panels.append([key])
+            else:
+                same.append(key)
+        if panels:
+            found.append((name, title, panels))
     return found
+
+
+def moving_average(values: list[float], weight: float = SMOOTHING) -> list[float]:
+    """The exponential moving average of ``values``, debiased at the start (as tensorboard smooths)."""
+    out, average = [], 0.0
+    for count, value in enumerate(values, start=1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**count))
+    return out
+
+
+def resume_steps(rows: list[dict], segments: list[dict]) -> list[int]:
+    """The first step each command after the first logged (``segments.json``: each command's start time,
+    rows: ``metrics.jsonl``): where a resumed run picked up."""
+    steps = []
+    for segment in segments[1:]:
+        later = [row["step"] for row in rows if isinstance(row.get("step"), int)
+                 and isinstance(row.get("time"), (int, float)) and row["time"] >= segment.get("start", math.inf)]
+        if later:
+            steps.append(min(later))
+    return steps
 
 
 def y_label(key: str) -> str:
@@ -92,33 +133,41 @@ def y_label(key: str) -> str:
     return "seconds" if leaf.endswith("_s") else leaf
 
 
-def plot_group(title: str, keys: list[str], series: Series, path: Path) -> int:
-    """Draw one panel per metric (value against step) into ``path``; return the number of panels drawn."""
+def plot_group(title: str, panels: list[list[str]], series: Series, path: Path, resumes: list[int] = ()) -> int:
+    """Draw one panel per entry of ``panels`` (value against step; a curve of :data:`SMOOTH_FROM` points or
+    more also smoothed, a dotted line where a resumed run picked up) into ``path``; the panels drawn."""
     # Figure without pyplot: renders PNGs with Agg and leaves matplotlib's global backend alone.
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    cols = 2 if len(keys) == 4 else min(len(keys), 3 if len(keys) <= 9 else 4)  # no more than 2 blank slots
-    rows = math.ceil(len(keys) / cols)
+    cols = 2 if len(panels) == 4 else min(len(panels), 3 if len(panels) <= 9 else 4)  # at most 2 blank slots
+    rows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(4.2 * cols, 3.0 * rows + 0.5), layout="constrained")
     fig.suptitle(title, fontsize=14, fontweight="bold")
-    for i, key in enumerate(keys):
+    for i, keys in enumerate(panels):
         ax = fig.add_subplot(rows, cols, i + 1)
-        steps, values = series[key]
-        ax.plot(steps, values, color="C0", marker="o" if len(steps) <= 50 else None, markersize=3)
-        ax.set_title(key, fontsize=10)
+        steps, values = series[keys[0]]
+        smooth = len(steps) >= SMOOTH_FROM
+        ax.plot(steps, values, color="C0", alpha=0.35 if smooth else 1.0,
+                marker="o" if len(steps) <= 50 else None, markersize=3)
+        if smooth:
+            ax.plot(steps, moving_average(values), color="C0")
+        for step in resumes:
+            if steps[0] <= step <= steps[-1]:
+                ax.axvline(step - 0.5, color="C3", linestyle=":", linewidth=1)
+        ax.set_title(" = ".join(keys), fontsize=10 if len(keys) == 1 else 8)
         ax.set_xlabel("step")
-        ax.set_ylabel(y_label(key))
+        ax.set_ylabel(y_label(keys[0]))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     fig.savefig(path, dpi=100, facecolor="white")
     return len(fig.axes)
 
 
-def write_plots(series: Series, out: Path) -> dict[str, int]:
+def write_plots(series: Series, out: Path, resumes: list[int] = ()) -> dict[str, int]:
     """One PNG per group with data; returns file name -> number of panels, in :data:`GROUPS` order."""
-    return {f"{name}.png": plot_group(title, keys, series, out / f"{name}.png")
-            for name, title, keys in group_panels(series)}
+    return {f"{name}.png": plot_group(title, panels, series, out / f"{name}.png", resumes)
+            for name, title, panels in group_panels(series)}
 
 
 def samples_table(step: int, samples: list[dict]) -> str:
@@ -197,8 +246,14 @@ def write_report(run_dir: str | Path) -> Path:
                           "trained with 'jsonl' in trainer.logger?)")
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
-    series = metric_series(read_jsonl(run_dir / "metrics.jsonl"))
-    plots = write_plots(series, out)
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    series = metric_series(rows)
+    segments_path = run_dir / "segments.json"
+    try:
+        segments = json.loads(segments_path.read_text()) if segments_path.is_file() else []
+    except ValueError:  # a damaged segments.json costs the resume marks, not the report
+        segments = []
+    plots = write_plots(series, out, resume_steps(rows, segments))
     val_path = run_dir / "val_samples.jsonl"
     samples = write_samples(read_jsonl(val_path) if val_path.is_file() else [], out)
     last_step = max((steps[-1] for steps, _ in series.values()), default=None)

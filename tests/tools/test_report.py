@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from matplotlib.image import imread
 
-from rlplat.utils.report import main, metric_series, read_jsonl, write_report, write_report_after_run
+from rlplat.utils.report import (
+    group_panels, main, metric_series, moving_average, read_jsonl, resume_steps, write_report, write_report_after_run,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -72,8 +75,9 @@ def test_plots_are_real_images_with_one_panel_per_metric(tmp_path):
     run_dir = make_run(tmp_path)
     (run_dir / "summary.json").write_text(json.dumps({"final_val_accuracy": 0.3, "steps": 20}))
     out = write_report(run_dir)
-    # reward: score/mean + score/max; critic: both critic/*; groups without data (KL, throughput, ...) are absent
-    expected = {"reward.png": 2, "validation.png": 1, "entropy.png": 1, "critic.png": 2}
+    # reward: score/mean + score/max; critic: both critic/*; actor: pg_loss (entropy has its own figure);
+    # groups without data (KL, throughput, ...) are absent
+    expected = {"reward.png": 2, "validation.png": 1, "entropy.png": 1, "critic.png": 2, "actor.png": 1}
     assert sorted(p.name for p in out.glob("*.png")) == sorted(expected)
     for name, panels in expected.items():
         assert_real_png(out / name, panels)
@@ -81,6 +85,40 @@ def test_plots_are_real_images_with_one_panel_per_metric(tmp_path):
     for name in expected:
         assert f"<img src='{name}'" in index
     assert "algorithm=ppo" in index and "final_val_accuracy" in index and "<details>" in index
+
+
+def test_every_metric_is_plotted_once_and_identical_curves_share_a_panel(tmp_path):
+    rows = [{"step": s, "time": float(s), "score/mean": s / 4, "reward/mean": s / 4, "score/max": 1.0,
+             "reward/accuracy": s / 8, "reward/f/format_mean": 0.5, "recipe/adv_clip_frac": 0.1 * s,
+             "my/custom": float(s * s), "timing/step_s": 0.2, "actor/grad_norm": 2.0} for s in range(1, 5)]
+    panels = {name: keys for name, _, keys in group_panels(metric_series(rows))}
+    assert panels["reward"] == [["score/mean", "reward/mean"], ["reward/accuracy"], ["score/max"]]
+    assert panels["reward_terms"] == [["reward/f/format_mean"]] and panels["recipe"] == [["recipe/adv_clip_frac"]]
+    assert panels["other"] == [["my/custom"]]  # timing/* stays with throughput's named few
+    assert "actor" not in panels  # grad_norm has its own figure
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_jsonl(run_dir / "metrics.jsonl", rows)
+    out = write_report(run_dir)
+    assert_real_png(out / "reward.png", 3)
+    assert_real_png(out / "other.png", 1)
+
+
+def test_a_resumed_run_is_marked_where_it_picked_up(tmp_path):
+    rows = [{"step": s, "time": 100.0 + s} for s in range(0, 7)] + [{"step": s, "time": 500.0 + s} for s in (5, 6)]
+    assert resume_steps(rows, [{"start": 90.0, "end": 107.0}, {"start": 499.0, "end": 507.0}]) == [5]
+    assert resume_steps(rows, [{"start": 90.0, "end": 107.0}]) == []
+    run_dir = make_run(tmp_path, steps=30)
+    (run_dir / "segments.json").write_text(json.dumps([{"start": 0.0, "end": 12.5}, {"start": 12.5, "end": 30.0}]))
+    write_report(run_dir)  # draws the marks at step 13 (and smooths the 30-point curves) without failing
+    (run_dir / "segments.json").write_text("{not json")
+    assert (write_report(run_dir) / "reward.png").is_file()
+
+
+def test_the_moving_average_starts_at_the_first_value_and_follows():
+    assert moving_average([3.0, 3.0, 3.0]) == pytest.approx([3.0, 3.0, 3.0])
+    smoothed = moving_average([0.0] * 5 + [1.0] * 50, weight=0.9)
+    assert smoothed[4] == 0.0 and smoothed[5] == pytest.approx(0.1 / (1 - 0.9**6)) and smoothed[-1] > 0.99
 
 
 def test_validation_points_are_only_the_steps_that_validated(tmp_path):
@@ -155,9 +193,14 @@ def test_a_real_run_ends_with_its_report(embedded_cache, small_val, tmp_path, ca
     run(cfg, plan)
     assert f"rlplat: report {out_dir / 'report' / 'index.html'}" in capsys.readouterr().out
     report = out_dir / "report"
-    logged = {k for row in read_jsonl(out_dir / "metrics.jsonl") for k in row}
-    assert_real_png(report / "validation.png", sum(k.startswith("val/") for k in logged))
-    assert_real_png(report / "critic.png", sum(k.startswith("critic/") for k in logged))
+    rows = read_jsonl(out_dir / "metrics.jsonl")
+    logged = {k for row in rows for k in row}
+    panels = {name: keys for name, _, keys in group_panels(metric_series(rows))}
+    # every val/* metric is shown; equal curves (accuracy, score mean, pass@1 of one source) share a panel
+    assert sorted(k for keys in panels["validation"] for k in keys) == sorted(k for k in logged if k.startswith("val/"))
+    assert_real_png(report / "validation.png", len(panels["validation"]))
+    assert len(panels["validation"]) < sum(k.startswith("val/") for k in logged)
+    assert_real_png(report / "critic.png", len(panels["critic"]))
     assert_real_png(report / "entropy.png", 1)
     first = read_jsonl(report / "samples_first.jsonl")
     assert first and {r["step"] for r in first} == {0}
