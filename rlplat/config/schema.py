@@ -56,7 +56,7 @@ class DataConfig:
     val_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])  # validation prompts, same forms
     train_batch_size_prompts: int = count(64)  # prompts per training step, global (sequences = this x rollout.n)
     val_batch_size_prompts: int = count(256)  # prompts per validation generation call, global
-    max_prompt_length: int = count(128)  # tokens, after the chat template
+    max_prompt_length: int = count(512)  # tokens, after the chat template (verl's default too)
     max_response_length: int = count(8)  # tokens generated per response (the one source for max_new_tokens)
     truncation: str = "error"  # over-long prompt: error | left | right | filter
     apply_chat_template: bool = True  # format prompts with the tokenizer's chat template

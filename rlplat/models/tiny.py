@@ -39,7 +39,7 @@ class TinyModelSpec:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     intermediate_size: int = 256
-    max_position_embeddings: int = 512
+    max_position_embeddings: int = 1024  # room for data.max_prompt_length (512) + a response
     tie_word_embeddings: bool = True
 
 
