@@ -121,3 +121,45 @@ def test_rewind_cuts_later_steps_into_a_side_file(tmp_path):
     fresh.close()
     assert (tmp_path / "metrics.jsonl").read_text() == ""
     assert len((tmp_path / "metrics.cut.jsonl").read_text().splitlines()) == 3 + 4
+
+
+def test_a_resumed_run_continues_the_mlflow_run_with_only_the_steps_it_lacks(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    killed = Tracker(["mlflow"], tmp_path, {"a": 1}, "rlplat-resume", "run-1")
+    for step in range(5):  # steps 0-4 logged; the checkpoint was at step 2
+        killed.log({"score/mean": float(step)}, step)
+    killed.close()
+    resumed = Tracker(["mlflow"], tmp_path, {"a": 1}, "rlplat-resume", "run-1", resume=True)
+    resumed.rewind(2)
+    for step in range(3, 7):
+        resumed.log({"score/mean": 10.0 + step}, step)
+    resumed.close()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve() / 'mlflow' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("rlplat-resume").experiment_id])
+    history = client.get_metric_history(run.info.run_id, "score/mean")
+    assert [(m.step, m.value) for m in history] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0),
+                                                    (6, 16.0)]
+    assert json.loads((tmp_path / "trackers.json").read_text()) == {"mlflow": {"id": run.info.run_id, "last_step": 6}}
+    fresh = Tracker(["mlflow"], tmp_path / "new", {"a": 1}, "rlplat-resume", "run-2")  # not resuming: a run of its own
+    fresh.close()
+    assert len(client.search_runs([client.get_experiment_by_name("rlplat-resume").experiment_id])) == 1  # other store
+
+
+def test_a_resumed_run_continues_the_wandb_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    first = Tracker(["wandb"], tmp_path, {"a": 1}, "rlplat-resume", "run-1")
+    first.log({"score/mean": 1.0}, 1)
+    first.close()
+    run_id = json.loads((tmp_path / "trackers.json").read_text())["wandb"]["id"]
+    again = Tracker(["wandb"], tmp_path, {"a": 1}, "rlplat-resume", "run-1", resume=True)
+    again.log({"score/mean": 1.0}, 1)  # held already: not sent again
+    again.log({"score/mean": 2.0}, 2)
+    again.close()
+    assert json.loads((tmp_path / "trackers.json").read_text()) == {"wandb": {"id": run_id, "last_step": 2}}
+    runs = [path.name for path in (tmp_path / "wandb").glob("offline-run-*")]
+    assert len(runs) == 2 and all(f"-{run_id}" in name for name in runs), (runs, run_id)  # one run, two segments

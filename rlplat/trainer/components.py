@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -218,8 +219,11 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
     overlong = cfg.algorithm.overlong_buffer
     reward_train = build_reward_manager(cfg.reward, overlong, data.max_response_length)
     reward_val = reward_train.for_validation()
+    mode = cfg.trainer.resume_mode  # will the trainer resume? (it verifies the checkpoint then)
+    resuming = mode != "disable" and (mode != "auto"
+                                      or any((Path(cfg.trainer.output_dir) / "checkpoints").glob("step_*")))
     tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg),
-                      project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name)
+                      project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name, resume=resuming)
     actor, ref, critic, pools = _in_process_groups(cfg, plan) if in_process else launched
     _load_models(cfg, plan, model_path, actor, ref, critic)
     return Components(

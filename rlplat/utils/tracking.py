@@ -13,8 +13,9 @@ in ``<output_dir>/mlflow``.
 A resumed run continues from its checkpoint's step, but a run killed after that checkpoint had logged
 later steps already. :meth:`Tracker.rewind` cuts those rows from ``metrics.jsonl`` (into
 ``metrics.cut.jsonl`` beside it, nothing is lost) and makes tensorboard discard its events from the
-checkpoint's step on (``purge_step``), so each step appears once. wandb and mlflow cannot un-log: each
-command starts a run of its own there.
+checkpoint's step on (``purge_step``), so each step appears once. wandb and mlflow cannot un-log: a
+resumed run continues their run (its id is kept in ``trackers.json`` in the output dir, with the last step
+each of them holds) and sends them only the steps after that one.
 """
 
 from __future__ import annotations
@@ -117,11 +118,14 @@ class _TensorBoard:
 
 
 class _Wandb:
-    def __init__(self, output_dir: Path, config: dict | None, project: str, run_name: str | None):
+    def __init__(self, output_dir: Path, config: dict | None, project: str, run_name: str | None,
+                 resume_id: str | None = None):
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=run_name, config=config, dir=str(output_dir))
+        self.run = wandb.init(project=project, name=run_name, config=config, dir=str(output_dir), id=resume_id,
+                              resume="allow" if resume_id else None)
+        self.run_id = self.run.id
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -135,7 +139,8 @@ class _Wandb:
 
 
 class _MLflow:
-    def __init__(self, output_dir: Path, config: dict | None, project: str, run_name: str | None):
+    def __init__(self, output_dir: Path, config: dict | None, project: str, run_name: str | None,
+                 resume_id: str | None = None):
         import os
 
         import mlflow
@@ -151,7 +156,10 @@ class _MLflow:
         if mlflow.get_experiment_by_name(project) is None:
             mlflow.create_experiment(project, artifact_location=None if external else (local / "artifacts").as_uri())
         mlflow.set_experiment(project)
-        self.run = mlflow.start_run(run_name=run_name)
+        self.run = mlflow.start_run(run_id=resume_id) if resume_id else mlflow.start_run(run_name=run_name)
+        self.run_id = self.run.info.run_id
+        if resume_id:  # the run has its params (mlflow refuses to change one)
+            return
         params = {key: str(value)[:500] for key, value in flatten(config or {}).items()}
         for start in range(0, len(params), 100):  # mlflow takes at most 100 params per call
             mlflow.log_params(dict(list(params.items())[start : start + 100]))
@@ -168,11 +176,15 @@ class _MLflow:
 
 
 SINKS = {"tensorboard": _TensorBoard, "wandb": _Wandb, "mlflow": _MLflow}  # the optional trackers
+RESUMABLE = ("wandb", "mlflow")  # trackers that cannot un-log: a resumed run continues their run
 
 
 class Tracker:
+    """``resume``: the run continues from a checkpoint in ``output_dir``, so wandb and mlflow continue the
+    runs ``trackers.json`` names there (module docstring)."""
+
     def __init__(self, loggers: list[str], output_dir: str | Path, config: dict[str, Any] | None = None,
-                 project: str = "rlplat", run_name: str | None = None):
+                 project: str = "rlplat", run_name: str | None = None, resume: bool = False):
         self.loggers = list(loggers)
         unknown = [name for name in self.loggers if name not in LOGGERS]
         if unknown:
@@ -183,11 +195,20 @@ class Tracker:
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = (self.output_dir / "metrics.jsonl").open("a")  # always: the report reads it
+        self._state_path = self.output_dir / "trackers.json"
+        held = json.loads(self._state_path.read_text()) if resume and self._state_path.is_file() else {}
+        self._state: dict[str, dict] = {}  # resumable tracker -> {"id": its run, "last_step": the last it holds}
+        self._held: dict[str, int] = {}  # resumable tracker -> the last step it held when this command started
         self._sinks = []
         for name in (name for name in self.loggers if name in SINKS):
             try:
-                self._sinks.append(SINKS[name](output_dir=self.output_dir, config=config, project=project,
-                                               run_name=run_name))
+                extra = {"resume_id": held.get(name, {}).get("id")} if name in RESUMABLE else {}
+                sink = SINKS[name](output_dir=self.output_dir, config=config, project=project, run_name=run_name,
+                                   **extra)
+                self._sinks.append((name, sink))
+                if name in RESUMABLE:
+                    self._held[name] = held.get(name, {}).get("last_step", -1)
+                    self._state[name] = {"id": sink.run_id, "last_step": self._held[name]}
             except Exception as err:  # no credentials, an unreachable server, a store it cannot write, ...
                 reason = (str(err).strip().splitlines() or [""])[0]
                 raise RunError(f"trainer.logger: {name} failed to start ({type(err).__name__}: {reason}); fix its "
@@ -205,7 +226,7 @@ class Tracker:
             after = "an earlier run" if keep_through is None else f"the steps after {keep_through}"
             print(f"[tracking] moved {cut} rows of {after} from metrics.jsonl to metrics.cut.jsonl", flush=True)
         if cut or keep_through is not None:
-            for sink in self._sinks:
+            for _, sink in self._sinks:
                 if hasattr(sink, "rewind"):
                     sink.rewind(keep_through)
 
@@ -216,16 +237,24 @@ class Tracker:
             print(f"[step {step}] " + " ".join(shown), flush=True)
         self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
         self._jsonl.flush()
-        for sink in self._sinks:
-            sink.log(clean, step)
+        for name, sink in self._sinks:
+            if step > self._held.get(name, -1):  # a resumed run's redone steps: the tracker holds them already
+                sink.log(clean, step)
+                if name in self._state:
+                    self._state[name]["last_step"] = max(step, self._state[name]["last_step"])
+        if self._state:
+            tmp = self._state_path.with_name(f".{self._state_path.name}.tmp")
+            tmp.write_text(json.dumps(self._state))
+            os.replace(tmp, self._state_path)
 
     def log_samples(self, samples: list[dict], step: int) -> None:
         """One validation's samples (dicts with :data:`SAMPLE_COLUMNS`) as a table, where a tracker has one."""
         if samples:
-            for sink in self._sinks:
-                sink.log_samples(samples, step)
+            for name, sink in self._sinks:
+                if step > self._held.get(name, -1):
+                    sink.log_samples(samples, step)
 
     def close(self) -> None:
         self._jsonl.close()
-        for sink in self._sinks:
+        for _, sink in self._sinks:
             sink.close()
