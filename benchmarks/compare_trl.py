@@ -718,6 +718,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    if args.stage_memory and "rlplat-ray" in args.frameworks:
+        parser.error("--stage-memory measures the run's own process: in Ray mode the stages run in the workers; "
+                     "leave rlplat-ray out of --frameworks")
     if args.one:
         framework, size, length = args.one
         result = run_one(framework, size, length, workload(size, args), args.workdir, args.steps, args.warmup,

@@ -14,14 +14,18 @@ and response tokens, one advantage per sequence from N(0, 1), π_old given (so n
 one optimizer step per update, in micro-batches of ``--micro-batch`` sequences. The first ``--warmup``
 updates are left out; the table gives the median of the rest.
 
-**Model FLOPs** per update (attention counted over the causal half, as computed; activation recomputation
-not counted, so it lowers MFU rather than raising it):
+**Model FLOPs** per update: the arithmetic the update needs (attention counted over the causal half;
+activation recomputation not counted, so it lowers MFU rather than raising it):
 
-    6 · N · T  +  3 · Σ_sequences 4 · L · h · n (n + 1) / 2
+    6 · (N − V·h) · T  +  6 · V·h · R  +  3 · Σ_sequences 4 · L · h · n (n + 1) / 2
 
-N = every parameter, the output layer once (tied to the embedding here, so the embedding matmul is the
-output layer's); T = tokens in the update; n = a sequence's length; L layers of hidden size h; the 3 is the
-forward pass and the backward pass's two. **MFU** = model FLOPs / median update seconds / peak, the peak
+N = every parameter (the tied embedding / output layer once); T = tokens in the update; R = the response
+tokens, the only positions whose output-layer logits the loss needs (V vocabulary rows of hidden size h);
+n = a sequence's length; L layers; the 3 is the forward pass and the backward pass's two. The output layer
+is counted at the response positions only: the FSDP engine computes logits only there, and an engine that
+computes them at every position (Megatron's) does work the update does not need, which shows as lower MFU.
+(The usual 6 · N · T would charge the output layer at the 512 prompt positions too, ~13% more FLOPs at
+this shape.) **MFU** = model FLOPs / median update seconds / peak, the peak
 being the best of this machine's own square matmuls in the compute dtype (bf16 8192³ on a GPU, fp32
 2048³ on CPU), measured in the same run.
 
@@ -91,10 +95,11 @@ def synthetic_batch(rows: int, prompt_len: int, response_len: int, vocab: int, s
     }, meta={"temperature": 1.0})
 
 
-def model_flops(params: int, config: dict, rows: int, length: int) -> float:
-    """The module docstring's count for one update of ``rows`` sequences of ``length`` tokens."""
+def model_flops(params: int, config: dict, rows: int, prompt_len: int, response_len: int) -> float:
+    """The module docstring's count for one update of ``rows`` sequences of ``prompt_len + response_len``."""
+    length, head = prompt_len + response_len, config["vocab_size"] * config["hidden_size"]
     attention = 4 * config["num_hidden_layers"] * config["hidden_size"] * length * (length + 1) / 2
-    return 6 * params * rows * length + 3 * rows * attention
+    return 6 * (params - head) * rows * length + 6 * head * rows * response_len + 3 * rows * attention
 
 
 def matmul_peak(device: str) -> tuple[float, str]:
@@ -165,7 +170,7 @@ def measure(strategy: str, size: str, device: str, model_dir: Path, params: int,
         group.shutdown()
     update_s = statistics.median(seconds[warmup:])
     length = w["prompt_len"] + w["response_len"]
-    flops = model_flops(params, w["config"], rows, length)
+    flops = model_flops(params, w["config"], rows, w["prompt_len"], w["response_len"])
     return {"strategy": strategy, "size": size, "device": device, "params": params, "rows": rows,
             "tokens": rows * length, "micro_batch": w["micro"], "update_s": update_s, "update_s_all": seconds,
             "tokens_per_s": rows * length / update_s, "model_tflops_per_update": flops / 1e12,

@@ -17,11 +17,18 @@ while read -r spec; do
   if ls .gpu-wheels/"$(echo "$name" | tr - _)"-"${spec##*==}"-*.whl >/dev/null 2>&1; then
     echo "[fetch-gpu] $spec: have it"
   elif "$python" -m pip download -q --no-deps --only-binary=:all: --python-version "$version" \
-      --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d .gpu-wheels "$spec" 2>/dev/null; then
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d .gpu-wheels "$spec" 2>/tmp/fetch-gpu.err; then
     echo "[fetch-gpu] $spec: downloaded"
-  else  # no wheel on the registry: build one (pure Python, so any interpreter builds it)
-    "$python" -m pip wheel -q --no-deps -w .gpu-wheels "$spec"
-    echo "[fetch-gpu] $spec: built from its source archive"
+  else  # no wheel for that Python on the registry: build one, which is right only for a pure-Python package
+    built=$(mktemp -d)
+    "$python" -m pip wheel -q --no-deps -w "$built" "$spec"
+    wheel=$(ls "$built"/*.whl)
+    case "$wheel" in
+      *-py3-none-any.whl) mv "$wheel" .gpu-wheels/ && echo "[fetch-gpu] $spec: built from its source archive" ;;
+      *) echo "[fetch-gpu] $spec: no wheel for Python $version on the registry ($(tail -1 /tmp/fetch-gpu.err)), and" \
+              "building one here gives $(basename "$wheel"), which is not pure Python" >&2; exit 1 ;;
+    esac
+    rm -rf "$built"
   fi
 done < scripts/gpu_wheels.txt
 echo "[fetch-gpu] the embedded model into .gpu-cache/"

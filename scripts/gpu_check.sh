@@ -63,8 +63,19 @@ PY
 else
   (
     ls .gpu-wheels/*.whl >/dev/null 2>&1 || { echo "no .gpu-wheels/*.whl: run scripts/fetch_gpu_wheels.sh first"; exit 1; }
-    "$python" -m pip install -q --no-index --no-deps --upgrade --target .gpu-deps .gpu-wheels/*.whl &&
-    "$python" -c "import os, site, sys; open(os.path.join(site.getsitepackages()[0], 'rlplat.pth'), 'w').write(sys.argv[1] + '\n' + sys.argv[1] + '/.gpu-deps\n')" "$root"
+    # the pinned versions only (.gpu-wheels/ may still hold a wheel of an earlier pin)
+    "$python" -m pip install -q --no-index --no-deps --upgrade --target .gpu-deps --find-links .gpu-wheels \
+      -r scripts/gpu_wheels.txt &&
+    "$python" - "$root" <<'PY'
+import os, site, sys, sysconfig
+# the first site directory that exists and can be written (the user's own as the last resort)
+candidates = [sysconfig.get_paths()["purelib"], *site.getsitepackages(), site.getusersitepackages()]
+where = next((d for d in candidates if os.path.isdir(d) and os.access(d, os.W_OK)), site.getusersitepackages())
+os.makedirs(where, exist_ok=True)
+with open(os.path.join(where, "rlplat.pth"), "w") as f:
+    f.write(f"{sys.argv[1]}\n{sys.argv[1]}/.gpu-deps\n")
+print(f"rlplat.pth in {where}")
+PY
   ) >"$setup_log" 2>&1
 fi
 setup_rc=$?
@@ -90,7 +101,7 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
   printf '[gpu-check] %-14s exit %-3s %6.1f s%s\n' "$name" "$rc" "$seconds" "$([ "$rc" = 124 ] && echo " (time limit $limit s)")"
 }
 grpo=("$python" -m rlplat.trainer.main trainer.ray_address=inprocess "trainer.device=$device"
-      "trainer.total_steps=$steps" trainer.progress=plain "trainer.logger=[console,jsonl]" "${batch[@]}")
+      "trainer.total_steps=$steps" trainer.progress=plain "trainer.logger=[console,jsonl]" ${batch[@]+"${batch[@]}"})
 
 step gpu_tests 150 "$python" -m pytest -m gpu tests -q -p no:cacheprovider -rs
 step grpo_fsdp 120 "${grpo[@]}" "trainer.output_dir=$out/grpo_fsdp"
@@ -107,8 +118,13 @@ steps = {row["step"]: {"exit": int(row["exit"]), "seconds": round(float(row["sec
          for row in csv.DictReader(open(out / "steps.tsv"), delimiter="\t")}
 for name in ("grpo_fsdp", "grpo_megatron"):
     metrics = out / name / "metrics.jsonl"
-    if metrics.is_file():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    if metrics.is_file():  # a step cut off by its time limit may leave a half-written last line
+        rows = []
+        for line in metrics.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
         last = [r for r in rows if "timing/step_s" in r][-1:]
         if last:
             steps[name]["last_step"] = {k: last[0][k] for k in ("step", "timing/step_s", "score/mean",

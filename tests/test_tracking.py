@@ -143,9 +143,11 @@ def test_a_resumed_run_continues_the_mlflow_run_with_only_the_steps_it_lacks(tmp
     assert [(m.step, m.value) for m in history] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0),
                                                     (6, 16.0)]
     assert json.loads((tmp_path / "trackers.json").read_text()) == {"mlflow": {"id": run.info.run_id, "last_step": 6}}
-    fresh = Tracker(["mlflow"], tmp_path / "new", {"a": 1}, "rlplat-resume", "run-2")  # not resuming: a run of its own
+    fresh = Tracker(["mlflow"], tmp_path, {"a": 1}, "rlplat-resume", "run-2")  # not resuming: a run of its own
+    fresh.log({"score/mean": 0.5}, 0)
     fresh.close()
-    assert len(client.search_runs([client.get_experiment_by_name("rlplat-resume").experiment_id])) == 1  # other store
+    assert len(client.search_runs([client.get_experiment_by_name("rlplat-resume").experiment_id])) == 2
+    assert json.loads((tmp_path / "trackers.json").read_text())["mlflow"]["id"] != run.info.run_id
 
 
 def test_a_resumed_run_continues_the_wandb_run(tmp_path, monkeypatch):

@@ -2,7 +2,8 @@
 rlplat's name in its error (``actor_rollout_ref.rollout.n=4`` -> ``rollout.n``).
 
 docs/migrating.md's tables (with their notes) are where users read this; these maps are the rows of those
-tables that name an rlplat key, and ``tests/config/test_migration_maps.py`` keeps them equal to the tables.
+tables that name an rlplat key (but a key that is also an rlplat section, such as TRL's ``model``: it is never
+unknown), and ``tests/config/test_migration_maps.py`` keeps them equal to the tables.
 A value after ``=`` is part of the rlplat setting (``data.filter_overlong_prompts`` -> ``data.truncation=filter``);
 several comma-separated keys are set together.
 """
@@ -89,7 +90,6 @@ VERL = {
     'ray_kwargs.ray_init.address': 'trainer.ray_address',
 }
 TRL = {
-    'model': 'model.path',
     'model_init_kwargs': 'model.attn_implementation, model.trust_remote_code',
     'learning_rate': 'actor.optim.lr',
     'lr_scheduler_type': 'actor.optim.lr_schedule',

@@ -88,5 +88,6 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec(),
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    plain_modes(out_dir)  # save_pretrained writes the weights private
+    for weights in out_dir.glob("*.safetensors*"):  # save_pretrained writes the weights private
+        plain_modes(weights)
     return out_dir

@@ -83,7 +83,7 @@ def metric_series(rows: list[dict]) -> Series:
 def group_panels(metrics: Series) -> list[tuple[str, str, list[list[str]]]]:
     """(file name, title, panels) for each group of :data:`GROUPS` that has data, then :data:`OTHER`. A
     metric is shown once, in the first group that names it; a panel is a list of metrics whose curves
-    are identical (``score/mean`` and ``reward/mean`` with one reward function), drawn once."""
+    are identical and not constant (``score/mean`` and ``reward/mean`` with one reward function), drawn once."""
     found, shown = [], set()
     groups = [*GROUPS, (*OTHER, tuple(sorted(k for k in metrics if not k.startswith(NOT_IN_OTHER))))]
     for name, title, patterns in groups:
@@ -94,8 +94,9 @@ def group_panels(metrics: Series) -> list[tuple[str, str, list[list[str]]]]:
             keys += [k for k in matches if k not in keys and k not in shown]
         shown.update(keys)
         panels: list[list[str]] = []
-        for key in keys:
-            same = next((panel for panel in panels if metrics[panel[0]] == metrics[key]), None)
+        for key in keys:  # a constant curve (0 errors, a fixed coefficient) is alike by chance: its own panel
+            varies = len(set(metrics[key][1])) > 1
+            same = next((panel for panel in panels if varies and metrics[panel[0]] == metrics[key]), None)
             if same is None:
                 panels.append([key])
             else:

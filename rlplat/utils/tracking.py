@@ -13,7 +13,7 @@ in ``<output_dir>/mlflow``.
 A resumed run continues from its checkpoint's step, but a run killed after that checkpoint had logged
 later steps already. :meth:`Tracker.rewind` cuts those rows from ``metrics.jsonl`` (into
 ``metrics.cut.jsonl`` beside it, nothing is lost) and makes tensorboard discard its events from the
-checkpoint's step on (``purge_step``), so each step appears once. wandb and mlflow cannot un-log: a
+step after the checkpoint's on (``purge_step``), so each step appears once. wandb and mlflow cannot un-log: a
 resumed run continues their run (its id is kept in ``trackers.json`` in the output dir, with the last step
 each of them holds) and sends them only the steps after that one.
 """
@@ -156,10 +156,19 @@ class _MLflow:
         if mlflow.get_experiment_by_name(project) is None:
             mlflow.create_experiment(project, artifact_location=None if external else (local / "artifacts").as_uri())
         mlflow.set_experiment(project)
-        self.run = mlflow.start_run(run_id=resume_id) if resume_id else mlflow.start_run(run_name=run_name)
-        self.run_id = self.run.info.run_id
-        if resume_id:  # the run has its params (mlflow refuses to change one)
+        self.run = None
+        if resume_id:
+            try:
+                self.run = mlflow.start_run(run_id=resume_id)
+            except Exception as err:  # noqa: BLE001 - e.g. another store or experiment than the earlier command's
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                print(f"[tracking] warning: cannot continue mlflow run {resume_id} ({reason}); starting a new one",
+                      flush=True)
+        if self.run is not None:  # the run has its params (mlflow refuses to change one)
+            self.run_id = self.run.info.run_id
             return
+        self.run = mlflow.start_run(run_name=run_name)
+        self.run_id = self.run.info.run_id
         params = {key: str(value)[:500] for key, value in flatten(config or {}).items()}
         for start in range(0, len(params), 100):  # mlflow takes at most 100 params per call
             mlflow.log_params(dict(list(params.items())[start : start + 100]))

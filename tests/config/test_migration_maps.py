@@ -8,6 +8,7 @@ schema, the enumerations or the registries refuse fails here; a row that names n
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from pathlib import Path
@@ -135,17 +136,21 @@ def test_the_check_refuses_what_is_not_a_setting():
                         problem("data.truncation=middle"))
 
 
+SECTIONS_OF_RLPLAT = {f.name for f in dataclasses.fields(RLPlatConfig)}  # never an unknown key
+
+
 def rows_naming_rlplat_keys(section: str, framework: str) -> dict[str, str]:
     """``{their key: rlplat's setting}`` from a table's rows that name one (see rlplat.config.migration):
     the full keys of the first column (verl's dotted, TRL's plain), paired one to one with the rlplat
     column's entries when the counts match, else each with all of them; rows whose key is rlplat's too
-    are left out (such a key is never unknown)."""
+    and keys that are rlplat's own (a section like TRL's ``model``, or the same key) are left out: such a
+    key is never unknown."""
     found: dict[str, str] = {}
     for cells in table(section):
         if NO_EQUIVALENT in cells[1] or not (targets := backticked(cells[1])):
             continue
         keys = [entry.split("=")[0].lstrip("+").strip() for entry in backticked(cells[0])]
-        keys = [key for key in keys if " " not in key
+        keys = [key for key in keys if " " not in key and key not in SECTIONS_OF_RLPLAT
                 and ("." in key if framework == "verl" else re.fullmatch(r"[a-z_0-9]+", key))]
         paired = len(keys) == len(targets) > 1
         for index, key in enumerate(keys):
