@@ -46,7 +46,13 @@ class WallClock:
 
     def __init__(self, output_dir: str | Path, resumed: bool):
         self.path = Path(output_dir) / "segments.json"
-        earlier = json.loads(self.path.read_text()) if resumed and self.path.is_file() else []
+        earlier = []
+        if resumed and self.path.is_file():
+            try:
+                earlier = json.loads(self.path.read_text())
+            except ValueError:  # damaged: the earlier commands' time is lost, not the run
+                print(f"[summary] warning: {self.path} does not parse; wall_time_s counts this command only",
+                      flush=True)
         now = time.time()
         self.segments = [*earlier, {"start": now, "end": now}]
         self.mark()

@@ -299,3 +299,14 @@ def test_training_logs_the_rewards_accuracy():
     assert scores.metrics["reward/accuracy"] == pytest.approx((1 + 0 + 0 + 0) / 4)  # acc, acc, 0.9 < 1, 0.0 < 1
     assert scores.metrics["reward/f_mean"] == pytest.approx(0.525)
     assert scores.metrics["reward/f/format_mean"] == pytest.approx(0.5)
+
+
+def test_the_wall_clock_adds_up_the_commands_of_a_run(tmp_path):
+    from rlplat.trainer.summary import WallClock
+
+    (tmp_path / "segments.json").write_text('[{"start": 100.0, "end": 130.0}]')  # a killed command's 30 s
+    clock = WallClock(tmp_path, resumed=True)
+    assert len(clock.segments) == 2 and clock.seconds == pytest.approx(30.0, abs=1.0)
+    assert WallClock(tmp_path, resumed=False).seconds < 1.0  # a fresh run starts over
+    (tmp_path / "segments.json").write_text("[{")  # damaged: this command alone, not a failed run
+    assert WallClock(tmp_path, resumed=True).seconds < 1.0
