@@ -113,18 +113,15 @@ step mfu 240 "$python" benchmarks/mfu.py --size "$size" --device "$device" $([ $
 import csv, json, sys
 from pathlib import Path
 
+from rlplat.utils.report import read_jsonl
+
 out, dry = Path(sys.argv[1]), sys.argv[2] == "1"
 steps = {row["step"]: {"exit": int(row["exit"]), "seconds": round(float(row["seconds"]), 1), "log": f"{row['step']}.log"}
          for row in csv.DictReader(open(out / "steps.tsv"), delimiter="\t")}
 for name in ("grpo_fsdp", "grpo_megatron"):
     metrics = out / name / "metrics.jsonl"
-    if metrics.is_file():  # a step cut off by its time limit may leave a half-written last line
-        rows = []
-        for line in metrics.read_text(errors="replace").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass
+    if metrics.is_file():  # read_jsonl skips the half-written line a step cut off by its time limit leaves
+        rows = read_jsonl(metrics)
         last = [r for r in rows if "timing/step_s" in r][-1:]
         if last:
             steps[name]["last_step"] = {k: last[0][k] for k in ("step", "timing/step_s", "score/mean",

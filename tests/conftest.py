@@ -90,6 +90,22 @@ def tiny_model_path(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
 
 
+@pytest.fixture
+def nan_model_path(tiny_model_path, tmp_path):
+    """The tiny model with NaN final-norm weights, so every logit is NaN (saved in Hugging Face format)."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    broken = tmp_path / "nan-model"
+    shutil.copytree(tiny_model_path, broken)
+    model = AutoModelForCausalLM.from_pretrained(broken)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    model.save_pretrained(broken)
+    return broken
+
+
 @pytest.fixture(scope="session")
 def embedded_cache(tmp_path_factory):
     """Build the embedded (warm-started) model once per session in a private cache."""

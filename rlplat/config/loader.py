@@ -45,6 +45,10 @@ def _schema_fields(cls: type) -> dict[str, typing.Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+#: the schema's free-form sections (dict-typed: recipe), as override prefixes
+FREE_FORM = tuple(f"{name}." for name, tp in _schema_fields(RLPlatConfig).items() if typing.get_origin(tp) is dict)
+
+
 def check_key(path: str) -> None:
     """Raise ConfigError if the dotted ``path`` is not a key of the schema (list indices allowed)."""
     node: typing.Any = RLPlatConfig
@@ -99,8 +103,8 @@ def _format_omegaconf_error(err: BaseException) -> str:
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose the raw (unvalidated) config; errors are ConfigError with the key path."""
-    # recipe.* keys are free-form: set or added alike (Hydra's "++"), so users need no "+" for them
-    overrides = [f"++{o}" if o.startswith("recipe.") else o for o in overrides or []]
+    # keys under a free-form section (recipe.*) are set or added alike (Hydra's "++"): no "+" needed
+    overrides = [f"++{o}" if o.startswith(FREE_FORM) else o for o in overrides or []]
     check_overrides(overrides)
     register_schema()
     GlobalHydra.instance().clear()

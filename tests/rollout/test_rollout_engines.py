@@ -148,7 +148,7 @@ def test_hf_sampling_restricts_logits_as_transformers_warpers_do(top_k, top_p):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0], ids=["sampled", "greedy"])
 @pytest.mark.parametrize("dense_forward", [True, False], ids=["dense", "model-forward"])
-def test_nan_logits_raise_a_typed_error_also_when_greedy(tiny_model_path, tmp_path, temperature, dense_forward):
+def test_nan_logits_raise_a_typed_error_also_when_greedy(nan_model_path, temperature, dense_forward):
     """NaN weights give NaN logits: the hf engine raises NonFiniteLogitsError whether it samples (where torch
     would fail on its own) or decodes greedily (where argmax would silently pick a token)."""
     from transformers import AutoTokenizer
@@ -157,12 +157,7 @@ def test_nan_logits_raise_a_typed_error_also_when_greedy(tiny_model_path, tmp_pa
     from rlplat.rollout.hf import HFRolloutEngine
     from rlplat.trainer.run import load_run_config
 
-    broken = tmp_path / "nan-model"
-    shutil.copytree(tiny_model_path, broken)
-    model = AutoModelForCausalLM.from_pretrained(broken)
-    with torch.no_grad():
-        model.model.norm.weight.fill_(float("nan"))
-    model.save_pretrained(broken)
+    broken = nan_model_path
     tok = AutoTokenizer.from_pretrained(broken)
     setup = RolloutSetup(model_path=str(broken), tokenizer_path=str(broken), device=torch.device("cpu"),
                          dtype=torch.float32, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
