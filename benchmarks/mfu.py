@@ -2,6 +2,7 @@
 
     python benchmarks/mfu.py                                          # a GPU: Qwen2.5-0.5B's shape, FSDP and Megatron
     python benchmarks/mfu.py --size tiny --device cpu --strategies fsdp   # a dry run on CPU (what CI runs)
+    python benchmarks/mfu.py --strategies fsdp --micro-batch 16 --set actor.fsdp.pack_sequences=false --profile
 
 **The model**: Qwen2.5-0.5B's architecture from its published config (hidden 896, 24 layers, 14 query / 2
 key-value heads, MLP 4864, vocabulary 151,936, tied embeddings; 494M parameters) with random weights, built
@@ -11,7 +12,10 @@ does. ``--size tiny`` is a 2-layer model for dry runs.
 **The update**: ``ActorRolloutRefWorker.update_actor`` in-process (world size 1, rlplat's GPU defaults:
 fp32 weights and AdamW, bf16 compute) on a synthetic GRPO batch of fixed-length sequences: random prompt
 and response tokens, one advantage per sequence from N(0, 1), π_old given (so no log-prob pass), no KL;
-one optimizer step per update, in micro-batches of ``--micro-batch`` sequences. The first ``--warmup``
+one optimizer step per update, in micro-batches of ``--micro-batch`` sequences (default: rlplat's own, which
+for these 32 sequences is all of them in one; Megatron's 8 at 0.5B: without TransformerEngine its attention
+keeps every layer's ``[heads, T, T]`` scores and its output layer computes logits at every position, 54 GiB
+at 8 sequences, so 32 would not fit an 80 GB GPU). The first ``--warmup``
 updates are left out; the table gives the median of the rest.
 
 **Model FLOPs** per update: the arithmetic the update needs (attention counted over the causal half;
@@ -31,6 +35,11 @@ being the best of this machine's own square matmuls in the compute dtype (bf16 8
 
 **Weight gather**: ``export_weights(bfloat16, rollout.weight_sync_bucket_mb)`` drained on the device
 (what a colocated sync hands the rollout engine; no disk, no copy to the host), median of 3, seconds.
+
+**Where the time goes** (``--profile``): one more update under ``torch.profiler``, then the operators with the
+most device time (self time: a kernel counts once, under the operator that launched it) and the device's
+busy time against the update's wall time: a busy share well under 100% means the host does not launch
+work fast enough (launch overhead, synchronisations), one near 100% points at the kernels themselves.
 
 The last line is ``MFU_JSON {...}`` with every figure (scripts/gpu_check.sh collects it).
 """
@@ -52,11 +61,11 @@ SIZES = {
     "0.5b": {"config": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                             num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
                             rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
-             "prompts": 8, "n": 4, "prompt_len": 512, "response_len": 512, "micro": 8},
+             "prompts": 8, "n": 4, "prompt_len": 512, "response_len": 512, "micro": {"megatron": 8}},
     "tiny": {"config": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                             num_key_value_heads=1, vocab_size=512, max_position_embeddings=256,
                             tie_word_embeddings=True),
-             "prompts": 4, "n": 2, "prompt_len": 16, "response_len": 16, "micro": 4},
+             "prompts": 4, "n": 2, "prompt_len": 16, "response_len": 16},
 }
 
 
@@ -122,22 +131,52 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def profile_update(group, batch, device: str, rows: int = 25) -> dict:
+    """One update under torch.profiler: prints the operators with the most self device time (CPU time on
+    CPU) and returns the update's wall seconds and the device's busy seconds (None on CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        group.update_actor(batch)
+        sync(device)
+        wall = time.perf_counter() - start
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70), flush=True)
+    busy = None
+    if device == "cuda":  # the union of the kernels' intervals (kernels of two streams may overlap)
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type != torch.autograd.DeviceType.CPU)
+        busy, end = 0.0, float("-inf")
+        for lo, hi in spans:
+            busy += max(0.0, hi - max(lo, end))
+            end = max(end, hi)
+        busy /= 1e6
+        print(f"[profile] update {wall:.3f} s wall, device busy {busy:.3f} s ({busy / wall:.0%}), "
+              f"{len(spans)} kernels", flush=True)
+    return {"profile_wall_s": wall, "profile_busy_s": busy}
+
+
 def measure(strategy: str, size: str, device: str, model_dir: Path, params: int, steps: int, warmup: int,
-            out_dir: Path) -> dict:
+            out_dir: Path, micro: int | None = None, extra: tuple[str, ...] = (), profile: bool = False) -> dict:
     from rlplat.controller import InProcessWorkerGroup
     from rlplat.trainer.run import load_run_config
     from rlplat.workers.roles import ActorRolloutRefWorker
 
     w = SIZES[size]
     rows = w["prompts"] * w["n"]
+    micro = micro or w.get("micro", {}).get(strategy)
     overrides = [
         f"model.path={model_dir}", "algorithm=grpo", "algorithm.use_kl_loss=false", f"rollout.n={w['n']}",
         f"data.train_batch_size_prompts={w['prompts']}", f"actor.mini_batch_size_prompts={w['prompts']}",
-        f"actor.micro_batch_size_seqs_per_worker={w['micro']}", f"data.max_prompt_length={w['prompt_len']}",
+        *([f"actor.micro_batch_size_seqs_per_worker={micro}"] if micro else []),
+        f"data.max_prompt_length={w['prompt_len']}",
         f"data.max_response_length={w['response_len']}", "actor.ppo_epochs=1", "actor.shuffle=false",
         "actor.optim.warmup_steps=0", f"trainer.total_steps={steps}", f"trainer.device={device}",
         "trainer.ray_address=inprocess", f"trainer.output_dir={out_dir}",
-        *(["actor=megatron"] if strategy == "megatron" else []),
+        *(["actor=megatron"] if strategy == "megatron" else []), *extra,
     ]
     cfg, plan = load_run_config(overrides)
     group = InProcessWorkerGroup(ActorRolloutRefWorker, device=device, cfg=cfg, plan=plan)
@@ -153,6 +192,7 @@ def measure(strategy: str, size: str, device: str, model_dir: Path, params: int,
             (metrics,) = group.update_actor(batch)  # one rank's
             sync(device)
             seconds.append(time.perf_counter() - start)
+        profiled = profile_update(group, batch, device) if profile else {}
         if not all(torch.isfinite(torch.tensor(v)) for v in metrics.values()):
             raise RuntimeError(f"{strategy}: a metric of the last update is not finite: {metrics}")
         peak_mem = (torch.cuda.max_memory_allocated() / 2**30 if device == "cuda"
@@ -172,10 +212,12 @@ def measure(strategy: str, size: str, device: str, model_dir: Path, params: int,
     length = w["prompt_len"] + w["response_len"]
     flops = model_flops(params, w["config"], rows, w["prompt_len"], w["response_len"])
     return {"strategy": strategy, "size": size, "device": device, "params": params, "rows": rows,
-            "tokens": rows * length, "micro_batch": w["micro"], "update_s": update_s, "update_s_all": seconds,
+            "tokens": rows * length,
+            "micro_batch": cfg.actor.micro_batch_size_seqs_per_worker, "update_s": update_s, "update_s_all": seconds,
             "tokens_per_s": rows * length / update_s, "model_tflops_per_update": flops / 1e12,
             "achieved_tflops": flops / update_s / 1e12, "peak_memory_gib": peak_mem,
-            "gather_bf16_s": statistics.median(gather), "pg_loss": metrics.get("actor/pg_loss")}
+            "gather_bf16_s": statistics.median(gather), "pg_loss": metrics.get("actor/pg_loss"),
+            "overrides": list(extra), **profiled}
 
 
 def main() -> int:
@@ -186,6 +228,12 @@ def main() -> int:
     parser.add_argument("--strategies", nargs="+", choices=("fsdp", "megatron"), default=["fsdp", "megatron"])
     parser.add_argument("--steps", type=int, default=6, help="updates per strategy, warm-up included")
     parser.add_argument("--warmup", type=int, default=2, help="first updates left out of the median")
+    parser.add_argument("--micro-batch", type=int,
+                        help="sequences per micro-batch (default: rlplat's, the whole mini-batch up to 128)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every strategy's run (repeatable)")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more update under torch.profiler: the top operators and the device's busy share")
     args = parser.parse_args()
     from rlplat.utils.quiet import quiet_third_party
 
@@ -201,12 +249,12 @@ def main() -> int:
         params = build_model(model_dir, SIZES[args.size]["config"])
         for strategy in args.strategies:
             row = measure(strategy, args.size, args.device, model_dir, params, args.steps, args.warmup,
-                          Path(tmp) / f"out-{strategy}")
+                          Path(tmp) / f"out-{strategy}", args.micro_batch, tuple(args.set), args.profile)
             row["mfu"] = row["achieved_tflops"] * 1e12 / peak
             rows.append(row)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"\n{name}, torch {torch.__version__}; peak {peak / 1e12:.1f} TFLOP/s ({dtype} matmuls); "
-          f"{args.size}: {params / 1e6:.0f}M parameters")
+          f"{args.size}: {params / 1e6:.0f}M parameters{'; ' + ' '.join(args.set) if args.set else ''}")
     print(f"{'strategy':<9} {'seqs x tokens':>13} {'micro':>5} {'update s':>9} {'tokens/s':>9} {'TFLOP/s':>8} "
           f"{'MFU':>6} {'peak mem GiB':>12} {'gather bf16 s':>13}")
     for r in rows:

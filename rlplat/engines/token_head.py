@@ -37,6 +37,12 @@ PLAIN_HEAD_MODELS = frozenset({
 CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk
 
 
+def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float) -> torch.Tensor:
+    """``(hidden @ weight.T) / T`` in float32 (no pass over the logits for the scaling at T = 1)."""
+    z = (hidden @ weight.T).float()
+    return z if inv_temperature == 1.0 else z.mul_(inv_temperature)
+
+
 class _ChunkedTokenOutputs(torch.autograd.Function):
     """``(hidden [N, H], weight [V, H], targets [N]) -> (log_prob [N], entropy [N], Σp² [N])`` in float32."""
 
@@ -51,7 +57,7 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
         sum_sq = torch.empty_like(log_prob) if need_sum_pi_squared else log_prob.new_empty(0)
         for start in range(0, rows, chunk):
             end = min(rows, start + chunk)
-            z = (hidden[start:end] @ weight.T).float() * inv_temperature
+            z = _scaled_logits(hidden[start:end], weight, inv_temperature)
             lse = torch.logsumexp(z, dim=-1)
             log_norm[start:end] = lse
             log_prob[start:end] = z.gather(-1, targets[start:end, None]).squeeze(-1) - lse
@@ -77,17 +83,23 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.chunk):
             end = min(hidden.shape[0], start + ctx.chunk)
             h = hidden[start:end]
-            z = (h @ weight.T).float() * ctx.inv_temperature
+            z = _scaled_logits(h, weight, ctx.inv_temperature)
             log_p = z - log_norm[start:end, None]
             p = log_p.exp()
-            grad_z = torch.zeros_like(z)
+            del z
             if grad_log_prob is not None:
                 g = grad_log_prob[start:end, None]
-                grad_z -= p * g
+                grad_z = p * -g
                 grad_z.scatter_add_(-1, targets[start:end, None], g)
-            if use_entropy:
-                grad_z -= p * (log_p + entropy[start:end, None]) * grad_entropy[start:end, None]
-            grad_z = (grad_z * ctx.inv_temperature).to(hidden.dtype)
+            else:
+                grad_z = torch.zeros_like(p)
+            if use_entropy:  # in place on log_p, which is not needed after this
+                weight_h = log_p.add_(entropy[start:end, None]).mul_(grad_entropy[start:end, None])
+                grad_z.addcmul_(p, weight_h, value=-1.0)
+            del log_p, p
+            if ctx.inv_temperature != 1.0:
+                grad_z *= ctx.inv_temperature
+            grad_z = grad_z.to(hidden.dtype)
             if want_hidden:
                 grad_hidden[start:end] = grad_z @ weight
             if want_weight:

@@ -35,20 +35,25 @@ def test_packed_rows_hold_each_sequence_with_restarting_positions():
     assert PackedBatch.build(torch.cat([prompts, responses], 1), holed, responses) is None
 
 
-def test_chunked_output_layer_equals_full_logits_with_gradients(monkeypatch):
+@pytest.mark.parametrize("temperature", [0.7, 1.0])  # 1.0: the logits are not scaled
+@pytest.mark.parametrize("entropy_grad", [True, False], ids=["entropy-in-loss", "entropy-metric-only"])
+def test_chunked_output_layer_equals_full_logits_with_gradients(monkeypatch, temperature, entropy_grad):
     torch.manual_seed(0)
     hidden = torch.randn(9, 6, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(13, 6, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 13, (9,))
     monkeypatch.setattr(token_head, "CHUNK_BYTES", 4 * 13 * 4)  # chunks of 4 positions
-    out = token_head.token_outputs(hidden, weight, targets, 0.7, True, True)
+    out = token_head.token_outputs(hidden, weight, targets, temperature, True, True)
     log_prob, entropy, sum_sq = out.log_prob, out.entropy, out.sum_pi_squared
-    log_p = ((hidden @ weight.T) / 0.7).log_softmax(-1)
+    log_p = ((hidden @ weight.T) / temperature).log_softmax(-1)
     expected = (log_p.gather(-1, targets[:, None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1))
     torch.testing.assert_close(log_prob.double(), expected[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy.double(), expected[1], atol=1e-5, rtol=0)
     torch.testing.assert_close(sum_sq.double(), log_p.exp().square().sum(-1), atol=1e-6, rtol=0)
     weights = torch.randn(2, 9, dtype=torch.float64)
+    if not entropy_grad:  # the entropy computed, as the update's metric always is, but not in the loss
+        weights[1] = 0
+        entropy = entropy.detach()
     got = torch.autograd.grad(log_prob.double() @ weights[0] + entropy.double() @ weights[1], (hidden, weight))
     want = torch.autograd.grad(expected[0] @ weights[0] + expected[1] @ weights[1], (hidden, weight))
     for g, w in zip(got, want):

@@ -351,41 +351,73 @@ class MegatronEngine(TrainingEngine):
         return hf_from_megatron(tensors, self.shape, self.tp, self.tp_rank, self.first_layer)
 
     def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):
-        """Gather every tensor-parallel shard (and pipeline stage), convert, and yield Hugging Face weights
-        in buckets. Unlike FSDP's stream this holds the full model once per call (a per-layer stream is to
-        come)."""
-        hf = self._gathered_hf()
+        """Stream the Hugging Face weights one unit at a time (the embedding, each decoder layer, the final
+        norm with the output layer): the stage that holds a unit gathers its tensor-parallel shards on the
+        device, converts and casts them, and broadcasts them to the other stages; buckets of whole units of
+        at most ``bucket_bytes`` (or one unit, when larger) are yielded. Beside its own shard a rank holds the
+        bucket being filled and the unit being gathered, never the whole model."""
+        units = self._export_units()
+        mine = tuple(prefix for stage, prefix in units if stage == self.pp_rank)
+        if missed := [name for name in self.names if not name.startswith(mine)]:
+            raise RuntimeError(f"export_weights: no export unit holds the Megatron tensors {missed[:4]}")
         bucket, size = [], 0
-        for name, tensor in ((name, hf[name]) for name in self.hf_names):
-            tensor = tensor.to(dtype) if dtype is not None else tensor
-            if bucket and size + tensor.numel() * tensor.element_size() > bucket_bytes:
+        for stage, prefix in units:
+            unit = self._gather_unit(stage, prefix, dtype)
+            nbytes = sum(t.numel() * t.element_size() for name, t in unit if name != "lm_head.weight"
+                         or not self.tied_output)  # a tied output layer is the embedding: no more bytes
+            if bucket and size + nbytes > bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
+            bucket += unit
+            size += nbytes
+            del unit
         if bucket:
             yield bucket
 
+    def _export_units(self) -> list[tuple[int, str]]:
+        """(pipeline stage, Megatron name prefix) of every export unit, in the order of the Hugging Face state
+        dict; the same list on every rank (a stage's layers are numbered from 0 in its own names)."""
+        per_stage = self.shape.num_layers // self.pp
+        return [(0, "embedding."),
+                *((layer // per_stage, f"decoder.layers.{layer % per_stage}.") for layer in range(self.shape.num_layers)),
+                (self.pp - 1, "decoder.final_layernorm."), (self.pp - 1, "output_layer.")]
+
     @_runs_megatron
-    def _gathered_hf(self) -> dict[str, torch.Tensor]:
-        """Every weight, whole, under its Hugging Face name (CPU tensors; collective over the tp and pp groups)."""
-        state = self._model.state_dict()
-        ranks = [{} for _ in range(self.tp)]  # this stage's Megatron tensors of every tensor-parallel rank
-        for name in self.names:
-            pieces = [torch.empty_like(state[name]) for _ in range(self.tp)]
-            dist.all_gather(pieces, state[name].contiguous(), group=self.tp_group)
-            for rank, piece in enumerate(pieces):
-                ranks[rank][name] = piece.cpu()
-        hf_ranks = [hf_from_megatron(r, self.shape, self.tp, rank, self.first_layer) for rank, r in enumerate(ranks)]
-        hf = {name: t if (dim := hf_split_dim(name)) is None else torch.cat([r[name] for r in hf_ranks], dim)
-              for name, t in hf_ranks[0].items()}
-        if self.pp > 1:  # every stage's weights
-            stages = [None] * self.pp
-            dist.all_gather_object(stages, hf, group=self.pp_group)
-            hf = {name: t for stage in stages for name, t in stage.items()}
-        if "lm_head.weight" in self.hf_names and "lm_head.weight" not in hf:  # tied to the embedding
-            hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
-        return hf
+    def _gather_unit(self, stage: int, prefix: str, dtype: torch.dtype | None) -> list[tuple[str, torch.Tensor]]:
+        """The Hugging Face tensors of the Megatron tensors named ``prefix...`` on pipeline stage ``stage``, whole
+        and cast to ``dtype`` on this device, on every rank (collective over the tensor-parallel group of that
+        stage, then over the pipeline stages)."""
+        unit: list[tuple[str, torch.Tensor]] = []
+        if self.pp_rank == stage:
+            state = self._model.state_dict()
+            for name in (name for name in self.names if name.startswith(prefix)):  # one tensor's pieces at a time
+                pieces = [state[name]]
+                if self.tp > 1:
+                    pieces = [torch.empty_like(state[name]) for _ in range(self.tp)]
+                    dist.all_gather(pieces, state[name].contiguous(), group=self.tp_group)
+                hf_ranks = [hf_from_megatron({name: piece}, self.shape, self.tp, rank, self.first_layer)
+                            for rank, piece in enumerate(pieces)]
+                for hf_name, tensor in hf_ranks[0].items():
+                    if (dim := hf_split_dim(hf_name)) is not None and self.tp > 1:
+                        tensor = torch.cat([r[hf_name] for r in hf_ranks], dim)
+                    unit.append((hf_name, tensor.to(dtype) if dtype is not None else tensor))
+        if self.pp > 1:
+            unit = self._broadcast_unit(unit, stage)
+        if prefix == "embedding." and "lm_head.weight" in self.hf_names and self.tied_output:
+            unit.append(("lm_head.weight", unit[0][1]))  # the output layer is the embedding, as HF lists it
+        return unit
+
+    def _broadcast_unit(self, unit: list[tuple[str, torch.Tensor]], stage: int) -> list[tuple[str, torch.Tensor]]:
+        """``unit`` (held by pipeline stage ``stage``) on every stage: its names, shapes and dtypes, then each
+        tensor, broadcast over the pipeline group."""
+        src = dist.get_global_rank(self.pp_group, stage)
+        meta = [[(name, tuple(t.shape), t.dtype) for name, t in unit]]
+        dist.broadcast_object_list(meta, src=src, group=self.pp_group, device=self.device)
+        if self.pp_rank != stage:
+            unit = [(name, torch.empty(shape, dtype=dtype, device=self.device)) for name, shape, dtype in meta[0]]
+        for _, tensor in unit:
+            dist.broadcast(tensor.contiguous() if self.pp_rank == stage else tensor, src=src, group=self.pp_group)
+        return unit
 
     @_runs_megatron
     def blend_weights(self, buckets, alpha):
