@@ -333,6 +333,9 @@ class TrainerConfig:
     # reorder each step's rows so the data-parallel replicas get about equal tokens (several workers only)
     balance_batch: bool = True
     ray_address: Optional[str] = None  # None = RAY_ADDRESS or a local cluster; "inprocess" = no Ray (world size 1)
+    # check what the run needs and print its plan (data, batch ledger, memory per device; python -m
+    # rlplat.tools.plan), then exit without training
+    dry_run: bool = False
     # Your modules, imported (in the controller and every worker) before registered names are checked,
     # so their estimators / losses / rewards register without a copied main.py: [my_pkg.estimators]
     imports: list[str] = field(default_factory=list)

@@ -212,6 +212,16 @@ class RLDataset:
         return self.items[index]
 
 
+def prompt_token_lengths(files: str | os.PathLike | Iterable[str | os.PathLike], tokenizer,
+                         apply_chat_template: bool = True) -> list[tuple[str, int]]:
+    """("file row N", tokens) of every prompt of ``files`` as :class:`RLDataset` renders and tokenises it
+    (whatever its length: what ``data.truncation`` would do is the caller's question)."""
+    rows = [row for file_rows, _ in _read_files(files) for row in file_rows]
+    texts = [RLDataset._render(tokenizer, row["prompt"], apply_chat_template) for row in rows]
+    all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return [(f"{row['source_file']} row {row['source_row']}", len(ids)) for row, ids in zip(rows, all_ids)]
+
+
 def collate(items: Sequence[Mapping], pad_token_id: int) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
     """Left-pad ``prompt_ids`` to the batch's longest prompt (generation continues from the right edge).
 

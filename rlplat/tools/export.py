@@ -21,10 +21,9 @@ from transformers import AutoConfig
 
 from rlplat.models.embedded import is_embedded
 from rlplat.trainer.checkpoint import MANIFEST, STEP_DIR, verify
-from rlplat.trainer.main import debug_traceback
 from rlplat.trainer.preflight import check_model_path
 from rlplat.trainer.run import resolve_model_path
-from rlplat.utils.errors import RunError
+from rlplat.utils.errors import RunError, debug_traceback
 from rlplat.utils.quiet import quiet_third_party
 from rlplat.workers.roles import export_hf_model
 

@@ -16,6 +16,8 @@ USAGE = """usage: python -m rlplat.trainer.main [algorithm=PRESET] [actor=STRATE
                                    [--cfg job] [--help]
 
   --cfg job   print the resolved, validated config and exit
+  trainer.dry_run=true   check data, rewards and memory and print the run's plan, without training
+                         (python -m rlplat.tools.plan takes the same overrides)
   --help      this message, with the presets of each group
 
 Examples:
@@ -86,20 +88,26 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
     if show_help:
         print(_usage())
         return 0
-    try:
-        cfg, plan = load_run_config(overrides)
+    from rlplat.trainer.dry_run import planned_device
+
+    try:  # a dry run plans a GPU run (trainer.device=cuda) on a machine without one
+        cfg, plan = load_run_config(overrides, planned_device(overrides) if "trainer.dry_run=true" in overrides else None)
     except ConfigError as err:
         print(f"rlplat: config error: {err}", file=sys.stderr)
         return 2
     if cfg_mode:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
+    if cfg.trainer.dry_run:
+        from rlplat.trainer.dry_run import run_plan
+
+        return run_plan(cfg, plan)
     from rlplat.data import DataError
     from rlplat.registry import RegistryError
     from rlplat.reward import RewardConfigError
     from rlplat.trainer.run import run
 
-    from rlplat.utils.errors import RunError
+    from rlplat.utils.errors import RunError, debug_traceback
 
     try:
         run(cfg, plan, trainer_cls)
@@ -116,15 +124,6 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
         print(f"rlplat: {err}", file=sys.stderr)
         return err.exit_code
     return 0
-
-
-def debug_traceback() -> None:
-    """With RLPLAT_DEBUG=1 the traceback behind a one-line error is printed too."""
-    import os
-    import traceback
-
-    if os.environ.get("RLPLAT_DEBUG", "") not in ("", "0"):
-        traceback.print_exc()
 
 
 if __name__ == "__main__":

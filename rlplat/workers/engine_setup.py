@@ -42,10 +42,12 @@ def _rollout_engine_class(cfg: DictConfig) -> type[RolloutEngine]:
     return _registered(ROLLOUT_ENGINES, "rollout.name", name)
 
 
-def plan_run(cfg: DictConfig) -> RunPlan:
+def plan_run(cfg: DictConfig, device: str | None = None) -> RunPlan:
     """The run's plan from a validated ``cfg`` and its engines' declarations; raises ConfigError (one line
-    naming the key) if an engine cannot be built, or cannot run its settings, on the run's device."""
-    device = resolve_device(cfg)
+    naming the key) if an engine cannot be built, or cannot run its settings, on the run's device
+    (``trainer.device`` resolved here; ``device`` plans for another, as ``rlplat.tools.plan`` does for a GPU
+    run from a machine without one)."""
+    device = device or resolve_device(cfg)
     actor_cls = _registered(TRAINING_ENGINES, "actor.strategy", cfg.actor.strategy)
     rollout_cls = _rollout_engine_class(cfg)
     rollout_section = cfg.rollout.server if cfg.rollout.mode == "server" else cfg.rollout.get(cfg.rollout.name)

@@ -1,0 +1,38 @@
+"""``python -m rlplat.tools.plan [overrides ...] [--device-memory 80GB] [--device cuda|cpu]``: the plan of a run
+with the same overrides, checked before any GPU is touched (:mod:`rlplat.trainer.dry_run` has what it checks
+and prints; the formulas are in docs/plan.md). ``trainer.dry_run=true`` on the main command does the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlplat.trainer.dry_run import parse_size, planned_device, run_plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlplat.tools.plan", description=__doc__.split("\n\n")[0],
+                                     epilog="Any other argument is a config override, as for rlplat.trainer.main.")
+    parser.add_argument("--device-memory", type=parse_size, default=None,
+                        help="one device's memory, e.g. 80GB (default: the visible GPU's, else 80GB; on a CPU run "
+                             "(trainer.device=cpu) this machine's memory)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                        help="plan for this device (default: trainer.device; auto = a visible GPU, else the CPU); "
+                             "trainer.device=cuda plans for GPUs on a machine without one")
+    args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if unknown := [o for o in overrides if o.startswith("-")]:
+        parser.error(f"unknown option {unknown[0]!r}")
+    from rlplat.config import ConfigError
+    from rlplat.trainer.run import load_run_config
+
+    try:
+        cfg, plan = load_run_config(overrides, device=args.device or planned_device(overrides))
+    except ConfigError as err:
+        print(f"rlplat: config error: {err}", file=sys.stderr)
+        return 2
+    return run_plan(cfg, plan, args.device_memory)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

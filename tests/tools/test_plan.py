@@ -1,0 +1,189 @@
+"""``python -m rlplat.tools.plan`` (and ``trainer.dry_run=true``): the Quickstart's ledger, the training memory
+estimate against the tensors a real update holds on the ~25M benchmark model, and what stops a run before
+start-up (over-long prompts, a bad reward function name, a reward file that does not import)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from rlplat.tools import plan as plan_tool
+from rlplat.trainer import dry_run
+from rlplat.trainer.main import main as run_main
+
+# benchmarks/compare_trl.py's 25m model: 25.3M parameters
+SPEC_25M = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                intermediate_size=1536, max_position_embeddings=512)
+
+
+def test_plan_prints_the_quickstart_ledger(capsys):
+    assert plan_tool.main(["algorithm=grpo"]) == 0
+    out = capsys.readouterr().out
+    assert "64 prompts x rollout.n=8 = 512 sequences over 1 data-parallel replica(s)" in out
+    assert "4 mini-batch(es) x actor.ppo_epochs=1 = 4 optimizer step(s); 1 micro-batch(es) of 128 sequences" in out
+    assert "train: 20000 prompts" in out and "none longer than data.max_prompt_length" in out
+    assert "trainer.total_steps=450 = 1.44 epochs" in out
+    assert "validation: 256 prompts x rollout.val_n=4 = 1024 responses in 1 call(s)" in out
+    assert "plan: every phase fits" in out
+
+
+def test_dry_run_plans_and_trains_nothing(tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert run_main(["algorithm=grpo", "trainer.dry_run=true", f"trainer.output_dir={out_dir}"]) == 0
+    assert "batch ledger (per training step)" in capsys.readouterr().out
+    assert not out_dir.exists()
+
+
+def test_a_phase_that_does_not_fit_names_the_knob(capsys):
+    assert plan_tool.main(["algorithm=grpo", "--device-memory", "20MB"]) == 1
+    out = capsys.readouterr().out
+    assert "update: " in out and "DOES NOT FIT: model.gradient_checkpointing=true" in out
+
+
+def _tiny_25m(tmp_path):
+    from rlplat.models.tiny import TinyModelSpec, build_tiny_model
+
+    return str(build_tiny_model(tmp_path / "m25", TinyModelSpec(**SPEC_25M), seed=0))
+
+
+def test_training_memory_estimate_is_within_20_percent_of_the_measured_tensors(tmp_path):
+    """Weights, gradients, AdamW's moments and the tensors saved for backward of one micro-batch (8
+    sequences of 96 prompt + 96 response tokens) through the FSDP engine as a run builds it, against the
+    plan's estimates for the same micro-batch."""
+    from transformers import AutoConfig
+
+    from rlplat.controller import InProcessWorkerGroup
+    from rlplat.trainer.run import load_run_config
+    from rlplat.workers.roles import ActorRolloutRefWorker
+
+    path = _tiny_25m(tmp_path)
+    cfg, plan = load_run_config([f"model.path={path}", "trainer.ray_address=inprocess", "trainer.device=cpu"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(path, with_ref=False)
+        measured = _measure(group.worker.actor)
+    finally:
+        group.shutdown()
+    shape = dry_run.ModelShape.from_config(AutoConfig.from_pretrained(path))
+    lay = dry_run.layout(cfg, "actor", 1)
+    state = dry_run.actor_state(shape, lay, 4, cfg, trained=True)
+    acts = dry_run.activation_bytes(shape, cfg, lay, ROWS * (PROMPT + RESPONSE), ROWS * RESPONSE, 4, grad=True,
+                                      seq=PROMPT + RESPONSE)
+    estimate = {"weights": state["actor weights (fp32)"], "gradients": state["actor gradients (fp32)"],
+                "adamw": state["actor AdamW moments (fp32)"],
+                # what the output layer saves: the response positions' hidden states (its chunk's working set
+                # is transient, not saved)
+                "saved": acts["activations saved for backward"] + ROWS * RESPONSE * shape.hidden * 4}
+    assert measured["weights"] > 90e6  # the 25M model, float32
+    for key, value in measured.items():
+        print(f"{key}: estimate {estimate[key] / 2**20:.1f} MiB, measured {value / 2**20:.1f} MiB")
+        assert abs(estimate[key] - value) <= 0.2 * value, (key, estimate[key], value)
+
+
+ROWS, PROMPT, RESPONSE = 8, 96, 96
+
+
+def _measure(engine) -> dict[str, int]:
+    """The bytes of the weights, gradients, AdamW's moments, and the tensors one micro-batch's forward saves
+    for backward (saved-tensor hooks; the weights themselves not counted)."""
+    from rlplat.protocol import Batch
+    from rlplat.sequence import position_ids_from_mask
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(8, 100, (ROWS, PROMPT + RESPONSE), generator=gen)
+    mask = torch.ones_like(ids)
+    micro = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids_from_mask(mask),
+                             "responses": ids[:, PROMPT:]})
+    params = {p.untyped_storage().data_ptr() for p in engine.model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = engine.forward(micro, need_entropy=True, grad=True)
+    measured = {"saved": sum(saved.values())}
+    (out.log_probs.sum() + 0.1 * out.entropy.sum()).backward()
+    measured["weights"] = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    measured["gradients"] = sum(p.grad.numel() * p.grad.element_size() for p in engine.model.parameters()
+                                if p.grad is not None)
+    engine.optim.step()
+    measured["adamw"] = sum(t.numel() * t.element_size() for state in engine.optim.local_state.values()
+                            for key, t in state.items() if key != "step")
+    return measured
+
+
+def _parquet(path, prompts):
+    pd.DataFrame({
+        "data_source": ["arithmetic"] * len(prompts),
+        "prompt": [[{"role": "user", "content": p}] for p in prompts],
+        "reward_model": [{"style": "rule", "ground_truth": "1"}] * len(prompts),
+        "extra_info": [{"index": i} for i in range(len(prompts))],
+    }).to_parquet(path)
+    return str(path)
+
+
+def test_over_long_prompts_with_truncation_error_stop_with_the_count_and_the_knob(tmp_path, capsys):
+    prompts = ["1+1="] * 6 + ["9" * 80, "8" * 90]
+    data = _parquet(tmp_path / "train.parquet", prompts)
+    args = ["algorithm=grpo", f"data.train_files={data}", f"data.val_files={data}", "data.max_prompt_length=40"]
+    assert plan_tool.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "2 of 8 train prompts are longer than data.max_prompt_length=40" in err
+    assert "row 6" in err and "data.truncation=filter" in err
+    assert plan_tool.main([*args, "data.truncation=filter"]) == 0
+    assert "2 longer than data.max_prompt_length=40 (longest 93): dropped (data.truncation=filter)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["unknown-name", "syntax-error"])
+def test_reward_problems_stop_the_plan_with_one_line(tmp_path, capsys, case):
+    if case == "unknown-name":
+        args, expected = ["reward.functions=[gsm8kk]"], "reward.functions[0]='gsm8kk' is not a registered reward function"
+    else:
+        bad = tmp_path / "my_reward.py"
+        bad.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info)\n    return 1.0\n")
+        args, expected = [f"reward.custom_fn.path={bad}"], "failed to import: SyntaxError"
+    assert plan_tool.main(["algorithm=grpo", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_sizes_parse_as_people_write_them():
+    assert dry_run.parse_size("80GB") == 80 * 10**9
+    assert dry_run.parse_size("24GiB") == 24 * 2**30
+    assert dry_run.parse_size("141G") == 141 * 10**9
+    with pytest.raises(Exception, match="not a size"):
+        dry_run.parse_size("lots")
+
+
+def test_the_model_shape_counts_qwen2_parameters_exactly(tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = _tiny_25m(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    unique = {p.data_ptr(): p.numel() for p in model.parameters()}
+    assert dry_run.ModelShape.from_config(AutoConfig.from_pretrained(path)).params == sum(unique.values())
+
+
+def _documented_plan_commands() -> list[list[str]]:
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "plan.md").read_text()
+    found = []
+    for line in text.splitlines():
+        if line.startswith("python -m rlplat.tools.plan "):
+            found.append(shlex.split(line.split("#", 1)[0])[3:])
+    assert len(found) == 2, "docs/plan.md prints two plan commands"
+    return found
+
+
+@pytest.mark.parametrize("args", _documented_plan_commands(), ids=lambda a: " ".join(a))
+def test_the_documented_plan_commands_run(args, capsys):
+    assert plan_tool.main(args) == 0
+    assert "batch ledger (per training step)" in capsys.readouterr().out
