@@ -22,8 +22,6 @@ MAX_PROMPT_LEN=${MAX_PROMPT_LEN:-512}    # tokens
 MAX_RESPONSE_LEN=${MAX_RESPONSE_LEN:-8}  # tokens
 TRAIN_BATCH_PROMPTS=${TRAIN_BATCH_PROMPTS:-64}   # prompts per step (global)
 MINI_BATCH_PROMPTS=${MINI_BATCH_PROMPTS:-16}     # prompts per optimizer step (global)
-MICRO_BATCH_SEQS=${MICRO_BATCH_SEQS:-128}        # sequences per forward/backward per worker
-LOG_PROB_MICRO_BATCH_SEQS=${LOG_PROB_MICRO_BATCH_SEQS:-128}
 LR=${LR:-3e-4}                           # actor peak learning rate (~1e-6 for real LLMs)
 STEPS=${STEPS:-450}                      # training steps
 TEST_FREQ=${TEST_FREQ:-50}               # validate every N steps (<= 0: only before and after)
@@ -35,13 +33,53 @@ LOGGER=${LOGGER:-console,jsonl}          # comma list: console, jsonl, tensorboa
 EXPERIMENT=${EXPERIMENT:-$ALGO}
 OUTPUT_DIR=${OUTPUT_DIR:-outputs/$EXPERIMENT}
 RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inprocess = no Ray; auto / host:port = join
+# Knobs passed only when set (unset: rlplat's own default):
+#   MICRO_BATCH_SEQS    actor.micro_batch_size_seqs_per_worker and critic.micro_batch_size_seqs_per_worker:
+#                       sequences per forward/backward per worker (unset: the whole per-worker mini-batch, up to 128)
+#   LOG_PROB_MICRO_BATCH_SEQS  actor. and ref.log_prob_micro_batch_size_seqs_per_worker (log-prob passes)
+#   TRUNCATION          data.truncation: error | left | right | filter (drop prompts over MAX_PROMPT_LEN)
+#   VAL_BATCH_PROMPTS   data.val_batch_size_prompts: prompts per validation call
+#   VAL_TEMPERATURE     rollout.val_temperature (0 = greedy)
+#   GRAD_CKPT           model.gradient_checkpointing (FSDP): true = recompute activations in backward
+#   MICRO_BATCH_TOKENS  actor.micro_batch_max_tokens_per_worker: a token budget per micro-batch
+#   RECOMPUTE           actor.megatron.recompute_activations (Megatron)
+#   REF_OFFLOAD         ref.fsdp.param_offload: the reference's weights in host memory
+#   ROLLOUT_BATCH_SEQS  rollout.hf.batch_size_seqs_per_worker: sequences the HF engine samples at once
+#   ROLLOUT_MEM         rollout.vllm.gpu_memory_utilization / rollout.sglang.mem_fraction_static
+#   ROLLOUT_TP          rollout.vllm.tensor_parallel_size / rollout.sglang.tensor_parallel_size (GPUs per engine;
+#                       TP is Megatron's training tensor parallelism)
 if [ -z "${PYTHON:-}" ]; then            # the checkout's venv (scripts/setup.sh) when there is one
     if [ -x "$REPO_DIR/.venv/bin/python" ]; then PYTHON="$REPO_DIR/.venv/bin/python"; else PYTHON=python; fi
 fi
 
+# the override KEY=VALUE for each knob that is set: optional KNOB KEY [KEY ...]
+optional() {
+    local knob=$1 key
+    shift
+    if [ -n "${!knob:-}" ]; then for key in "$@"; do extra+=("$key=${!knob}"); done; fi
+}
+
 run_rlplat() {
-    local ray=()
+    local ray=() extra=()
     if [ -n "$RAY_ADDRESS" ]; then ray=("trainer.ray_address=$RAY_ADDRESS"); fi
+    if [ "$ACTOR" != megatron ] && { [ "$TP" != 1 ] || [ "$PP" != 1 ]; }; then
+        echo "TP=$TP PP=$PP: Megatron's training parallel sizes, used with ACTOR=megatron only (ACTOR=$ACTOR);" \
+             "the rollout engine's tensor parallelism is ROLLOUT_TP" >&2
+        exit 2
+    fi
+    optional MICRO_BATCH_SEQS actor.micro_batch_size_seqs_per_worker critic.micro_batch_size_seqs_per_worker
+    optional LOG_PROB_MICRO_BATCH_SEQS actor.log_prob_micro_batch_size_seqs_per_worker \
+        ref.log_prob_micro_batch_size_seqs_per_worker
+    optional TRUNCATION data.truncation
+    optional VAL_BATCH_PROMPTS data.val_batch_size_prompts
+    optional VAL_TEMPERATURE rollout.val_temperature
+    optional GRAD_CKPT model.gradient_checkpointing
+    optional MICRO_BATCH_TOKENS actor.micro_batch_max_tokens_per_worker
+    optional RECOMPUTE actor.megatron.recompute_activations
+    optional REF_OFFLOAD ref.fsdp.param_offload
+    optional ROLLOUT_BATCH_SEQS rollout.hf.batch_size_seqs_per_worker
+    optional ROLLOUT_MEM rollout.vllm.gpu_memory_utilization rollout.sglang.mem_fraction_static
+    optional ROLLOUT_TP rollout.vllm.tensor_parallel_size rollout.sglang.tensor_parallel_size
     set -x
     "$PYTHON" -m rlplat.trainer.main \
         "algorithm=$ALGO" \
@@ -57,10 +95,6 @@ run_rlplat() {
         "data.max_response_length=$MAX_RESPONSE_LEN" \
         "data.train_batch_size_prompts=$TRAIN_BATCH_PROMPTS" \
         "actor.mini_batch_size_prompts=$MINI_BATCH_PROMPTS" \
-        "actor.micro_batch_size_seqs_per_worker=$MICRO_BATCH_SEQS" \
-        "actor.log_prob_micro_batch_size_seqs_per_worker=$LOG_PROB_MICRO_BATCH_SEQS" \
-        "critic.micro_batch_size_seqs_per_worker=$MICRO_BATCH_SEQS" \
-        "ref.log_prob_micro_batch_size_seqs_per_worker=$LOG_PROB_MICRO_BATCH_SEQS" \
         "actor.optim.lr=$LR" \
         "rollout.n=$N" \
         "rollout.val_n=$VAL_N" \
@@ -74,5 +108,6 @@ run_rlplat() {
         "trainer.experiment_name=$EXPERIMENT" \
         "trainer.output_dir=$OUTPUT_DIR" \
         "${ray[@]}" \
+        "${extra[@]}" \
         "$@"
 }

@@ -100,9 +100,9 @@ class Registry(Generic[T]):
         how = f"; install it with: {entry.install}" if entry.install else ""
         return f"{self.kind} {name!r} needs the package {', '.join(repr(m) for m in missing)}, which is not installed{how}"
 
-    def _resolve(self, name: str, entry: LazyEntry) -> T:
+    def _resolve(self, name: str, entry: LazyEntry, require_installed: bool = True) -> T:
         problem = self.missing_requirements(name)
-        if problem:
+        if problem and require_installed:
             raise RegistryError(problem)
         module_name, _, attr = entry.target.partition(":")
         try:
@@ -117,12 +117,15 @@ class Registry(Generic[T]):
             raise self.unknown(name)
         return self._entries.pop(name)
 
-    def get(self, name: str) -> T:
+    def get(self, name: str, *, require_installed: bool = True) -> T:
+        """The object registered under ``name`` (a lazy entry imported now). ``require_installed=False`` imports
+        a lazy entry whose required packages are missing, for what it can tell without them (an engine class
+        whose module imports its package only when an engine is built)."""
         try:
             entry = self._entries[name]
         except (KeyError, TypeError):
             raise self.unknown(name) from None
-        return self._resolve(name, entry) if isinstance(entry, LazyEntry) else entry
+        return self._resolve(name, entry, require_installed) if isinstance(entry, LazyEntry) else entry
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._entries))

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlplat.trainer.run import load_run_config
 
     try:
-        cfg, plan = load_run_config(overrides, device=args.device or planned_device(overrides))
+        cfg, plan = load_run_config(overrides, device=args.device or planned_device(overrides), require_installed=False)
     except ConfigError as err:
         print(f"rlplat: config error: {err}", file=sys.stderr)
         return 2

@@ -386,6 +386,19 @@ def default_device_memory(device: str) -> int:
     return 80 * GB
 
 
+def missing_packages(cfg: DictConfig, plan) -> list[str]:
+    """The chosen engines whose packages are not installed on this machine (planned all the same)."""
+    from rlplat.engines import TRAINING_ENGINES
+    from rlplat.rollout import ROLLOUT_ENGINES
+
+    chosen = [(TRAINING_ENGINES, cfg.actor.strategy)]
+    chosen += [(TRAINING_ENGINES, cfg[role].strategy) for role, used in (("critic", plan.needs_critic),
+                                                                        ("ref", plan.needs_ref)) if used]
+    if cfg.rollout.mode != "server":
+        chosen.append((ROLLOUT_ENGINES, cfg.rollout.name))
+    return list(dict.fromkeys(p for registry, name in chosen if (p := registry.missing_requirements(name))))
+
+
 def report(cfg: DictConfig, plan, device_memory: int) -> bool:
     """Run the checks and print the plan; True when every phase fits ``device_memory``. Raises the run's
     own errors (ConfigError, DataError, RewardConfigError, RegistryError, RunError) for what would stop it."""
@@ -412,6 +425,8 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
         f"actor {cfg.actor.strategy}, rollout {cfg.rollout.name}; model {cfg.model.path} "
         f"({shape.params / 1e6:.1f}M parameters, {shape.layers} layers, hidden {shape.hidden}, vocabulary {shape.vocab})")
     say("config, reward functions and imports: ok")
+    for problem in missing_packages(cfg, plan):
+        say(f"note: {problem}; the run needs it where it runs")
 
     say("\ndata (tokens per prompt, after the chat template)")
     scans = {}

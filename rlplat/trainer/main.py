@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
         return 0
     from rlplat.trainer.dry_run import planned_device
 
-    try:  # a dry run plans a GPU run (trainer.device=cuda) on a machine without one
-        cfg, plan = load_run_config(overrides, planned_device(overrides) if "trainer.dry_run=true" in overrides else None)
+    dry = "trainer.dry_run=true" in overrides  # plans a GPU run (trainer.device=cuda) on a machine without one,
+    try:  # whose engines' packages may be installed only where it runs
+        cfg, plan = load_run_config(overrides, planned_device(overrides) if dry else None, require_installed=not dry)
     except ConfigError as err:
         print(f"rlplat: config error: {err}", file=sys.stderr)
         return 2

@@ -15,13 +15,14 @@ from rlplat.utils.quiet import quiet_third_party
 from rlplat.workers.engine_setup import plan_run
 
 
-def load_run_config(overrides: list[str] | None = None, device: str | None = None) -> tuple[DictConfig, RunPlan]:
+def load_run_config(overrides: list[str] | None = None, device: str | None = None,
+                    require_installed: bool = True) -> tuple[DictConfig, RunPlan]:
     """The whole start-up check of a run: :func:`rlplat.config.load_config` (schema, presets, cross-field
     rules), then the run's plan from the config and the chosen engines, which check their own sections
-    (:func:`rlplat.workers.engine_setup.plan_run`; ``device`` plans for that device instead of the resolved
-    ``trainer.device``). Raises ConfigError."""
+    (:func:`rlplat.workers.engine_setup.plan_run`, whose ``device`` and ``require_installed`` plan a run for
+    another machine). Raises ConfigError."""
     cfg = load_config(overrides)
-    return cfg, plan_run(cfg, device)
+    return cfg, plan_run(cfg, device, require_installed)
 
 
 # A Ray cluster that rlplat starts itself pre-starts no idle workers (the worker groups start their own,

@@ -21,16 +21,17 @@ from rlplat.registry import Registry
 from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup
 
 
-def _registered(registry: Registry, key: str, name: str) -> type:
-    """The class registered under ``name``, imported; ConfigError if it is unknown or its package missing."""
-    if problem := registry.missing_requirements(name):
+def _registered(registry: Registry, key: str, name: str, require_installed: bool = True) -> type:
+    """The class registered under ``name``, imported; ConfigError if it is unknown or (``require_installed``)
+    its package missing."""
+    if require_installed and (problem := registry.missing_requirements(name)):
         raise ConfigError(f"{key}={name!r}: {problem}")
     if name not in registry:
         raise ConfigError(f"{key}={name!r} is not registered; {registry.suggestion(name)}")
-    return registry.get(name)
+    return registry.get(name, require_installed=require_installed)
 
 
-def _rollout_engine_class(cfg: DictConfig) -> type[RolloutEngine]:
+def _rollout_engine_class(cfg: DictConfig, require_installed: bool = True) -> type[RolloutEngine]:
     rollout, name = cfg.rollout, cfg.rollout.name
     if rollout.mode == "server":
         if name not in ROLLOUT_SERVER_CLIENTS:
@@ -39,24 +40,25 @@ def _rollout_engine_class(cfg: DictConfig) -> type[RolloutEngine]:
         if not rollout.server.url:
             raise ConfigError("rollout.mode=server needs rollout.server.url (e.g. http://HOST:8000)")
         return ROLLOUT_SERVER_CLIENTS.get(name)
-    return _registered(ROLLOUT_ENGINES, "rollout.name", name)
+    return _registered(ROLLOUT_ENGINES, "rollout.name", name, require_installed)
 
 
-def plan_run(cfg: DictConfig, device: str | None = None) -> RunPlan:
+def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool = True) -> RunPlan:
     """The run's plan from a validated ``cfg`` and its engines' declarations; raises ConfigError (one line
     naming the key) if an engine cannot be built, or cannot run its settings, on the run's device
-    (``trainer.device`` resolved here; ``device`` plans for another, as ``rlplat.tools.plan`` does for a GPU
-    run from a machine without one)."""
+    (``trainer.device`` resolved here). ``device`` and ``require_installed=False`` plan a run for another
+    machine, as ``rlplat.tools.plan`` does: a GPU run from a machine without one, and an engine whose package
+    is installed only where the run will run."""
     device = device or resolve_device(cfg)
-    actor_cls = _registered(TRAINING_ENGINES, "actor.strategy", cfg.actor.strategy)
-    rollout_cls = _rollout_engine_class(cfg)
+    actor_cls = _registered(TRAINING_ENGINES, "actor.strategy", cfg.actor.strategy, require_installed)
+    rollout_cls = _rollout_engine_class(cfg, require_installed)
     rollout_section = cfg.rollout.server if cfg.rollout.mode == "server" else cfg.rollout.get(cfg.rollout.name)
     declarations = EngineDeclarations(actor_dtype=actor_cls.computes_in(cfg.actor.get(cfg.actor.strategy), device),
                                       rollout=rollout_cls.declare(rollout_section, device))
     plan = make_plan(cfg, device, declarations)
     roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref}  # the engines this run builds
     for role in (role for role, built in roles.items() if built):
-        engine_cls = _registered(TRAINING_ENGINES, f"{role}.strategy", cfg[role].strategy)
+        engine_cls = _registered(TRAINING_ENGINES, f"{role}.strategy", cfg[role].strategy, require_installed)
         world = cfg.ref.workers_per_node if plan.reference == "separate" and role == "ref" else plan.world_size
         engine_cls.check_config(cfg, role, world, device)  # the separate reference pool is one node
     if cfg.rollout.mode != "server":

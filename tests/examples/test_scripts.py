@@ -76,8 +76,22 @@ json.dump(results, sys.stdout)
 """
 # DEVICE=cpu: validation checks that trainer.device=cuda has a visible GPU, which this machine lacks;
 # every other key, preset, batch-size rule and registered name is validated exactly as on a GPU.
+HEADER_EXAMPLE = re.compile(r"^#.*\(e\.g\. ((?:\w+=\S+ )+)bash (\S+)\)", re.M)
+
+
+def header_examples() -> dict[str, tuple[Path, dict[str, str]]]:
+    """Each script's header example ``(e.g. KNOB=value ... bash examples/...)``: the script and its knobs."""
+    found = {}
+    for script in [*CPU_SCRIPTS, *GPU_SCRIPTS]:
+        for knobs, named in HEADER_EXAMPLE.findall(script.read_text()):
+            assert ROOT / named == script, f"{script.name}'s header example runs {named}"
+            found[f"header_{script.stem}"] = (script, dict(k.split("=", 1) for k in knobs.split()))
+    return found
+
+
 VARIANTS = {  # the knobs of each composition beyond DEVICE=cpu
     **{script.stem: (script, {}) for script in GPU_SCRIPTS},
+    **header_examples(),
     "knobs": (EXAMPLES / "gpu" / "qwen2.5-0.5b_gsm8k_fsdp_hf.sh",
               dict(MODEL="/models/mine", N="16", LR="2e-6", WORKERS="2", RAY_ADDRESS="",
                    LOGGER="console,tensorboard", OUTPUT_DIR="/tmp/x")),
@@ -138,6 +152,107 @@ def test_gpu_script_knobs_reach_the_config(compositions, skip_missing):
     assert cfg["model"]["path"] == "/models/mine" and cfg["rollout"]["n"] == 16
     assert cfg["actor"]["optim"]["lr"] == 2e-6 and cfg["trainer"]["workers_per_node"] == 2
     assert cfg["trainer"]["logger"] == ["console", "tensorboard"] and cfg["trainer"]["output_dir"] == "/tmp/x"
+
+
+def test_header_examples_run_as_written(compositions, skip_missing):
+    """Every ``(e.g. KNOB=value bash ...)`` a script's header prints composes and validates."""
+    names = [name for name in compositions if name.startswith("header_")]
+    assert len(names) >= 6  # one per base GPU script
+    for name in names:
+        composed(compositions, name, skip_missing)
+
+
+def test_tensor_parallel_knob_on_an_fsdp_script_is_one_line():
+    """TP is Megatron's training parallelism: on an FSDP script it stops (not silently ignored) and names
+    the rollout's own knob."""
+    done = bash(EXAMPLES / "gpu" / "qwen2.5-7b_gsm8k_fsdp_vllm.sh", script_env(DEVICE="cpu", TP="2"), "--cfg", "job")
+    assert done.returncode == 2
+    assert "ROLLOUT_TP" in done.stderr.strip().splitlines()[-1]
+
+
+# The public configs of the models the GPU scripts name (layer counts and sizes from their config.json)
+QWEN25 = {
+    "0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+}
+PLAN = """
+import contextlib, io, json, sys
+from rlplat.trainer.main import main
+results = {}
+for name, argv in json.load(sys.stdin).items():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    results[name] = [code, out.getvalue(), err.getvalue()]
+json.dump(results, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def gpu_plans(tmp_path_factory):
+    """Each GPU script's dry run (``trainer.dry_run=true``, planned for its GPUs on this CPU machine) with a
+    config-only directory of its model (the real shapes, no weights) and prompts as long as the script
+    allows (the worst case for memory); the tiny tokenizer stands in for Qwen's."""
+    from transformers import Qwen2Config
+
+    from rlplat.models.tiny import build_tokenizer
+
+    tmp = tmp_path_factory.mktemp("plans")
+    tokenizer = tmp / "tokenizer"
+    build_tokenizer().save_pretrained(tokenizer)
+    for size, spec in QWEN25.items():
+        Qwen2Config(max_position_embeddings=32768, rope_theta=1e6, **spec).save_pretrained(tmp / size)
+    recorder = tmp / "python"
+    recorder.write_text(RECORDER)
+    recorder.chmod(0o755)
+    commands = {}
+    for script in GPU_SCRIPTS:
+        size = re.search(r"Qwen2\.5-([\d.]+B)", bash(script, script_env(DEVICE="cpu", PYTHON=str(recorder),
+                                                                        RLPLAT_RECORD=str(tmp / "a")), "--cfg", "job")
+                         and (tmp / "a").read_text()).group(1)
+        record = tmp / f"{script.stem}.args"
+        env = {**script_env(DEVICE="cuda", MODEL=str(tmp / size)), "PYTHON": str(recorder), "RLPLAT_RECORD": str(record)}
+        assert bash(script, env).returncode == 0
+        args = record.read_text().split("\0")[:-1][2:]
+        limit = int(next(a for a in args if a.startswith("data.max_prompt_length=")).split("=")[1])
+        data = _prompts_of(tmp, limit)
+        args = [a for a in args if not a.startswith(("data.train_files=", "data.val_files="))]
+        commands[script.stem] = [*args, f"data.train_files={data}", f"data.val_files={data}",
+                                 f"model.tokenizer_path={tokenizer}", "trainer.dry_run=true"]
+    done = subprocess.run([sys.executable, "-c", PLAN], input=json.dumps(commands), capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _prompts_of(tmp: Path, limit: int) -> str:
+    """A parquet of 64 prompts of exactly ``limit`` tokens with the tiny tokenizer's chat template (3 tokens)."""
+    import pandas as pd
+
+    path = tmp / f"prompts-{limit}.parquet"
+    if not path.exists():
+        rows = 64
+        pd.DataFrame({"data_source": ["openai/gsm8k"] * rows,
+                      "prompt": [[{"role": "user", "content": "7" * (limit - 3)}]] * rows,
+                      "reward_model": [{"style": "rule", "ground_truth": "7"}] * rows,
+                      "extra_info": [{"index": i} for i in range(rows)]}).to_parquet(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: p.stem)
+def test_gpu_script_plan_fits_its_gpus(script, gpu_plans):
+    """Every phase of every GPU script fits an 80 GB GPU at full-length prompts, validation takes few calls,
+    and nothing else would stop it at start-up."""
+    code, out, err = gpu_plans[script.stem]
+    assert code == 0, (out + err)[-3000:]
+    assert "memory per device (estimate, docs/plan.md) against 80 GB" in out
+    assert "DOES NOT FIT" not in out
+    calls = int(re.search(r"in (\d+) call\(s\)", out).group(1))
+    assert calls <= 3
 
 
 def test_bad_knob_fails_with_one_line(compositions):
