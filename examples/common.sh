@@ -17,7 +17,6 @@ MODEL=${MODEL:-embedded}                 # HF hub id or local directory; embedde
 TRAIN_FILES=${TRAIN_FILES:-builtin:arithmetic}   # parquet file(s): one path or [a.parquet,b.parquet]
 VAL_FILES=${VAL_FILES:-builtin:arithmetic}
 N=${N:-8}                                # responses per prompt (rollout.n)
-VAL_N=${VAL_N:-4}                        # responses per validation prompt
 MAX_PROMPT_LEN=${MAX_PROMPT_LEN:-512}    # tokens
 MAX_RESPONSE_LEN=${MAX_RESPONSE_LEN:-8}  # tokens
 TRAIN_BATCH_PROMPTS=${TRAIN_BATCH_PROMPTS:-64}   # prompts per step (global)
@@ -37,6 +36,7 @@ RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inproces
 #   MICRO_BATCH_SEQS    actor.micro_batch_size_seqs_per_worker and critic.micro_batch_size_seqs_per_worker:
 #                       sequences per forward/backward per worker (unset: the whole per-worker mini-batch, up to 128)
 #   LOG_PROB_MICRO_BATCH_SEQS  actor. and ref.log_prob_micro_batch_size_seqs_per_worker (log-prob passes)
+#   VAL_N               rollout.val_n: responses per validation prompt (> 1 with VAL_TEMPERATURE > 0)
 #   TRUNCATION          data.truncation: error | left | right | filter (drop prompts over MAX_PROMPT_LEN)
 #   VAL_BATCH_PROMPTS   data.val_batch_size_prompts: prompts per validation call
 #   VAL_TEMPERATURE     rollout.val_temperature (0 = greedy)
@@ -72,6 +72,7 @@ run_rlplat() {
         ref.log_prob_micro_batch_size_seqs_per_worker
     optional TRUNCATION data.truncation
     optional VAL_BATCH_PROMPTS data.val_batch_size_prompts
+    optional VAL_N rollout.val_n
     optional VAL_TEMPERATURE rollout.val_temperature
     optional GRAD_CKPT model.gradient_checkpointing
     optional MICRO_BATCH_TOKENS actor.micro_batch_max_tokens_per_worker
@@ -97,7 +98,6 @@ run_rlplat() {
         "actor.mini_batch_size_prompts=$MINI_BATCH_PROMPTS" \
         "actor.optim.lr=$LR" \
         "rollout.n=$N" \
-        "rollout.val_n=$VAL_N" \
         "trainer.total_steps=$STEPS" \
         "trainer.test_freq=$TEST_FREQ" \
         "trainer.save_freq=$SAVE_FREQ" \

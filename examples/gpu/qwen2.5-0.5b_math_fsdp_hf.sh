@@ -16,7 +16,6 @@ DEVICE=${DEVICE:-cuda}
 WORKERS=${WORKERS:-1}
 N=${N:-8}
 VAL_N=${VAL_N:-1}
-VAL_TEMPERATURE=${VAL_TEMPERATURE:-0}   # greedy, as the expected results above are
 MAX_PROMPT_LEN=${MAX_PROMPT_LEN:-1024}
 TRUNCATION=${TRUNCATION:-filter}   # drop the few longer prompts (verl: filter_overlong_prompts)
 MAX_RESPONSE_LEN=${MAX_RESPONSE_LEN:-1024}

@@ -174,8 +174,8 @@ class RolloutConfig:
     # Training rollouts keep going after EOS (sampled as an ordinary token), so every response runs to
     # data.max_response_length unless a stop_token_ids token ends it: fixed-length benchmarks (vLLM's ignore_eos)
     ignore_eos: bool = False
-    val_n: int = count(4)  # responses per validation prompt (mean@N, best@N, maj@N, pass@k)
-    val_temperature: float = 1.0  # 0 = greedy; 1.0 with val_n=4 = sampled pass@1 averaged over 4 (mean@4)
+    val_n: int = count(1)  # responses per validation prompt; > 1 with val_temperature > 0: mean@N, best@N, maj@N, pass@k
+    val_temperature: float = 0.0  # 0 = greedy (verl's validation default); e.g. 1.0 with val_n=4 = sampled mean@4
     dtype: str = "auto"  # generation dtype (weights are sent in it): auto = float32 on CPU, bfloat16 on GPU | float32 | bfloat16 | float16
     weight_sync_bucket_mb: int = count(512)  # actor -> rollout weight transfer: one gather and one load per bucket of this size
     hf: HFRolloutConfig = field(default_factory=HFRolloutConfig)

@@ -88,6 +88,9 @@ def _check_values(cfg: DictConfig) -> None:
     check(0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1, "algorithm.gamma and algorithm.lam must be in [0, 1]")
     check(rollout.temperature > 0, f"rollout.temperature must be > 0 for training, got {rollout.temperature}")
     check(rollout.val_temperature >= 0, "rollout.val_temperature must be >= 0 (0 = greedy)")
+    check(rollout.val_temperature > 0 or rollout.val_n == 1,
+          f"rollout.val_n={rollout.val_n} with rollout.val_temperature=0 (greedy) generates the same response "
+          f"{rollout.val_n} times; set rollout.val_n=1, or rollout.val_temperature > 0 (e.g. 1.0) for mean@N / pass@k")
     check(0 < rollout.top_p <= 1, f"rollout.top_p must be in (0, 1], got {rollout.top_p}")
     check(rollout.top_k == -1 or rollout.top_k > 0, f"rollout.top_k must be -1 or > 0, got {rollout.top_k}")
     check(algo.tis_cap is None or algo.tis_cap > 0, f"algorithm.tis_cap must be > 0 (or null = off), got {algo.tis_cap}")

@@ -24,7 +24,7 @@ def test_plan_prints_the_quickstart_ledger(capsys):
     assert "4 mini-batch(es) x actor.ppo_epochs=1 = 4 optimizer step(s); 1 micro-batch(es) of 128 sequences" in out
     assert "train: 20000 prompts" in out and "none longer than data.max_prompt_length" in out
     assert "trainer.total_steps=450 = 1.44 epochs" in out
-    assert "validation: 256 prompts x rollout.val_n=4 = 1024 responses in 1 call(s)" in out
+    assert "validation: 256 prompts x rollout.val_n=1 = 256 responses in 1 call(s)" in out
     assert "plan: every phase fits" in out
 
 

@@ -15,7 +15,7 @@ def overrides(out_dir, steps, val_file, *extra):
         f"trainer.output_dir={out_dir}", f"trainer.total_steps={steps}", "trainer.test_freq=0",
         f"data.val_files={val_file}", "data.train_batch_size_prompts=8", "actor.mini_batch_size_prompts=8",
         "rollout.n=4", "actor.micro_batch_size_seqs_per_worker=8", "critic.micro_batch_size_seqs_per_worker=8",
-        "rollout.val_n=2", *extra,
+        "rollout.val_n=2", "rollout.val_temperature=1.0", *extra,
     ]
 
 
