@@ -6,9 +6,19 @@ and prints; the formulas are in docs/plan.md). ``trainer.dry_run=true`` on the m
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
-from rlplat.trainer.dry_run import parse_size, planned_device, run_plan
+from rlplat.trainer.dry_run import planned_device, run_plan
+
+
+def parse_size(text: str) -> int:
+    """``80GB`` / ``80G`` / ``80GiB`` / ``81920MB`` / bytes -> bytes (GB = 10^9, GiB = 2^30)."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(i?)B?\s*", text, re.I)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 80GB, 141GB or 24GiB")
+    number, unit, binary = float(match.group(1)), match.group(2).upper(), bool(match.group(3))
+    return int(number * (1024 if binary else 1000) ** " KMGT".index(unit or " "))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,21 +21,20 @@ The formulas, their sources and the measured error are in docs/plan.md. Exit sta
 
 from __future__ import annotations
 
-import argparse
 import math
-import re
 import statistics
 import sys
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+from rlplat.engines.token_head import CHUNK_BYTES as HEAD_CHUNK_BYTES  # float32 logits per chunk
+
 GB = 10**9
 GIB = 2**30
-#: the float32 logits of one chunk of the output layer (:data:`rlplat.engines.token_head.CHUNK_BYTES`), and
-#: how many such tensors the chunk's backward holds at once (logits, probabilities, their gradient, the
-#: entropy term)
-HEAD_CHUNK_BYTES, HEAD_CHUNK_TENSORS = 256 * 2**20, 4
+#: how many chunk-sized float32 tensors the output layer's backward holds at once (logits, probabilities,
+#: their gradient, the entropy term)
+HEAD_CHUNK_TENSORS = 4
 
 
 @dataclass(frozen=True)
@@ -83,6 +82,14 @@ class ModelShape:
         elements = 8 * self.hidden + 2 * kv + 2 * self.intermediate
         return compute_bytes * elements + 4 * (self.heads + 2) + 2 * self.hidden * (4 - compute_bytes)
 
+    def eager_attention_extra(self, seq: int, compute_bytes: int) -> float:
+        """What eager attention keeps per token and layer beyond SDPA's: its ``[heads, T, T]`` probabilities
+        (float32 softmax, and their cast back in bf16), and key and value repeated to every query head; no
+        log-sum-exp."""
+        probabilities = self.heads * seq * (4 + (compute_bytes if compute_bytes < 4 else 0))
+        repeated = 2 * (self.heads - self.kv_heads) * self.head_dim * compute_bytes
+        return probabilities + repeated - 4 * self.heads
+
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
         return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
 
@@ -98,15 +105,6 @@ class Phase:
     @property
     def total(self) -> float:
         return sum(self.parts.values())
-
-
-def parse_size(text: str) -> int:
-    """``80GB`` / ``80G`` / ``80GiB`` / ``81920MB`` / bytes -> bytes (GB = 10^9, GiB = 2^30)."""
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(i?)B?\s*", text, re.I)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 80GB, 141GB or 24GiB")
-    number, unit, binary = float(match.group(1)), match.group(2).upper(), bool(match.group(3))
-    return int(number * (1024 if binary else 1000) ** " KMGT".index(unit or " "))
 
 
 def fmt(nbytes: float) -> str:
@@ -229,6 +227,8 @@ def activation_bytes(shape: ModelShape, cfg: DictConfig, lay: Layout, tokens: in
         head = tokens * shape.vocab / lay.tp * compute_bytes + 3 * 4 * response_tokens * shape.vocab / lay.tp
     else:
         per_token = shape.saved_bytes_per_token(compute_bytes)
+        if cfg.model.attn_implementation == "eager":
+            per_token += shape.eager_attention_extra(seq, compute_bytes)
         recompute = cfg.model.gradient_checkpointing
         chunk_rows = max(1, HEAD_CHUNK_BYTES // (4 * shape.vocab))
         head = HEAD_CHUNK_TENSORS * 4 * shape.vocab * min(chunk_rows, response_tokens) \

@@ -47,10 +47,12 @@ def _tiny_25m(tmp_path):
     return str(build_tiny_model(tmp_path / "m25", TinyModelSpec(**SPEC_25M), seed=0))
 
 
-def test_training_memory_estimate_is_within_20_percent_of_the_measured_tensors(tmp_path):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_training_memory_estimate_is_within_20_percent_of_the_measured_tensors(tmp_path, attention):
     """Weights, gradients, AdamW's moments and the tensors saved for backward of one micro-batch (8
     sequences of 96 prompt + 96 response tokens) through the FSDP engine as a run builds it, against the
-    plan's estimates for the same micro-batch."""
+    plan's estimates for the same micro-batch (SDPA, the default, and eager attention, which keeps its
+    [heads, T, T] probabilities)."""
     from transformers import AutoConfig
 
     from rlplat.controller import InProcessWorkerGroup
@@ -58,7 +60,8 @@ def test_training_memory_estimate_is_within_20_percent_of_the_measured_tensors(t
     from rlplat.workers.roles import ActorRolloutRefWorker
 
     path = _tiny_25m(tmp_path)
-    cfg, plan = load_run_config([f"model.path={path}", "trainer.ray_address=inprocess", "trainer.device=cpu"])
+    cfg, plan = load_run_config([f"model.path={path}", "trainer.ray_address=inprocess", "trainer.device=cpu",
+                                 f"model.attn_implementation={attention}"])
     group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
     try:
         group.init_model(path, with_ref=False)
@@ -154,11 +157,11 @@ def test_reward_problems_stop_the_plan_with_one_line(tmp_path, capsys, case):
 
 
 def test_sizes_parse_as_people_write_them():
-    assert dry_run.parse_size("80GB") == 80 * 10**9
-    assert dry_run.parse_size("24GiB") == 24 * 2**30
-    assert dry_run.parse_size("141G") == 141 * 10**9
+    assert plan_tool.parse_size("80GB") == 80 * 10**9
+    assert plan_tool.parse_size("24GiB") == 24 * 2**30
+    assert plan_tool.parse_size("141G") == 141 * 10**9
     with pytest.raises(Exception, match="not a size"):
-        dry_run.parse_size("lots")
+        plan_tool.parse_size("lots")
 
 
 def test_the_model_shape_counts_qwen2_parameters_exactly(tmp_path):
