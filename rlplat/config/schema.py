@@ -299,6 +299,9 @@ class RewardConfig:
     weights: list[float] = field(default_factory=lambda: [1.0])  # one weight per function
     isolation: str = "process"  # process = run reward code in a worker process (timeout, crash-safe) | inprocess
     timeout_s: float = 30.0  # per reward call (isolation=process): a call still running then scores 0, counted
+    # reward worker processes (isolation=process): a batch's calls run concurrently, one per process at a
+    # time, each with its own timeout_s; None = one per CPU core, up to 8
+    num_workers: Optional[int] = None
     fail_fraction_to_stop: float = 1.0  # stop when this share of a step's reward calls fail (1 = all; > 1 = never)
     # Entries of reward.functions whose term counts only when the other functions judge the answer correct
     # (e.g. [format]: open-instruct's non-additive format reward); [] = every term is added

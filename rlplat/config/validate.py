@@ -100,6 +100,8 @@ def _check_values(cfg: DictConfig) -> None:
         check(len(optim.betas) == 2, f"{section}.optim.betas must be two numbers, got {list(optim.betas)}")
     reward = cfg.reward
     check(reward.timeout_s > 0, f"reward.timeout_s must be > 0 seconds, got {reward.timeout_s}")
+    check(reward.num_workers is None or reward.num_workers >= 1,
+          f"reward.num_workers must be >= 1 (or null: one per CPU core, up to 8), got {reward.num_workers}")
     check(reward.fail_fraction_to_stop > 0,
           f"reward.fail_fraction_to_stop must be > 0 (1 = stop when all calls fail), got {reward.fail_fraction_to_stop}")
     problem = reward_weights_problem(reward.functions, reward.weights)

@@ -9,9 +9,10 @@ A custom reward function is a Python file with one function of the common signat
         # "acc" = 1/0 correctness for validation accuracy, and other numbers logged as reward/<fn>/<key>).
         return 1.0 if solution_str.strip() == ground_truth else 0.0
 
-It runs in a reward worker process (``reward.isolation=process``) with ``reward.timeout_s`` seconds per
-call; an exception, a timeout, a crash or a bad value (None, str, NaN, ±inf, a list...) scores that sample
-0 and is counted, and a step where every call fails (``reward.fail_fraction_to_stop``) stops the run.
+It runs in reward worker processes (``reward.isolation=process``, ``reward.num_workers`` of them, calls
+spread over them) with ``reward.timeout_s`` seconds per call; an exception, a timeout, a crash or a bad
+value (None, str, NaN, ±inf, a list...) scores that sample 0 and is counted, and a step or a validation
+where every call fails (``reward.fail_fraction_to_stop``) stops the run.
 
 selected with ``reward.custom_fn.path=my_reward.py`` (and ``reward.custom_fn.name=my_fn`` for a name other
 than ``compute_score``). With the default ``reward.functions=[auto]`` it replaces ``auto``; with other
@@ -20,6 +21,7 @@ functions listed it is added to them with weight 1.0. Built-ins are combined by 
 row's ``data_source``.
 """
 
+from rlplat.reward.isolation import RewardsFailing
 from rlplat.reward.scorers import (
     REWARD_FUNCTIONS,
     RewardConfigError,
@@ -45,7 +47,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "REWARD_FUNCTIONS", "OverlongShaping", "RewardConfigError", "RewardManager", "ScoreResult",
+    "REWARD_FUNCTIONS", "OverlongShaping", "RewardConfigError", "RewardManager", "RewardsFailing", "ScoreResult",
     "UnknownDataSourceError", "build_reward_manager", "last_boxed", "load_custom_function", "normalize_math",
     "safe_arithmetic", "scorer_for", "token_level_scores",
 ]

@@ -8,8 +8,13 @@ Reward functions are user code. Two things protect the run from them:
 * :class:`ProcessExecutor` runs the functions in a separate worker process. The controller waits at most
   ``reward.timeout_s`` for each call; a call that hangs or a process that dies (segfault, ``os._exit``,
   out of memory) costs that one sample (scored 0 and counted as an error): the process is replaced and
-  scoring goes on with the next sample. :class:`InProcessExecutor` (``reward.isolation=inprocess``) calls
-  the functions directly, without a timeout, for debugging.
+  scoring goes on with the next sample. A worker process ends itself when the controller is gone (a
+  kill -9 included): it watches its parent. :class:`InProcessExecutor` (``reward.isolation=inprocess``)
+  calls the functions directly, without a timeout, for debugging.
+* :class:`ProcessPool` (``reward.num_workers`` > 1) spreads a batch's calls over several such processes,
+  one call at a time each, so that the calls run concurrently, each with its own deadline; it stops a
+  batch early (:class:`RewardsFailing`) once so many calls failed that the step would stop anyway, or when
+  the first call of every process timed out (a reward that hangs on everything).
 """
 
 from __future__ import annotations
@@ -144,11 +149,28 @@ def _main_preparation(specs: list[tuple]) -> dict:
     return {key: data[key] for key in ("init_main_from_path", "init_main_from_name") if key in data}
 
 
+def _exit_with_parent(interval_s: float = 0.5) -> None:
+    """A daemon thread that ends this process once its parent is gone (the process is then re-parented):
+    a reward call stuck in user code must not outlive a controller killed with SIGKILL."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rlplat-parent-watch", daemon=True).start()
+
+
 def serve(fd: int) -> None:
     """The worker process (started as ``python -c BOOT fd``): read the functions from the socket ``fd``,
     load them, then answer ``(fn_index, first_index, rows)`` requests with one :data:`Outcome` per row,
     in order, as each is computed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    _exit_with_parent()
     from multiprocessing.connection import Connection
 
     from rlplat.reward.scorers import UnknownDataSourceError, load_custom_function
@@ -302,3 +324,78 @@ class ProcessExecutor:
             except (OSError, ValueError):
                 pass
         self._stop()
+
+
+class RewardsFailing(RuntimeError):
+    """A batch's reward calls were stopped early: ``errors`` of the ``done`` calls so far failed, enough to
+    stop the step (the message says why)."""
+
+    def __init__(self, message: str, errors: int, first_error: str):
+        super().__init__(message)
+        self.errors, self.first_error = errors, first_error
+
+
+def _timed_out(outcome: Outcome) -> bool:
+    return isinstance(outcome, str) and "did not return within reward.timeout_s" in outcome.splitlines()[0]
+
+
+class ProcessPool:
+    """``workers`` :class:`ProcessExecutor` processes; a batch's calls are handed out one at a time to
+    whichever process is free (a thread waits on each), so they run concurrently and each keeps its own
+    ``timeout_s``. Outcomes come back in the rows' order."""
+
+    def __init__(self, functions: Sequence[Callable], names: Sequence[str], timeout_s: float, workers: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.workers = [ProcessExecutor(functions, names, timeout_s) for _ in range(workers)]
+        self.names, self.timeout_s = list(names), float(timeout_s)
+        self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlplat-reward")
+
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
+            stop_after_errors: int | None = None, give_up: bool = True) -> list[Outcome]:
+        """One :data:`Outcome` per row. Raises :class:`RewardsFailing` as soon as ``stop_after_errors`` calls
+        failed, or (``give_up``) when the first call of every process timed out; the calls still running
+        then end at their deadline."""
+        import threading
+
+        out: list[Outcome | None] = [None] * len(rows)
+        lock, stop = threading.Lock(), threading.Event()
+        state = {"next": 0, "errors": 0, "first": "", "first_round": [], "why": ""}
+
+        def work(executor: ProcessExecutor) -> None:
+            while not stop.is_set():
+                with lock:
+                    i = state["next"]
+                    state["next"] += 1
+                if i >= len(rows):
+                    return
+                outcome = executor.run(fn_index, [rows[i]], first_index + i)[0]
+                out[i] = outcome
+                with lock:
+                    if len(state["first_round"]) < len(self.workers):
+                        state["first_round"].append(_timed_out(outcome))
+                    if not isinstance(outcome, str):
+                        continue
+                    state["errors"] += 1
+                    state["first"] = state["first"] or outcome.splitlines()[0]
+                    if stop_after_errors is not None and state["errors"] >= stop_after_errors:
+                        state["why"] = f"{state['errors']} failed calls"
+                        stop.set()
+                    elif give_up and len(state["first_round"]) == len(self.workers) \
+                            == len(rows[: len(self.workers)]) and all(state["first_round"]):
+                        state["why"] = (f"the first call in each of the {len(self.workers)} reward processes "
+                                        f"timed out")
+                        stop.set()
+
+        for future in [self._threads.submit(work, executor) for executor in self.workers]:
+            future.result()
+        done = sum(o is not None for o in out)
+        if done < len(rows):  # stopped early
+            raise RewardsFailing(f"reward function {self.names[fn_index]!r}: {state['why']} after {done} of "
+                                 f"{len(rows)} calls; the rest were not waited for", state["errors"], state["first"])
+        return out
+
+    def close(self) -> None:
+        for executor in self.workers:
+            executor.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)

@@ -18,6 +18,8 @@ configuration error, propagates.
 from __future__ import annotations
 
 import copy
+import math
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ import torch
 from rlplat.algorithms.reward_shaping import OverlongShaping
 from rlplat.config.validate import reward_weights_problem
 from rlplat.registry import UnknownNameError
-from rlplat.reward.isolation import InProcessExecutor, ProcessExecutor, function_name
+from rlplat.reward.isolation import InProcessExecutor, ProcessPool, function_name
 from rlplat.reward.scorers import (
     REWARD_FUNCTIONS,
     RewardConfigError,
@@ -82,7 +84,8 @@ class RewardManager:
     """
 
     def __init__(self, functions: Sequence[tuple[Callable, float]], overlong: OverlongShaping | None = None,
-                 isolation: str = "inprocess", timeout_s: float = 30.0, only_when_correct: Sequence[int] = ()):
+                 isolation: str = "inprocess", timeout_s: float = 30.0, only_when_correct: Sequence[int] = (),
+                 num_workers: int = 1, fail_fraction_to_stop: float = 1.0):
         if not functions:
             raise ValueError("a RewardManager needs at least one reward function")
         self.functions = [(fn, float(weight)) for fn, weight in functions]
@@ -99,8 +102,9 @@ class RewardManager:
                 name = f"{_name(fn)}_{k}"
             self.names.append(name)
         fns = [fn for fn, _ in self.functions]
+        self.fail_fraction_to_stop = float(fail_fraction_to_stop)
         if isolation == "process":
-            self.executor = ProcessExecutor(fns, self.names, timeout_s)
+            self.executor = ProcessPool(fns, self.names, timeout_s, max(1, int(num_workers)))
         elif isolation == "inprocess":
             self.executor = InProcessExecutor(fns, self.names)
         else:
@@ -137,7 +141,7 @@ class RewardManager:
             if k in self.gated and correct is None:
                 correct = result.correct()  # so far the scores hold only the ungated functions
             values = result.per_function[name] = []
-            for i, outcome in enumerate(self.executor.run(k, rows)):
+            for i, outcome in enumerate(self._run(k, rows, result.num_errors)):
                 result.num_calls += 1
                 if isinstance(outcome, str):
                     result.num_errors += 1
@@ -159,8 +163,18 @@ class RewardManager:
         result.per_function = {name: result.per_function[name] for name in self.names}
         return result
 
+    def _run(self, k: int, rows: list, errors_so_far: int) -> list:
+        """Function ``k``'s outcomes for ``rows``; a process pool gives up early (:class:`RewardsFailing`) once
+        the batch has as many failed calls as ``fail_fraction_to_stop`` allows (1 = all calls, > 1 = never)."""
+        if not isinstance(self.executor, ProcessPool):
+            return self.executor.run(k, rows)
+        if self.fail_fraction_to_stop > 1:
+            return self.executor.run(k, rows, give_up=False)
+        allowed = math.ceil(self.fail_fraction_to_stop * len(rows) * len(self.functions)) - errors_so_far
+        return self.executor.run(k, rows, stop_after_errors=max(1, allowed))
+
     def close(self) -> None:
-        """Stop the reward worker process (if any)."""
+        """Stop the reward worker processes (if any)."""
         self.executor.close()
 
 
@@ -237,4 +251,11 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
                                    float(_get(overlong_cfg, "penalty_factor", 1.0)))
     gated = [i for i, name in enumerate(names) if name in set(_get(reward_cfg, "only_when_correct", []))]
     return RewardManager(functions, overlong, isolation=str(_get(reward_cfg, "isolation", "process")),
-                         timeout_s=float(_get(reward_cfg, "timeout_s", 30.0)), only_when_correct=gated)
+                         timeout_s=float(_get(reward_cfg, "timeout_s", 30.0)), only_when_correct=gated,
+                         num_workers=reward_workers(_get(reward_cfg, "num_workers")),
+                         fail_fraction_to_stop=float(_get(reward_cfg, "fail_fraction_to_stop", 1.0)))
+
+
+def reward_workers(configured: int | None) -> int:
+    """``reward.num_workers``: as configured, or (None) one per CPU core up to 8."""
+    return int(configured) if configured else max(1, min(8, os.cpu_count() or 1))

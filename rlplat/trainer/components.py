@@ -22,7 +22,7 @@ from rlplat.config.plan import RunPlan
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
 from rlplat.protocol import Batch
-from rlplat.reward import RewardManager, ScoreResult, build_reward_manager
+from rlplat.reward import RewardManager, RewardsFailing, ScoreResult, build_reward_manager
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker
@@ -127,15 +127,20 @@ class Components:
         ``reward.fail_fraction_to_stop`` of a training batch's reward calls failed."""
         manager = self.reward_val if validation else self.reward_train
         nt = batch.non_tensors
-        result = manager.score(
-            self.decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra_info"]),
-            batch.tensors["response_mask"].sum(-1).tolist(),
-        )
         limit = self.cfg.reward.fail_fraction_to_stop
-        if not validation and result.num_errors and result.num_errors >= limit * result.num_calls:
-            step = batch.meta.get("step", "?")
-            raise RunError(f"step {step}: {result.num_errors} of {result.num_calls} reward calls failed "
-                           f"(reward.fail_fraction_to_stop={limit:g}), so the step would train on zeros; "
+        where = f"{'validation at ' if validation else ''}step {batch.meta.get('step', '?')}"
+        consequence = "its accuracy would be meaningless" if validation else "the step would train on zeros"
+        try:
+            result = manager.score(
+                self.decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra_info"]),
+                batch.tensors["response_mask"].sum(-1).tolist(),
+            )
+        except RewardsFailing as failing:
+            raise RunError(f"{where}: {failing} (reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
+                           f"first error: {failing.first_error}") from None
+        if result.num_errors and result.num_errors >= limit * result.num_calls:
+            raise RunError(f"{where}: {result.num_errors} of {result.num_calls} reward calls failed "
+                           f"(reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
                            f"first error: {result.first_error}")
         return result
 

@@ -124,16 +124,16 @@ def _child_pids() -> list[int]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
-def test_training_and_validation_share_one_worker_process_and_only_training_is_shaped():
+def test_training_and_validation_share_the_worker_processes_and_only_training_is_shaped():
     overlong = {"enable": True, "length": 4, "penalty_factor": 1.0}
-    train = build_reward_manager({"functions": ["arithmetic"]}, overlong, 8)
+    train = build_reward_manager({"functions": ["arithmetic"], "num_workers": 2}, overlong, 8)
     val = train.for_validation()
     before = set(_child_pids())
     try:
         args = (["7", "7"], ["s"] * 2, ["7"] * 2, [{}] * 2, [2, 8])  # the second response is at the length limit
         assert train.score(*args).scores == [1.0, 0.0]
         assert val.score(*args).scores == [1.0, 1.0]
-        assert len(set(_child_pids()) - before) == 1  # one worker; no multiprocessing resource tracker either
+        assert len(set(_child_pids()) - before) == 2  # the pool's two; no multiprocessing resource tracker either
     finally:
         train.close()
         val.close()
