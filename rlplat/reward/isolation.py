@@ -387,8 +387,17 @@ class ProcessPool:
                                         f"timed out")
                         stop.set()
 
-        for future in [self._threads.submit(work, executor) for executor in self.workers]:
-            future.result()
+        def guarded(executor: ProcessExecutor) -> None:
+            try:
+                work(executor)
+            except BaseException:  # e.g. UnknownDataSourceError: the other threads stop too, then it is raised
+                stop.set()
+                raise
+
+        futures = [self._threads.submit(guarded, executor) for executor in self.workers]
+        errors = [future.exception() for future in futures]  # waits for every thread
+        if raised := next((e for e in errors if e is not None), None):
+            raise raised
         done = sum(o is not None for o in out)
         if done < len(rows):  # stopped early
             raise RewardsFailing(f"reward function {self.names[fn_index]!r}: {state['why']} after {done} of "

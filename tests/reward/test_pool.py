@@ -134,3 +134,18 @@ def test_a_validation_whose_rewards_all_fail_stops_the_run_with_one_line(tmp_pat
     assert code == 1
     assert err == [err[0]] and err[0].startswith("rlplat: validation at step 0: 32 of 32 reward calls failed")
     assert "its accuracy would be meaningless" in err[0] and "raised ValueError: no reward today" in err[0]
+
+
+def test_a_config_error_in_one_call_stops_every_worker_and_the_pool_stays_usable(tmp_path):
+    """An unknown data_source is the config's fault, not a sample's: it is raised once the other calls in
+    flight finished, and the next batch runs on the same processes."""
+    from rlplat.reward import UnknownDataSourceError
+
+    manager = build_reward_manager({"functions": ["auto"], "num_workers": 2})
+    try:
+        sources = ["rlplat/arithmetic"] * 9 + ["nowhere"]
+        with pytest.raises(UnknownDataSourceError, match="'nowhere'"):
+            manager.score(["7"] * 10, sources, ["7"] * 10, [{}] * 10, [1] * 10)
+        assert manager.score(["7", "8"], ["rlplat/arithmetic"] * 2, ["7"] * 2, [{}] * 2, [1, 1]).scores == [1.0, 0.0]
+    finally:
+        manager.close()
