@@ -235,6 +235,7 @@ class ProcessExecutor:
         self._proc: subprocess.Popen | None = None
         self._conn = None
         self._finalizer = None
+        self.timeouts = 0  # calls that did not return within timeout_s, over this executor's life
 
     def _start(self) -> None:
         from multiprocessing import Pipe
@@ -307,6 +308,7 @@ class ProcessExecutor:
         process died."""
         name = self.names[fn_index]
         if not self._conn.poll(self.timeout_s):
+            self.timeouts += 1
             return (f"{_where(name, index, row)} did not return within reward.timeout_s={self.timeout_s:g} s; "
                     f"the reward worker process was restarted")
         try:
@@ -327,16 +329,12 @@ class ProcessExecutor:
 
 
 class RewardsFailing(RuntimeError):
-    """A batch's reward calls were stopped early: ``errors`` of the ``done`` calls so far failed, enough to
-    stop the step (the message says why)."""
+    """A batch's reward calls were stopped early: ``errors`` of the calls made so far failed, enough to stop
+    the step (the message says why); ``first_error`` is the first one's first line."""
 
     def __init__(self, message: str, errors: int, first_error: str):
         super().__init__(message)
         self.errors, self.first_error = errors, first_error
-
-
-def _timed_out(outcome: Outcome) -> bool:
-    return isinstance(outcome, str) and "did not return within reward.timeout_s" in outcome.splitlines()[0]
 
 
 class ProcessPool:
@@ -348,7 +346,7 @@ class ProcessPool:
         from concurrent.futures import ThreadPoolExecutor
 
         self.workers = [ProcessExecutor(functions, names, timeout_s) for _ in range(workers)]
-        self.names, self.timeout_s = list(names), float(timeout_s)
+        self.names = list(names)
         self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlplat-reward")
 
     def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
@@ -369,11 +367,12 @@ class ProcessPool:
                     state["next"] += 1
                 if i >= len(rows):
                     return
+                timeouts = executor.timeouts
                 outcome = executor.run(fn_index, [rows[i]], first_index + i)[0]
                 out[i] = outcome
                 with lock:
                     if len(state["first_round"]) < len(self.workers):
-                        state["first_round"].append(_timed_out(outcome))
+                        state["first_round"].append(executor.timeouts > timeouts)
                     if not isinstance(outcome, str):
                         continue
                     state["errors"] += 1
