@@ -27,6 +27,9 @@ setup(
         "pyarrow>=15.0",
         "matplotlib>=3.7",  # the run report's plots (rlplat.utils.report)
         "rich>=13.0",  # the live progress display
+        # the math rewards' symbolic answer comparison (sympy comes with torch; the ANTLR runtime it parses
+        # LaTeX with is the 4.9.3 that hydra-core pins)
+        "math-verify[antlr4_9_3]>=0.9,<0.10",
     ],
     extras_require={
         "test": ["pytest>=8.0"],

@@ -21,6 +21,7 @@ functions listed it is added to them with weight 1.0. Built-ins are combined by 
 row's ``data_source``.
 """
 
+from rlplat.reward.equivalence import math_equal, normalize_math
 from rlplat.reward.isolation import RewardsFailing
 from rlplat.reward.scorers import (
     REWARD_FUNCTIONS,
@@ -28,7 +29,6 @@ from rlplat.reward.scorers import (
     UnknownDataSourceError,
     last_boxed,
     load_custom_function,
-    normalize_math,
     safe_arithmetic,
     scorer_for,
 )
@@ -48,6 +48,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "REWARD_FUNCTIONS", "OverlongShaping", "RewardConfigError", "RewardManager", "RewardsFailing", "ScoreResult",
-    "UnknownDataSourceError", "build_reward_manager", "last_boxed", "load_custom_function", "normalize_math",
+    "UnknownDataSourceError", "build_reward_manager", "last_boxed", "load_custom_function", "math_equal", "normalize_math",
     "safe_arithmetic", "scorer_for", "token_level_scores",
 ]

@@ -12,12 +12,14 @@ Where they depart from the scorers they imitate (verl / TinyZero / Hendrycks MAT
 
 * ``countdown`` parses with :mod:`ast` instead of ``eval``; a syntactically valid expression that cannot be
   evaluated (division by zero) gets 0.0, not TinyZero's format credit.
-* ``gsm8k`` and ``math`` compare numbers exactly as fractions (``0.5 == 1/2``), not with a float tolerance.
+* ``gsm8k`` and ``math`` compare numbers exactly as fractions (``0.5 == 1/2``), not with a float tolerance;
+  ``math`` then compares symbolically with math-verify (:mod:`rlplat.reward.equivalence`).
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import importlib.util
 import inspect
 import itertools
@@ -29,6 +31,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from rlplat.registry import Registry
+from rlplat.reward.equivalence import braced, exact_number, math_equal
 
 RewardFn = Callable[[str, str, str, "dict | None"], float]
 REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function")
@@ -70,7 +73,7 @@ def arithmetic(data_source: str, solution_str: str, ground_truth: str, extra_inf
     if wrapped:
         text = wrapped.group(1).strip()
     truth = str(ground_truth).strip()
-    number = _exact(truth)
+    number = exact_number(truth)
     if number is not None and number.denominator == 1:  # "122.0" (a float column) is the integer 122
         truth = str(number.numerator)
     return 1.0 if text == truth else 0.0
@@ -138,138 +141,89 @@ def countdown(data_source: str, solution_str: str, ground_truth: str, extra_info
     return 1.0 if correct and used == numbers else 0.1
 
 
-# ------------------------------------------------------------------------------------------------- numbers
-_DECIMAL = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)")  # no exponent: "1e999999999" must not build a huge int
-_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-
-
-def _exact(text: str) -> Fraction | None:
-    """A plain decimal (``-12``, ``3.50``, ``.5``) as an exact fraction, or None."""
-    if not _DECIMAL.fullmatch(text):
-        return None
-    try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):  # e.g. more digits than int() accepts from a string
-        return None
-
-
 # --------------------------------------------------------------------------------------------------- gsm8k
-_GSM8K_NUMBER = re.compile(r"\s*(-?)\s*\$?\s*(-?[\d,]*\.?\d+)(?!\w)")  # "1e9", "12abc": not numbers
+# A number: digits with optional thousands commas and decimals, not glued to a word ("12abc", "1e9", "x2").
+_NUMBER = re.compile(r"(?<![\w.])(-?)(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?![\w])")
+_MARKUP = re.compile(r"\*\*|__|\\boxed\s*\{|\\text\s*\{|\\\(|\\\)|[{}]")
+_DOLLAR = re.compile(r"\\?\$")
+_HEADING = re.compile(r"[ \t]*[A-Za-z]")  # what follows a line-start "####" that makes it a markdown heading
+
+
+def _numbers(text: str) -> list[Fraction]:
+    """The numbers in ``text`` in order, as exact fractions; markdown bold, dollars, ``\\boxed{}`` and
+    ``\\text{}`` around them are ignored (``**$1,234**`` is 1234)."""
+    clean = _MARKUP.sub(" ", _DOLLAR.sub("", text.replace("\u2212", "-")))
+    found = (exact_number(sign + digits.replace(",", "")) for sign, digits in _NUMBER.findall(clean))
+    return [n for n in found if n is not None]
+
+
+def _answer_marker_line(text: str) -> str | None:
+    """The text after the answer's ``####`` up to the end of its line: the last ``####`` that is not a
+    markdown heading (a ``####`` starting a line, followed by words without the word "answer")."""
+    for found in reversed(list(re.finditer("####", text))):
+        line = text[found.end():].split("\n", 1)[0]
+        at_line_start = found.start() == 0 or text[found.start() - 1] == "\n"
+        if at_line_start and _HEADING.match(line) and "answer" not in line.lower():
+            continue
+        return line
+    return None
+
+
+def _gsm8k_truth(ground_truth: str) -> Fraction | None:
+    truth = str(ground_truth).rpartition("####")[2]  # a full GSM8K solution as ground truth works too
+    return exact_number(truth.strip().replace(",", "").replace("$", "").rstrip("."))
 
 
 @REWARD_FUNCTIONS.register("gsm8k")
 def gsm8k(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """1.0 if the number right after the LAST ``####`` equals the ground truth, else 0.0.
+    """1.0 if the first number on the answer's ``####`` line equals the ground truth, else 0.0 (strict mode).
 
-    Accepted after ``####``: optional spaces, an optional ``-`` and ``$``, digits with optional commas and
-    decimals (``#### $1,234.00``, ``#### -5.``), not followed by a letter or digit (``#### 1e9`` is not a
-    number); a trailing full stop or words after it are fine. Compared exactly as
-    fractions, so ``72.0`` equals ``72``. No ``####``, or no number after the last one: 0.0. A ground truth
-    that is a full GSM8K solution counts by its own ``####`` answer.
+    The answer's ``####`` is the last one that is not a markdown heading (``#### Check`` at the start of a
+    line after the answer; a line that says "answer", ``#### The answer is 18``, is not a heading). On its
+    line: optional words, then a number with optional ``-``, ``$``/``\\$``, commas and decimals, bold or
+    ``\\boxed{}`` around it (``#### **18**``, ``#### \\$1,234.00``, ``#### \\boxed{18}``); a number glued to
+    a letter (``#### 12abc``, ``#### 1e9``) is not one. Compared exactly as fractions, so ``72.0`` equals
+    ``72``. No ``####``, or no number on its line: 0.0. A ground truth that is a full GSM8K solution counts
+    by its own ``####`` answer. ``gsm8k_flexible`` takes the response's last number instead.
     """
-    _, hashes, tail = solution_str.rpartition("####")
-    found = _GSM8K_NUMBER.match(tail) if hashes else None
-    if not found:
-        return 0.0
-    answer = _exact(found.group(1) + found.group(2).replace(",", ""))
-    truth = str(ground_truth).rpartition("####")[2]  # a full GSM8K solution as ground truth works too
-    truth = _exact(truth.strip().replace(",", "").replace("$", "").rstrip("."))
-    return 1.0 if answer is not None and answer == truth else 0.0
+    line = _answer_marker_line(solution_str)
+    numbers = _numbers(line) if line is not None else []
+    return 1.0 if numbers and numbers[0] == _gsm8k_truth(ground_truth) else 0.0
+
+
+@REWARD_FUNCTIONS.register("gsm8k_flexible")
+def gsm8k_flexible(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """1.0 if the LAST number anywhere in the response equals the ground truth, else 0.0 (verl's
+    ``flexible`` mode: for models that do not write ``####``). Numbers as in :func:`gsm8k`."""
+    numbers = _numbers(solution_str)
+    return 1.0 if numbers and numbers[-1] == _gsm8k_truth(ground_truth) else 0.0
 
 
 # ---------------------------------------------------------------------------------------------------- math
-def _braced(text: str, open_at: int) -> str | None:
-    """The content of the ``{...}`` group opening at ``text[open_at]``, nested braces included."""
-    depth = 0
-    for j in range(open_at, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_at + 1 : j]
-    return None
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), nested braces handled; None when there is
-    none or it is not closed."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    return _braced(text, text.index("{", start))
-
-
-def _unwrap(text: str, command: str) -> str:
-    """``\\command{content}`` -> ``content`` everywhere, nested braces included."""
-    token = "\\" + command + "{"
-    while (start := text.find(token)) >= 0:
-        inner = _braced(text, start + len(token) - 1)
-        if inner is None:
-            break
-        text = text[:start] + inner + text[start + len(token) + len(inner) + 1 :]
-    return text
-
-
-_MATH_REMOVE = ("\\!", "\\,", "\\;", "\\:", "^{\\circ}", "^\\circ", "°", "\\$", "$", "\\%", "%")
-
-
-def normalize_math(answer: str) -> str:
-    """Canonical string form of a MATH-style answer.
-
-    Unwraps ``\\text{}``, ``\\textbf{}``, ``\\mathrm{}``, ``\\mbox{}``; drops ``\\left``/``\\right``, thin
-    spaces (``\\! \\, \\; \\:``), degrees (``^{\\circ}``), dollars and percent signs, all whitespace, a
-    trailing ``.`` and a leading ``x=`` (any single-letter variable); ``\\dfrac``/``\\tfrac`` -> ``\\frac``,
-    ``\\frac12`` -> ``\\frac{1}{2}``, ``\\sqrt2`` -> ``\\sqrt{2}``.
-    """
-    text = answer
-    for command in ("text", "textbf", "mathrm", "mbox"):
-        text = _unwrap(text, command)
-    text = re.sub(r"\\(?:left|right)(?![a-zA-Z])", "", text)  # keeps \rightarrow intact
-    for token in _MATH_REMOVE:
-        text = text.replace(token, "")
-    text = re.sub(r"\s+", "", text).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    text = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", text)
-    text = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", text)
-    text = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", text)
-    text = re.sub(r"^[a-zA-Z]=", "", text)
-    return text.rstrip(".")
-
-
-_FRACTION = re.compile(r"(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}|(-?\d+)/(-?\d+)")
-
-
-def _math_value(text: str) -> Fraction | None:
-    """A normalised answer as an exact number: decimals, ``1,000``, ``a/b``, ``\\frac{a}{b}``; else None."""
-    if _THOUSANDS.fullmatch(text):
-        text = text.replace(",", "")
-    fraction = _FRACTION.fullmatch(text)
-    if not fraction:
-        return _exact(text)
-    sign, num, den = (fraction.group(1), *fraction.group(2, 3)) if fraction.group(2) else ("", *fraction.group(4, 5))
-    if int(den) == 0:
-        return None
-    return Fraction(int(num), int(den)) * (-1 if sign else 1)
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``; spaces before the brace allowed), nested
+    braces handled; None when there is none or it is not closed."""
+    found = list(_BOXED.finditer(text))
+    return braced(text, found[-1].end() - 1) if found else None
 
 
 @REWARD_FUNCTIONS.register("math")
 def math_boxed(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """1.0 if the content of the LAST ``\\boxed{}`` equals the ground truth, else 0.0.
 
-    Both sides go through :func:`normalize_math` and are compared as strings, then as exact numbers when
-    both parse (``0.5``, ``1/2`` and ``\\frac{1}{2}`` are equal; ``1,2`` is not ``12``). A ground truth
-    that is itself a full solution with a ``\\boxed{}`` is reduced to its boxed answer first.
+    Equality is :func:`~rlplat.reward.equivalence.math_equal`: rlplat's normal form and exact numbers
+    first, then math-verify's symbolic comparison (units, sets in any order, tuples, radicals, matrices,
+    choices, labelled answers, ...). A ground truth that is itself a full solution with a ``\\boxed{}`` is
+    reduced to its boxed answer first. An unclosed or empty box scores 0.0.
     """
     boxed = last_boxed(solution_str)
     if boxed is None:
         return 0.0
     truth = str(ground_truth)
-    truth = last_boxed(truth) or truth
-    answer, truth = normalize_math(boxed), normalize_math(truth)
-    if answer == truth:
-        return 1.0
-    value = _math_value(answer)
-    return 1.0 if value is not None and value == _math_value(truth) else 0.0
+    return 1.0 if math_equal(boxed, last_boxed(truth) or truth) else 0.0
 
 
 # -------------------------------------------------------------------------------------------------- format
@@ -284,25 +238,37 @@ def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_
 
 
 # ---------------------------------------------------------------------------------------------------- auto
-AUTO_SOURCES: dict[str, RewardFn] = {
+AUTO_SOURCES: dict[str, RewardFn] = {  # exact data_source names
     "rlplat/arithmetic": arithmetic,
     "rlplat/countdown": countdown,
-    "openai/gsm8k": gsm8k,
-    "gsm8k": gsm8k,
+    **dict.fromkeys(("openai/gsm8k", "gsm8k", "openai/grade-school-math"), gsm8k),
+    **dict.fromkeys(("math", "MATH", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
+                     "EleutherAI/hendrycks_math", "hendrycks/competition_math", "qwedsacf/competition_math",
+                     "math_dapo", "BytedTsinghua-SIA/DAPO-Math-17k", "AI-MO/NuminaMath-CoT",
+                     "AI-MO/aimo-validation-aime", "AI-MO/aimo-validation-amc"), math_boxed),
 }
+#: documented name patterns (:mod:`fnmatch`, case-sensitive), tried in order after the exact names
+AUTO_PATTERNS: tuple[tuple[str, RewardFn], ...] = (
+    ("aime*", math_boxed), ("AIME*", math_boxed), ("*/aime*", math_boxed), ("*/AIME*", math_boxed),  # AIME years
+    ("math/*", math_boxed),  # rlplat's own convention for MATH-style subsets: math/algebra, math/level5, ...
+    ("numina_*", math_boxed),  # NuminaMath sources as verl writes them: numina_olympiads, numina_amc_aime, ...
+)
 
 
 def scorer_for(data_source: str) -> RewardFn:
     """The built-in scorer ``auto`` uses for ``data_source``: an exact name of :data:`AUTO_SOURCES`, else
-    ``math`` for any name containing "math" (any case), else :class:`UnknownDataSourceError`."""
+    the first of :data:`AUTO_PATTERNS` that matches the whole name, else :class:`UnknownDataSourceError`.
+    Never a substring test: ``openai/grade-school-math`` is GSM8K, not MATH."""
     if data_source in AUTO_SOURCES:
         return AUTO_SOURCES[data_source]
-    if isinstance(data_source, str) and "math" in data_source.lower():
-        return math_boxed
+    for pattern, scorer in AUTO_PATTERNS:
+        if isinstance(data_source, str) and fnmatch.fnmatchcase(data_source, pattern):
+            return scorer
     known = ", ".join(repr(s) for s in AUTO_SOURCES)
+    patterns = ", ".join(repr(p) for p, _ in AUTO_PATTERNS)
     raise UnknownDataSourceError(
-        f"no reward function for data_source {data_source!r}; known: {known}, or any name containing 'math' "
-        f"(case-insensitive); set reward.functions or reward.custom_fn.path"
+        f"no reward function for data_source {data_source!r}; known: {known}; patterns: {patterns}; "
+        f"set reward.functions or reward.custom_fn.path"
     )
 
 

@@ -5,7 +5,8 @@ import pickle
 import pytest
 
 from rlplat.reward import REWARD_FUNCTIONS, UnknownDataSourceError, load_custom_function, safe_arithmetic
-from rlplat.reward.scorers import last_boxed, normalize_math, scorer_for
+from rlplat.reward.equivalence import normalize_math
+from rlplat.reward.scorers import last_boxed, scorer_for
 
 CD = {"numbers": [3, 5, 7], "target": 22}
 
@@ -114,6 +115,85 @@ def test_gsm8k(text, truth, expected):
     assert score("gsm8k", text, truth) == expected
 
 
+# The forms a model writes after "####" that a strict "number right after ####" rule scored 0 (issue: rewards).
+@pytest.mark.parametrize("text", [
+    "6 * 3 = 18\n#### **18**",
+    "#### \\$18",
+    "#### $18.00",
+    "#### \\boxed{18}",
+    "#### The answer is 18",
+    "#### Answer: 18 apples.",
+    "6 * 3 = 18 cookies.\n#### 18\n\n#### Check\nWe used 6 bags of 3.",  # a markdown heading after the answer
+    "#### 18\n#### Step check\n3 * 6",
+])
+def test_gsm8k_accepts_the_forms_models_write(text):
+    assert score("gsm8k", text, "18") == 1.0
+
+
+@pytest.mark.parametrize("text, truth, expected", [
+    ("#### \u22125", "-5", 1.0),  # Unicode minus
+    ("#### **-18**", "-18", 1.0),
+    ("#### 17\n#### Check\n18", "18", 0.0),  # the heading is skipped, the answer's line counts, not a later number
+    ("#### 18 or 20", "20", 0.0),  # the first number on the answer's line
+    ("#### 5x2 = 18", "18", 1.0),  # "5x2" is not a number
+])
+def test_gsm8k_answer_line_rules(text, truth, expected):
+    assert score("gsm8k", text, truth) == expected
+
+
+@pytest.mark.parametrize("text, truth, expected", [
+    ("She has 6 bags of 3, so 18 cookies.", "18", 1.0),
+    ("So the total is $1,234.", "1234", 1.0),
+    ("**18**", "18", 1.0),
+    ("The answer is \\boxed{18}.", "18", 1.0),
+    ("18 cookies, minus 2 eaten", "18", 0.0),  # the LAST number counts
+    ("#### 18", "18", 1.0),
+    ("no number at all", "18", 0.0),
+    ("", "18", 0.0),
+])
+def test_gsm8k_flexible(text, truth, expected):
+    assert score("gsm8k_flexible", text, truth) == expected
+
+
+# The MATH forms the old normal-form comparison rejected (issue: rewards), one assertion per form.
+@pytest.mark.parametrize("boxed, truth", [
+    ("5\\text{ cm}", "5"),  # units
+    ("x^{2}", "x^2"),  # braces around a one-character exponent
+    ("2, 1", "1, 2"),  # an unordered solution list
+    ("\\{1,2\\}", "1, 2"),  # a set
+    ("(0.5, 3)", "\\left(\\frac12, 3\\right)"),  # a tuple with mixed number forms
+    ("\\sqrt{12}", "2\\sqrt{3}"),  # a radical in another form
+    ("\\pi/2", "\\frac{\\pi}{2}"),  # pi in another form
+    ("A", "\\text{(A)}"),  # an answer choice
+    ("(x+1)^2", "x^2+2x+1"),  # symbolic equivalence
+    ("AB = 10", "10"),  # a labelled answer
+    ("f(2) = 8", "8"),
+    ("x = 1 \\text{ or } x = -2", "1, -2"),
+    ("1{,}000", "1000"),
+    ("\u22125", "-5"),  # Unicode minus
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\left[\\begin{matrix}1&2\\\\3&4\\end{matrix}\\right]"),
+    ("\\text{Tuesday}", "Tuesday"),
+])
+def test_math_accepts_the_forms_models_write(boxed, truth):
+    assert score("math", f"So the answer is $\\boxed{{{boxed}}}$.", truth) == 1.0
+
+
+def test_math_boxed_with_a_space_before_the_brace():
+    assert score("math", "The answer is \\boxed {7}.", "7") == 1.0
+
+
+@pytest.mark.parametrize("boxed, truth", [
+    ("0.333", "\\frac{1}{3}"),  # rounded
+    ("18 \\text{ or } 20", "18"),  # hedged
+    ("(3, 1)", "(1, 3)"),  # order matters in a tuple
+    ("\\text{Tuseday}", "Tuesday"),  # a word is compared as a word
+    ("\\text{yadseuT}", "Tuesday"),  # not as a product of letters (an anagram)
+    ("B", "\\text{(A)}"),
+])
+def test_math_rejects_near_misses(boxed, truth):
+    assert score("math", f"\\boxed{{{boxed}}}", truth) == 0.0
+
+
 @pytest.mark.parametrize("text, truth, expected", [
     ("thus \\boxed{\\frac{1}{2}}", "\\dfrac{1}{2}", 1.0),
     ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
@@ -132,7 +212,7 @@ def test_gsm8k(text, truth, expected):
     ("\\boxed{90^{\\circ}}", "90", 1.0),
     ("\\boxed{\\$5\\!}", "5", 1.0),
     ("\\boxed{2}", "The sum is $\\boxed{2}$.", 1.0),  # a full solution as ground truth
-    ("\\boxed{x \\rightarrow 0}", "0", 0.0),  # \right is dropped, \rightarrow is kept
+    ("\\boxed{(1, 2]}", "\\left(1, 2\\right)", 0.0),  # \right is dropped, the bracket kept
     ("\\boxed{3", "3", 0.0),  # not closed
     ("3", "3", 0.0),  # no box
     ("\\boxed{}", "3", 0.0),
@@ -148,6 +228,9 @@ def test_math_helpers():
     assert last_boxed("\\boxed{1} \\fbox{2}") == "2"
     assert last_boxed("no box") is None
     assert normalize_math(" \\left( \\dfrac{1}{2}, \\text{ cm} \\right) ") == "(\\frac{1}{2},cm)"
+    assert normalize_math("x \\rightarrow 0") == "x\\rightarrow0"  # \right is dropped, \rightarrow is kept
+    assert normalize_math("\u22121{,}000") == "-1000"
+    assert last_boxed("\\boxed {7} and") == "7"
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -172,10 +255,20 @@ def test_format(text, expected):
     ("lighteval/MATH", "math", "\\boxed{5}", "5", {}),
     ("DigitalLearningGmbH/MATH-lighteval", "math", "\\boxed{5}", "5", {}),
     ("math_dapo", "math", "\\boxed{5}", "5", None),
+    ("openai/grade-school-math", "gsm8k", "#### 5", "5", {}),  # has "math" in its name: still GSM8K
+    ("HuggingFaceH4/MATH-500", "math", "\\boxed{5}", "5", {}),
+    ("aime2024", "math", "\\boxed{5}", "5", {}),  # a documented pattern
+    ("math/algebra", "math", "\\boxed{5}", "5", {}),
 ])
 def test_auto_dispatch(source, scorer, text, truth, info):
     assert scorer_for(source) is REWARD_FUNCTIONS.get(scorer)
     assert REWARD_FUNCTIONS.get("auto")(source, text, truth, info) == 1.0
+
+
+@pytest.mark.parametrize("source", ["mathematics-textbook", "my_math_set", "Math", "gsm8k-hard"])
+def test_auto_routes_by_name_and_pattern_never_by_substring(source):
+    with pytest.raises(UnknownDataSourceError, match="patterns: 'aime\\*'"):
+        scorer_for(source)
 
 
 def test_auto_unknown_data_source_is_a_config_error():
