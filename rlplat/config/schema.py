@@ -293,6 +293,16 @@ class CustomRewardConfig:
 
 
 @dataclass
+class CodeRewardConfig:
+    """The ``code`` reward's sandbox (docs/rewards.md "Code execution"): limits per test run."""
+
+    timeout_s: float = 5.0  # wall-clock seconds per test; after a test times out the rest count as failed
+    memory_mb: int = 512  # address space of the program (a larger allocation raises MemoryError)
+    max_output_bytes: int = 65536  # stdout + stderr per test; past it the program is stopped
+    scoring: str = "fraction"  # fraction = share of tests passed | all = 1 only when every test passes
+
+
+@dataclass
 class RewardConfig:
     custom_fn: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     functions: list[str] = field(default_factory=lambda: ["auto"])  # reward functions (registry); auto = by data_source
@@ -306,6 +316,7 @@ class RewardConfig:
     # Entries of reward.functions whose term counts only when the other functions judge the answer correct
     # (e.g. [format]: open-instruct's non-additive format reward); [] = every term is added
     only_when_correct: list[str] = field(default_factory=list)
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)  # the code reward's sandbox limits
 
 
 @dataclass

@@ -38,6 +38,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "ref.placement": tuple(p for p in REFERENCE_PLACEMENTS if p != "none"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "reward.isolation": ("process", "inprocess"),
+    "reward.code.scoring": ("fraction", "all"),
     "trainer.nonfinite": ("stop", "skip"),
     "algorithm.truncated_responses": ("keep", "mask", "penalize"),
     "trainer.progress": PROGRESS_MODES,
@@ -100,6 +101,11 @@ def _check_values(cfg: DictConfig) -> None:
         check(len(optim.betas) == 2, f"{section}.optim.betas must be two numbers, got {list(optim.betas)}")
     reward = cfg.reward
     check(reward.timeout_s > 0, f"reward.timeout_s must be > 0 seconds, got {reward.timeout_s}")
+    code = reward.code
+    check(code.timeout_s > 0, f"reward.code.timeout_s must be > 0 seconds, got {code.timeout_s}")
+    check(code.memory_mb >= 64, f"reward.code.memory_mb must be >= 64 (a Python interpreter needs that much to "
+                                f"start), got {code.memory_mb}")
+    check(code.max_output_bytes > 0, f"reward.code.max_output_bytes must be > 0, got {code.max_output_bytes}")
     check(reward.num_workers is None or reward.num_workers >= 1,
           f"reward.num_workers must be >= 1 (or null: one per CPU core, up to 8), got {reward.num_workers}")
     check(reward.fail_fraction_to_stop > 0,

@@ -229,7 +229,10 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
         if name not in REWARD_FUNCTIONS:
             raise UnknownNameError(f"reward.functions[{i}]={name!r} is not a registered reward function; "
                                    f"{REWARD_FUNCTIONS.suggestion(name)}")
-        functions.append((REWARD_FUNCTIONS.get(name), weight))
+        fn = REWARD_FUNCTIONS.get(name)
+        if hasattr(fn, "configured"):  # a built-in with settings in the reward section (reward.code)
+            fn = fn.configured(reward_cfg)
+        functions.append((fn, weight))
     custom_cfg = _get(reward_cfg, "custom_fn")
     path = _get(custom_cfg, "path")
     if path:

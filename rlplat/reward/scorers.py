@@ -27,10 +27,13 @@ import operator
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from rlplat.registry import Registry
+from rlplat.reward.code import CodeScorer
 from rlplat.reward.equivalence import braced, exact_number, math_equal
 
 RewardFn = Callable[[str, str, str, "dict | None"], float]
@@ -237,6 +240,11 @@ def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_
     return 1.0 if _FORMAT.fullmatch(solution_str) else 0.0
 
 
+# --------------------------------------------------------------------------------------------------- code
+CODE = CodeScorer()  # reward.code's defaults; build_reward_manager configures it (CodeScorer.configured)
+REWARD_FUNCTIONS.add("code", CODE)
+
+
 # ---------------------------------------------------------------------------------------------------- auto
 AUTO_SOURCES: dict[str, RewardFn] = {  # exact data_source names
     "rlplat/arithmetic": arithmetic,
@@ -246,12 +254,14 @@ AUTO_SOURCES: dict[str, RewardFn] = {  # exact data_source names
                      "EleutherAI/hendrycks_math", "hendrycks/competition_math", "qwedsacf/competition_math",
                      "math_dapo", "BytedTsinghua-SIA/DAPO-Math-17k", "AI-MO/NuminaMath-CoT",
                      "AI-MO/aimo-validation-aime", "AI-MO/aimo-validation-amc"), math_boxed),
+    **dict.fromkeys(("code", "rlplat/code", "codecontests", "apps", "taco", "codeforces"), CODE),
 }
 #: documented name patterns (:mod:`fnmatch`, case-sensitive), tried in order after the exact names
 AUTO_PATTERNS: tuple[tuple[str, RewardFn], ...] = (
     ("aime*", math_boxed), ("AIME*", math_boxed), ("*/aime*", math_boxed), ("*/AIME*", math_boxed),  # AIME years
     ("math/*", math_boxed),  # rlplat's own convention for MATH-style subsets: math/algebra, math/level5, ...
     ("numina_*", math_boxed),  # NuminaMath sources as verl writes them: numina_olympiads, numina_amc_aime, ...
+    ("code/*", CODE),  # rlplat's convention for code sets: code/mbpp, code/apps, ...
 )
 
 
@@ -272,10 +282,23 @@ def scorer_for(data_source: str) -> RewardFn:
     )
 
 
-@REWARD_FUNCTIONS.register("auto")
-def auto(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-    """The built-in scorer for the row's data_source (see :func:`scorer_for`)."""
-    return scorer_for(data_source)(data_source, solution_str, ground_truth, extra_info)
+@dataclass
+class AutoScorer:
+    """The ``auto`` reward function: the built-in scorer of each row's data_source (:func:`scorer_for`),
+    with the ``code`` scorer as ``reward.code`` configures it."""
+
+    code: CodeScorer = field(default_factory=CodeScorer)
+    __name__ = "auto"
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None):
+        scorer = scorer_for(data_source)
+        return (self.code if scorer is CODE else scorer)(data_source, solution_str, ground_truth, extra_info)
+
+    def configured(self, reward_cfg: Any) -> AutoScorer:
+        return AutoScorer(self.code.configured(reward_cfg))
+
+
+REWARD_FUNCTIONS.add("auto", AutoScorer())
 
 
 # ------------------------------------------------------------------------------------------ custom functions

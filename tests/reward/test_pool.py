@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from processes import all_gone, children
 
 from rlplat.reward import build_reward_manager
 from rlplat.reward.isolation import RewardsFailing
@@ -79,27 +80,6 @@ manager.score(["7"] * 4, ["s"] * 4, ["7"] * 4, [{{}}] * 4, [1] * 4)
 """
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_reward_processes_die_with_a_killed_trainer(tmp_path):
     """kill -9 of the trainer while its rewards hang: no reward process is left 5 s later."""
@@ -109,17 +89,14 @@ def test_reward_processes_die_with_a_killed_trainer(tmp_path):
     try:
         assert trainer.stdout.readline().strip() == "scoring"
         deadline = time.monotonic() + 60
-        while len(workers := _children(trainer.pid)) < 2 and time.monotonic() < deadline:
+        while len(workers := children(trainer.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(workers) == 2
         time.sleep(0.5)  # inside the hanging reward
     finally:
         trainer.send_signal(signal.SIGKILL)
         trainer.wait()
-    deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(pid) for pid in workers), "a reward process outlived its trainer"
+    assert all_gone(workers, within_s=5), "a reward process outlived its trainer"
 
 
 @pytest.mark.slow
