@@ -19,6 +19,7 @@ Reward functions are user code. Two things protect the run from them:
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import os
@@ -34,7 +35,8 @@ from typing import Any
 
 # (score, acc or None, extra numeric fields) or an error message.
 Outcome = tuple[float, "float | None", dict[str, float]] | str
-Row = tuple[str, str, str, Any]  # (data_source, solution_str, ground_truth, extra_info)
+Row = tuple[str, str, str, Any, Any]  # (data_source, solution_str, ground_truth, extra_info, prompt or None)
+Timing = tuple[float, bool]  # a call's seconds, and whether it ran past its deadline
 # Generous because CI machines are shared (the worker itself starts in ~0.1 s).
 STARTUP_TIMEOUT_S = 120.0
 
@@ -89,13 +91,24 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def takes_prompt(fn: Callable) -> bool:
+    """Whether ``fn`` accepts the sample's prompt: a parameter named ``prompt`` or ``**kwargs``."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "prompt" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def call_one(fn: Callable, name: str, index: int, row: Row) -> Outcome:
-    """One checked call; an exception or a bad value becomes an error message (the first line of which
-    names the function, the sample and the value or exception)."""
+    """One checked call, ``fn(data_source, solution_str, ground_truth, extra_info)`` (+ ``prompt=`` the
+    prompt's chat messages when :func:`takes_prompt`); an exception or a bad value becomes an error message
+    (the first line of which names the function, the sample and the value or exception)."""
     from rlplat.reward.scorers import UnknownDataSourceError
 
     try:
-        return check_result(fn(*row), name, index, row)
+        value = fn(*row[:4], prompt=row[4]) if takes_prompt(fn) else fn(*row[:4])
+        return check_result(value, name, index, row)
     except UnknownDataSourceError:
         raise
     except BadRewardValue as err:
@@ -110,9 +123,19 @@ class InProcessExecutor:
     def __init__(self, functions: Sequence[Callable], names: Sequence[str]):
         self.functions, self.names = list(functions), list(names)
 
-    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[Outcome]:
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
+            timings: list[Timing | None] | None = None) -> list[Outcome]:
+        """One :data:`Outcome` per row; ``timings`` (one slot per row) gets each call's seconds."""
+        import time
+
         fn, name = self.functions[fn_index], self.names[fn_index]
-        return [call_one(fn, name, first_index + i, row) for i, row in enumerate(rows)]
+        out = []
+        for i, row in enumerate(rows):
+            start = time.perf_counter()
+            out.append(call_one(fn, name, first_index + i, row))
+            if timings is not None:
+                timings[i] = (time.perf_counter() - start, False)
+        return out
 
     def close(self) -> None:
         pass
@@ -350,11 +373,14 @@ class ProcessPool:
         self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlplat-reward")
 
     def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
-            stop_after_errors: int | None = None, give_up: bool = True) -> list[Outcome]:
+            stop_after_errors: int | None = None, give_up: bool = True,
+            timings: list[Timing | None] | None = None) -> list[Outcome]:
         """One :data:`Outcome` per row. Raises :class:`RewardsFailing` as soon as ``stop_after_errors`` calls
         failed, or (``give_up``) when the first call of every process timed out; the calls still running
-        then end at their deadline."""
+        then end at their deadline. ``timings`` (one slot per row) gets each call's seconds (as the
+        controller waited for it) and whether it timed out."""
         import threading
+        import time
 
         out: list[Outcome | None] = [None] * len(rows)
         lock, stop = threading.Lock(), threading.Event()
@@ -367,12 +393,15 @@ class ProcessPool:
                     state["next"] += 1
                 if i >= len(rows):
                     return
-                timeouts = executor.timeouts
+                timeouts, start = executor.timeouts, time.perf_counter()
                 outcome = executor.run(fn_index, [rows[i]], first_index + i)[0]
                 out[i] = outcome
+                timed_out = executor.timeouts > timeouts
+                if timings is not None:
+                    timings[i] = (time.perf_counter() - start, timed_out)
                 with lock:
                     if len(state["first_round"]) < len(self.workers):
-                        state["first_round"].append(executor.timeouts > timeouts)
+                        state["first_round"].append(timed_out)
                     if not isinstance(outcome, str):
                         continue
                     state["errors"] += 1

@@ -50,6 +50,8 @@ class ScoreResult:
     acc: list[float | None] = field(default_factory=list)  # the first function's ``acc`` per sample, if any
     extras: dict[str, list[float]] = field(default_factory=dict)  # "<function>/<field>": other dict fields
     first_error: str | None = None  # the first error message of this call (function, sample, value)
+    # per function: std of its values, errors, timeouts, latency_mean_s, latency_max_s (seconds per call)
+    stats: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def correct(self) -> list[float]:
         """Per sample, 1.0 if correct: the reward function's ``acc`` when it gave one, else the documented
@@ -125,15 +127,18 @@ class RewardManager:
                   f"errors of this manager are only counted in reward/num_errors", file=sys.stderr, flush=True)
 
     def score(self, texts: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[str],
-              extra_infos: Sequence[dict | None], response_lengths: Sequence[int]) -> ScoreResult:
-        """Score ``len(texts)`` samples; every argument has one entry per sample (lengths in tokens)."""
+              extra_infos: Sequence[dict | None], response_lengths: Sequence[int],
+              prompts: Sequence[Any] | None = None) -> ScoreResult:
+        """Score ``len(texts)`` samples; every argument has one entry per sample (lengths in tokens).
+        ``prompts`` (each prompt's chat messages) go to the functions that take a ``prompt`` argument."""
+        prompts = [None] * len(texts) if prompts is None else prompts
         columns = {"data_sources": data_sources, "ground_truths": ground_truths, "extra_infos": extra_infos,
-                   "response_lengths": response_lengths}
+                   "response_lengths": response_lengths, "prompts": prompts}
         for key, column in columns.items():
             if len(column) != len(texts):
                 raise ValueError(f"score() got {len(texts)} texts but {len(column)} {key}")
         result = ScoreResult(scores=[0.0] * len(texts), acc=[None] * len(texts))
-        rows = list(zip(data_sources, texts, ground_truths, extra_infos))
+        rows = list(zip(data_sources, texts, ground_truths, extra_infos, prompts))
         correct: list[float] | None = None
         ungated_first = sorted(range(len(self.functions)), key=lambda k: k in self.gated)
         for k in ungated_first:
@@ -141,10 +146,13 @@ class RewardManager:
             if k in self.gated and correct is None:
                 correct = result.correct()  # so far the scores hold only the ungated functions
             values = result.per_function[name] = []
-            for i, outcome in enumerate(self._run(k, rows, result.num_errors)):
+            timings: list = [None] * len(rows)
+            errors = 0
+            for i, outcome in enumerate(self._run(k, rows, result.num_errors, timings)):
                 result.num_calls += 1
                 if isinstance(outcome, str):
                     result.num_errors += 1
+                    errors += 1
                     result.first_error = result.first_error or outcome.splitlines()[0]
                     self._report(outcome.rstrip())
                     outcome = (0.0, None, {})
@@ -157,25 +165,37 @@ class RewardManager:
                     result.acc[i] = acc
                 for key, value in extras.items():
                     result.extras.setdefault(f"{name}/{key}", []).append(value)
+            result.stats[name] = _call_stats(values, errors, timings)
         if self.overlong is not None:
             result.overlong = [self.overlong(int(n)) for n in response_lengths]
             result.scores = [s + o for s, o in zip(result.scores, result.overlong)]
         result.per_function = {name: result.per_function[name] for name in self.names}
         return result
 
-    def _run(self, k: int, rows: list, errors_so_far: int) -> list:
-        """Function ``k``'s outcomes for ``rows``; a process pool gives up early (:class:`RewardsFailing`) once
-        the batch has as many failed calls as ``fail_fraction_to_stop`` allows (1 = all calls, > 1 = never)."""
+    def _run(self, k: int, rows: list, errors_so_far: int, timings: list) -> list:
+        """Function ``k``'s outcomes for ``rows`` (each call's time into ``timings``); a process pool gives up
+        early (:class:`RewardsFailing`) once the batch has as many failed calls as ``fail_fraction_to_stop``
+        allows (1 = all calls, > 1 = never)."""
         if not isinstance(self.executor, ProcessPool):
-            return self.executor.run(k, rows)
+            return self.executor.run(k, rows, timings=timings)
         if self.fail_fraction_to_stop > 1:
-            return self.executor.run(k, rows, give_up=False)
+            return self.executor.run(k, rows, give_up=False, timings=timings)
         allowed = math.ceil(self.fail_fraction_to_stop * len(rows) * len(self.functions)) - errors_so_far
-        return self.executor.run(k, rows, stop_after_errors=max(1, allowed))
+        return self.executor.run(k, rows, stop_after_errors=max(1, allowed), timings=timings)
 
     def close(self) -> None:
         """Stop the reward worker processes (if any)."""
         self.executor.close()
+
+
+def _call_stats(values: list[float], errors: int, timings: list) -> dict[str, float]:
+    """One function's figures over a batch: the std of its values, its failed and timed-out calls, and the
+    mean and largest seconds per call."""
+    seconds = [t[0] for t in timings if t is not None]
+    mean = sum(values) / max(len(values), 1)
+    return {"std": math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values), 1)),
+            "errors": float(errors), "timeouts": float(sum(1 for t in timings if t is not None and t[1])),
+            "latency_mean_s": sum(seconds) / max(len(seconds), 1), "latency_max_s": max(seconds, default=0.0)}
 
 
 def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -133,7 +133,7 @@ class Components:
         try:
             result = manager.score(
                 self.decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra_info"]),
-                batch.tensors["response_mask"].sum(-1).tolist(),
+                batch.tensors["response_mask"].sum(-1).tolist(), prompts=list(nt["raw_prompt"]) if "raw_prompt" in nt else None,
             )
         except RewardsFailing as failing:
             raise RunError(f"{where}: {failing} (reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
@@ -153,6 +153,8 @@ class Components:
                    "reward/accuracy": sum(correct) / max(len(correct), 1)}
         for name, values in {**result.per_function, **result.extras}.items():
             metrics[f"reward/{name}_mean"] = sum(values) / max(len(values), 1)
+        for name, stats in result.stats.items():
+            metrics.update({f"reward_calls/{name}_{key}": value for key, value in stats.items()})
         columns = [result.per_function[name] for name in manager.names]
         weights = [weight for _, weight in manager.functions]
         if manager.overlong is not None:

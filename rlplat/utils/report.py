@@ -38,6 +38,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("critic", "Critic", ("critic/",)),
     ("actor", "Actor update", ("actor/pg_loss", "actor/pg_clipfrac", "actor/ratio_mean", "actor/")),
     ("reward_terms", "Reward functions and their fields", ("reward/",)),
+    ("reward_calls", "Reward calls: spread, errors, timeouts, seconds per call", ("reward_calls/",)),
     ("recipe", "Recipe metrics", ("recipe/",)),
 )
 # Every metric no group above shows, but timing and throughput details, goes to a last figure of its own.

@@ -228,3 +228,47 @@ def test_build_rejects_bad_configs():
         build_reward_manager(reward_cfg(functions=["format", "gsm8kk"], weights=[1.0, 1.0]))
     with pytest.raises(ValueError, match="nothing to score with"):
         build_reward_manager(reward_cfg(functions=[], weights=[]))
+
+
+def sees_prompt(data_source, solution_str, ground_truth, extra_info=None, prompt=None):
+    return float(prompt is not None and prompt[-1]["content"] == solution_str)
+
+
+def slow_or_failing(data_source, solution_str, ground_truth, extra_info=None):
+    import time
+
+    if solution_str == "boom":
+        raise RuntimeError("no")
+    if solution_str == "hang":
+        time.sleep(60)
+    time.sleep(0.2 if solution_str == "slow" else 0.0)
+    return 1.0 if solution_str == "one" else 0.0
+
+
+@pytest.mark.parametrize("isolation", ["inprocess", "process"])
+def test_a_function_with_a_prompt_parameter_gets_the_prompt_messages(isolation):
+    manager = RewardManager([(sees_prompt, 1.0), (exact, 1.0)], isolation=isolation, num_workers=2)
+    try:
+        prompts = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "no"}]]
+        result = manager.score(["hi", "hi"], ["src"] * 2, ["a"] * 2, [{}] * 2, [1, 1], prompts=prompts)
+        assert result.per_function["sees_prompt"] == [1.0, 0.0] and result.per_function["exact"] == [0.0, 0.0]
+        assert run(manager, ["hi"]).per_function["sees_prompt"] == [0.0]  # no prompts given: None
+    finally:
+        manager.close()
+
+
+def test_each_function_reports_its_spread_errors_timeouts_and_seconds_per_call():
+    manager = RewardManager([(slow_or_failing, 1.0), (exact, 1.0)], isolation="process", timeout_s=1.0,
+                            num_workers=3)
+    try:
+        result = run(manager, ["one", "zero", "slow", "boom", "hang", "one"])
+    finally:
+        manager.close()
+    stats = result.stats["slow_or_failing"]
+    values = [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]  # failed calls count 0
+    mean = sum(values) / 6
+    assert stats["std"] == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in values) / 6))
+    assert (stats["errors"], stats["timeouts"]) == (2.0, 1.0)
+    assert 1.0 <= stats["latency_max_s"] < 3.0  # the call that hung, as long as its deadline
+    assert stats["latency_mean_s"] > 0.2 / 6
+    assert (result.stats["exact"]["errors"], result.stats["exact"]["timeouts"]) == (0.0, 0.0)
