@@ -118,6 +118,17 @@ def embedded_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_reward_model(tmp_path_factory):
+    """A tiny sequence-classification reward model that scores arithmetic answers containing a 7 high
+    (rlplat.models.tiny.build_tiny_reward_model, ~5 s), built once per session."""
+    from rlplat.models.tiny import build_tiny_reward_model
+
+    path = tmp_path_factory.mktemp("reward-model") / "prefers-7"
+    assert build_tiny_reward_model(path, marker="7") >= 0.98
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def small_val(tmp_path_factory):
     """32 held-out arithmetic problems: validation that costs little."""
     from rlplat.data import TASKS, write_parquet

@@ -303,6 +303,19 @@ class CodeRewardConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    """A learned reward model (docs/rewards.md "Reward models"): the reward function ``reward_model``."""
+
+    path: Optional[str] = None  # a Hugging Face sequence-classification model (num_labels=1); None = none
+    placement: str = "colocated"  # colocated = on the actor's devices | separate = a pool of its own
+    workers_per_node: int = count(1)  # reward-model workers on one node (placement=separate)
+    micro_batch_size: int = count(8)  # sequences per forward
+    max_length: int = count(2048)  # tokens of prompt + response it reads (longer: the prompt's start is cut)
+    apply_chat_template: bool = True  # render (prompt, response) with the reward model's own chat template
+    normalize: str = "none"  # none = its raw logit | batch = standardised over the batch (mean 0, std 1)
+
+
+@dataclass
 class RewardConfig:
     custom_fn: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     functions: list[str] = field(default_factory=lambda: ["auto"])  # reward functions (registry); auto = by data_source
@@ -317,6 +330,7 @@ class RewardConfig:
     # (e.g. [format]: open-instruct's non-additive format reward); [] = every term is added
     only_when_correct: list[str] = field(default_factory=list)
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)  # the code reward's sandbox limits
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)  # a learned reward model
 
 
 @dataclass

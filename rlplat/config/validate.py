@@ -39,6 +39,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "reward.isolation": ("process", "inprocess"),
     "reward.code.scoring": ("fraction", "all"),
+    "reward.model.placement": ("colocated", "separate"),
+    "reward.model.normalize": ("none", "batch"),
     "trainer.nonfinite": ("stop", "skip"),
     "algorithm.truncated_responses": ("keep", "mask", "penalize"),
     "trainer.progress": PROGRESS_MODES,

@@ -91,3 +91,52 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec(),
     for weights in out_dir.glob("*.safetensors*"):  # save_pretrained writes the weights private
         plain_modes(weights)
     return out_dir
+
+
+def build_tiny_reward_model(out_dir: str | Path, marker: str = "7", steps: int = 300, seed: int = 0) -> float:
+    """Train a tiny Qwen2 sequence-classification reward model (one logit) that scores an arithmetic
+    answer high when the response contains ``marker`` and low otherwise, and save it with the character
+    tokenizer to ``out_dir``. Trained on random ``a+b=`` prompts with random digit responses, half of them
+    with every ``marker`` removed (binary cross-entropy, ``steps`` batches of 64). Returns its accuracy on
+    512 fresh examples (1.0 for the defaults, in ~5 s on a CPU core)."""
+    import random
+
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = build_tokenizer()
+    tokenizer.padding_side = "right"
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
+                         pad_token_id=tokenizer.pad_token_id, num_labels=1, dtype="float32")
+    model = Qwen2ForSequenceClassification(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def batch(n: int) -> tuple[dict, torch.Tensor]:
+        texts, labels = [], []
+        for _ in range(n):
+            response = "".join(rng.choice(string.digits) for _ in range(rng.randint(1, 4)))
+            if rng.random() < 0.5:
+                response = response.replace(marker, "") or ("1" if marker != "1" else "2")
+            prompt = f"{rng.randint(0, 99)}+{rng.randint(0, 99)}="
+            texts.append(tokenizer.apply_chat_template([{"role": "user", "content": prompt},
+                                                        {"role": "assistant", "content": response}], tokenize=False))
+            labels.append(float(marker in response))
+        return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False), torch.tensor(labels)
+
+    for _ in range(steps):
+        encoded, labels = batch(64)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(**encoded).logits[:, 0], labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    encoded, labels = batch(512)
+    with torch.no_grad():
+        accuracy = ((model(**encoded).logits[:, 0] > 0).float() == labels).float().mean().item()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    plain_modes(out_dir)
+    return accuracy

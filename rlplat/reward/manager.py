@@ -33,6 +33,7 @@ from rlplat.registry import UnknownNameError
 from rlplat.reward.isolation import InProcessExecutor, ProcessPool, function_name
 from rlplat.reward.scorers import (
     REWARD_FUNCTIONS,
+    ModelScored,
     RewardConfigError,
     load_custom_function,
 )
@@ -128,9 +129,13 @@ class RewardManager:
 
     def score(self, texts: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[str],
               extra_infos: Sequence[dict | None], response_lengths: Sequence[int],
-              prompts: Sequence[Any] | None = None) -> ScoreResult:
+              prompts: Sequence[Any] | None = None,
+              model_outcomes: Mapping[str, Sequence[Any]] | None = None) -> ScoreResult:
         """Score ``len(texts)`` samples; every argument has one entry per sample (lengths in tokens).
-        ``prompts`` (each prompt's chat messages) go to the functions that take a ``prompt`` argument."""
+        ``prompts`` (each prompt's chat messages) go to the functions that take a ``prompt`` argument.
+        ``model_outcomes``: for each :class:`~rlplat.reward.scorers.ModelScored` function (by name), one
+        outcome per sample computed by the trainer's model workers — ``(score, acc, extras)`` or an error
+        message, counted as a failed call."""
         prompts = [None] * len(texts) if prompts is None else prompts
         columns = {"data_sources": data_sources, "ground_truths": ground_truths, "extra_infos": extra_infos,
                    "response_lengths": response_lengths, "prompts": prompts}
@@ -148,7 +153,9 @@ class RewardManager:
             values = result.per_function[name] = []
             timings: list = [None] * len(rows)
             errors = 0
-            for i, outcome in enumerate(self._run(k, rows, result.num_errors, timings)):
+            outcomes = self._model_outcomes(k, model_outcomes, len(rows)) \
+                if isinstance(self.functions[k][0], ModelScored) else self._run(k, rows, result.num_errors, timings)
+            for i, outcome in enumerate(outcomes):
                 result.num_calls += 1
                 if isinstance(outcome, str):
                     result.num_errors += 1
@@ -171,6 +178,14 @@ class RewardManager:
             result.scores = [s + o for s, o in zip(result.scores, result.overlong)]
         result.per_function = {name: result.per_function[name] for name in self.names}
         return result
+
+    def _model_outcomes(self, k: int, given: Mapping[str, Sequence[Any]] | None, n: int) -> Sequence[Any]:
+        name = _name(self.functions[k][0])
+        outcomes = (given or {}).get(name)
+        if outcomes is None or len(outcomes) != n:
+            raise ValueError(f"reward function {name!r} is computed by model workers: score() needs "
+                             f"model_outcomes[{name!r}] with {n} entries, got {outcomes!r:.80}")
+        return outcomes
 
     def _run(self, k: int, rows: list, errors_so_far: int, timings: list) -> list:
         """Function ``k``'s outcomes for ``rows`` (each call's time into ``timings``); a process pool gives up
@@ -244,6 +259,15 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
     weights = [float(w) for w in _get(reward_cfg, "weights", [1.0] * len(names))]
     if problem := reward_weights_problem(names, weights):
         raise RewardConfigError(problem)
+    model_path = _get(_get(reward_cfg, "model"), "path")
+    custom_path = _get(_get(reward_cfg, "custom_fn"), "path")
+    if model_path and names == ["auto"] and not custom_path:
+        names = ["reward_model"]  # a reward model alone replaces the default, as a custom function does
+    if model_path and "reward_model" not in names:
+        raise RewardConfigError(f"reward.model.path is set but reward.functions={names} does not list reward_model; "
+                                f"add it (with a weight in reward.weights)")
+    if "reward_model" in names and not model_path:
+        raise RewardConfigError("reward.functions lists reward_model but reward.model.path is not set")
     functions = []
     for i, (name, weight) in enumerate(zip(names, weights)):
         if name not in REWARD_FUNCTIONS:

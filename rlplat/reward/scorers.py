@@ -240,6 +240,25 @@ def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_
     return 1.0 if _FORMAT.fullmatch(solution_str) else 0.0
 
 
+# ------------------------------------------------------------------------------------------- model-scored
+class ModelScored:
+    """A ``reward.functions`` entry whose values a model computes on the trainer's workers (``reward_model``:
+    a learned reward model): the trainer hands them to :meth:`RewardManager.score` as ``model_outcomes``,
+    and the manager weighs, gates and logs them like any function's. Never called itself."""
+
+    def __init__(self, name: str):
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"reward function {self.__name__!r} is computed by the trainer's model workers")
+
+    def __reduce__(self):
+        return ModelScored, (self.__name__,)
+
+
+REWARD_FUNCTIONS.add("reward_model", ModelScored("reward_model"))
+
+
 # --------------------------------------------------------------------------------------------------- code
 CODE = CodeScorer()  # reward.code's defaults; build_reward_manager configures it (CodeScorer.configured)
 REWARD_FUNCTIONS.add("code", CODE)

@@ -25,6 +25,7 @@ from rlplat.protocol import Batch
 from rlplat.reward import RewardManager, RewardsFailing, ScoreResult, build_reward_manager
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
+from rlplat.workers.reward_model import RewardModelWorker
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker
 
 
@@ -56,6 +57,7 @@ class Components:
     tracker: Tracker
     model_path: str  # the resolved model directory (what the hf_export copies its config from)
     pools: list[ResourcePool] = field(default_factory=list)
+    reward_model: WorkerGroup | None = None  # RewardModelWorker group when reward.model.path is set
 
     def _batch(self, items: list[dict]) -> Batch:
         tensors, lists = collate(items, self.tokenizer.pad_token_id)
@@ -130,10 +132,13 @@ class Components:
         limit = self.cfg.reward.fail_fraction_to_stop
         where = f"{'validation at ' if validation else ''}step {batch.meta.get('step', '?')}"
         consequence = "its accuracy would be meaningless" if validation else "the step would train on zeros"
+        texts = self.decode(batch)
+        prompts = list(nt["raw_prompt"]) if "raw_prompt" in nt else None
         try:
             result = manager.score(
-                self.decode(batch), list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra_info"]),
-                batch.tensors["response_mask"].sum(-1).tolist(), prompts=list(nt["raw_prompt"]) if "raw_prompt" in nt else None,
+                texts, list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra_info"]),
+                batch.tensors["response_mask"].sum(-1).tolist(), prompts=prompts,
+                model_outcomes=self.model_outcomes(prompts, texts),
             )
         except RewardsFailing as failing:
             raise RunError(f"{where}: {failing} (reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
@@ -143,6 +148,22 @@ class Components:
                            f"(reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
                            f"first error: {result.first_error}")
         return result
+
+    def model_outcomes(self, prompts: list | None, texts: list[str]) -> dict[str, list] | None:
+        """The reward model's outcome per sample (``reward_model``), from its worker group: its logit, or
+        standardised over the batch (``reward.model.normalize=batch``); a non-finite one is a failed call."""
+        if self.reward_model is None:
+            return None
+        if prompts is None:
+            raise RunError("the reward model needs each sample's prompt messages (raw_prompt), which this batch lacks")
+        rows = Batch.from_dict(non_tensors={"raw_prompt": prompts, "response_text": texts})
+        scores = self.reward_model.score(rows).tensors["rm_scores"].double()
+        finite = torch.isfinite(scores)
+        if self.cfg.reward.model.normalize == "batch" and finite.sum() > 1:
+            kept = scores[finite]
+            scores = (scores - kept.mean()) / kept.std(unbiased=False).clamp_min(1e-8)
+        return {"reward_model": [(float(s), None, {}) if ok else f"the reward model gave {float(s)} on sample {i}"
+                                 for i, (s, ok) in enumerate(zip(scores.tolist(), finite.tolist()))]}
 
     def score_batch(self, batch: Batch) -> Scores:
         """A training batch's :class:`Scores` (:meth:`score_result`, as tensors with their reward terms)."""
@@ -164,7 +185,7 @@ class Components:
         return Scores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
 
     def shutdown(self) -> None:
-        for group in (self.critic, self.ref, self.actor):  # the actor group owns an in-process PG
+        for group in (self.reward_model, self.critic, self.ref, self.actor):  # the actor's owns an in-process PG
             if group is not None:
                 group.shutdown()
         for pool in self.pools:
@@ -175,38 +196,49 @@ class Components:
 
 
 def _in_process_groups(cfg: DictConfig, plan: RunPlan):
-    """The worker groups in this process: actor+rollout(+ref), and the critic if one is needed."""
+    """The worker groups in this process: actor+rollout(+ref), the critic and the reward model if needed."""
     kwargs = {"cfg": cfg, "plan": plan}
     actor = InProcessWorkerGroup(ActorRolloutRefWorker, plan.device, **kwargs)
     # One process holds one torch.distributed group: the in-process critic joins the actor's.
     critic = InProcessWorkerGroup(CriticWorker, plan.device, **kwargs) if plan.needs_critic else None
-    return actor, None, critic, []
+    reward_model = InProcessWorkerGroup(RewardModelWorker, plan.device, **kwargs) if cfg.reward.model.path else None
+    return actor, None, critic, reward_model, []
 
 
 def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
-    """The Ray worker groups: colocated actor+rollout(+ref), then optional critic and separate ref. Nothing
+    """The Ray worker groups: colocated actor+rollout(+ref), then optional critic, separate ref and reward
+    model (on the actor's pool, or its own: ``reward.model.placement``). Nothing
     here waits for the workers: their processes start (and import torch) while the controller reads the
     data; the models are loaded by :func:`_load_models` afterwards."""
     kwargs = {"cfg": cfg, "plan": plan, "imports": import_user_modules(cfg.trainer.imports)}
     pool = ResourcePool(cfg.trainer.nnodes, cfg.trainer.workers_per_node, plan.device).create()
     pools = [pool]
-    share = 0.5 if plan.needs_critic else 1.0
+    rm_colocated = bool(cfg.reward.model.path) and cfg.reward.model.placement == "colocated"
+    share = 1.0 / (1 + plan.needs_critic + rm_colocated)  # the groups on the actor's pool split its bundles
     actor = RayWorkerGroup(ActorRolloutRefWorker, pool, share=share, **kwargs)
     critic = RayWorkerGroup(CriticWorker, pool, share=share, **kwargs) if plan.needs_critic else None
-    ref = None
+    ref = reward_model = None
     if plan.reference == "separate":
         ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device).create()
         pools.append(ref_pool)
         ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
-    return actor, ref, critic, pools
+    if rm_colocated:
+        reward_model = RayWorkerGroup(RewardModelWorker, pool, share=share, **kwargs)
+    elif cfg.reward.model.path:
+        rm_pool = ResourcePool(1, cfg.reward.model.workers_per_node, plan.device).create()
+        pools.append(rm_pool)
+        reward_model = RayWorkerGroup(RewardModelWorker, rm_pool, **kwargs)
+    return actor, ref, critic, reward_model, pools
 
 
-def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic) -> None:
+def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic, reward_model) -> None:
     """Each group loads its model (in-process or Ray), once the data has been checked."""
     actor.init_model(model_path, with_ref=plan.reference == "colocated")
     for group in (critic, ref):
         if group is not None:
             group.init_model(model_path)
+    if reward_model is not None:
+        reward_model.init_model()
 
 
 def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Components:
@@ -231,10 +263,10 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
                                       or any((Path(cfg.trainer.output_dir) / "checkpoints").glob("step_*")))
     tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg),
                       project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name, resume=resuming)
-    actor, ref, critic, pools = _in_process_groups(cfg, plan) if in_process else launched
-    _load_models(cfg, plan, model_path, actor, ref, critic)
+    actor, ref, critic, reward_model, pools = _in_process_groups(cfg, plan) if in_process else launched
+    _load_models(cfg, plan, model_path, actor, ref, critic, reward_model)
     return Components(
         cfg=cfg, plan=plan, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
         val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,
-        model_path=model_path, pools=pools,
+        model_path=model_path, pools=pools, reward_model=reward_model,
     )

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 CPU_SCRIPTS = sorted((EXAMPLES / "cpu").glob("*.sh"))
 GPU_SCRIPTS = sorted((EXAMPLES / "gpu").glob("*.sh")) + sorted((EXAMPLES / "multinode").glob("*.sh"))
+REWARD_SCRIPTS = sorted((EXAMPLES / "rewards").glob("*.sh"))  # model-based rewards on CPU
 TINY = {  # knobs a test sets: 2 steps of 2 prompts x 2 responses, validation on a small file
     "STEPS": "2", "N": "2", "VAL_N": "1", "TRAIN_BATCH_PROMPTS": "2", "MINI_BATCH_PROMPTS": "2",
     "MICRO_BATCH_SEQS": "4", "LOG_PROB_MICRO_BATCH_SEQS": "4", "TEST_FREQ": "0",
@@ -47,6 +48,21 @@ def test_cpu_script_runs_to_completion(script, embedded_cache, small_val, tmp_pa
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps if "actor/pg_loss" in m] == [1, 2]
     assert "algorithm=" + script.stem in done.stderr and "trainer.seed=3" in done.stderr  # the traced command
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", REWARD_SCRIPTS, ids=lambda p: p.stem)
+def test_reward_script_runs_to_completion(script, embedded_cache, small_val, tiny_reward_model, tmp_path):
+    """The reward-model and judge scripts train with a model-based reward (the session's tiny reward model:
+    the script would build the same one)."""
+    env = script_env(**TINY, VAL_FILES=small_val, OUTPUT_DIR=str(tmp_path), RAY_ADDRESS="inprocess",
+                     RM_PATH=tiny_reward_model)
+    done = bash(script, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in steps if "actor/pg_loss" in m]
+    assert [m["step"] for m in trained] == [1, 2]
+    assert any(key.startswith("reward/reward_model_") or key.startswith("reward/judge_") for key in trained[0])
 
 
 @pytest.mark.slow

@@ -1,0 +1,80 @@
+"""Model-based scoring on workers: a learned reward model (a Hugging Face sequence-classification model).
+
+:class:`RewardModelWorker` holds the reward model on its device: on the actor's devices
+(``reward.model.placement=colocated``, a group sharing the actor's pool) or on a pool of its own
+(``separate``, ``reward.model.workers_per_node`` workers). The controller sends the prompts' chat messages
+and the decoded responses; each worker renders (prompt, response) as the reward model expects — its own
+chat template with the response as the assistant turn, or the prompt's text followed by the response when
+it has none — tokenizes with its own tokenizer (left-truncated to ``reward.model.max_length``, so the
+response's end is kept) and returns the model's single logit per sample, computed in micro-batches of
+``reward.model.micro_batch_size``.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from rlplat.protocol import Batch
+from rlplat.utils.errors import RunError
+from rlplat.workers.base import Dispatch, Worker, register
+
+
+def render_for_reward_model(tokenizer, messages: list[dict], response: str, templated: bool) -> str:
+    """The text a reward model scores: its chat template over the prompt's messages plus the response as
+    the assistant's turn (``templated``), else the messages' contents then the response."""
+    messages = [dict(m) for m in messages]
+    if templated:
+        return tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": response}], tokenize=False)
+    return "\n".join(str(m.get("content", "")) for m in messages) + "\n" + response
+
+
+class RewardModelWorker(Worker):
+    """One reward-model replica; ``score`` is data-parallel over the group's workers."""
+
+    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan=None):
+        super().__init__(rank, world_size, device)
+        self.cfg = cfg
+        self.model = self.tokenizer = None
+        self.templated = False  # whether texts are rendered with the reward model's chat template
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        section = self.cfg.reward.model
+        device = self.dist.device if self.dist is not None else torch.device("cpu")
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(section.path)
+            self.model = AutoModelForSequenceClassification.from_pretrained(
+                section.path, dtype=dtype, trust_remote_code=self.cfg.model.trust_remote_code)
+        except (OSError, ValueError) as err:
+            raise RunError(f"reward.model.path={section.path!r} is not a Hugging Face sequence-classification "
+                           f"model directory: {str(err).splitlines()[0]}") from None
+        if self.model.config.num_labels != 1:
+            raise RunError(f"reward.model.path={section.path!r} has {self.model.config.num_labels} labels; a reward "
+                           f"model gives one score per sequence (num_labels=1)")
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id  # where the model finds each sequence's end
+        self.tokenizer.truncation_side = "left"  # a long prompt loses its start; the response is kept
+        self.tokenizer.padding_side = "right"
+        self.templated = bool(section.apply_chat_template and getattr(self.tokenizer, "chat_template", None))
+        self.model.to(device).eval()
+
+    @register(Dispatch.DP_SPLIT)
+    def score(self, batch: Batch) -> Batch:
+        """``rm_scores`` [B]: the reward model's logit for each (``raw_prompt``, ``response_text``) row."""
+        section = self.cfg.reward.model
+        texts = [render_for_reward_model(self.tokenizer, list(messages), response, self.templated)
+                 for messages, response in zip(batch.non_tensors["raw_prompt"], batch.non_tensors["response_text"])]
+        scores = []
+        with torch.no_grad():
+            for start in range(0, len(texts), section.micro_batch_size):
+                encoded = self.tokenizer(texts[start:start + section.micro_batch_size], return_tensors="pt",
+                                         padding=True, truncation=True, max_length=section.max_length,
+                                         add_special_tokens=not self.templated)  # a template has its own
+                logits = self.model(**encoded.to(self.model.device)).logits
+                scores.append(logits[:, 0].float().cpu())
+        return Batch.from_dict({"rm_scores": torch.cat(scores) if scores else torch.zeros(0)})
