@@ -315,6 +315,36 @@ class RewardModelConfig:
     normalize: str = "none"  # none = its raw logit | batch = standardised over the batch (mean 0, std 1)
 
 
+JUDGE_TEMPLATE = (
+    "You are grading a response to a question against a reference answer.\n\n"
+    "Question:\n{question}\n\nResponse:\n{response}\n\nReference answer:\n{reference}\n\n"
+    "Rate the response from 0 (wrong) to 10 (fully correct). End with a line \"Score: N\"."
+)
+
+
+@dataclass
+class JudgeConfig:
+    """An LLM judge (docs/rewards.md "LLM judges"): the reward function ``judge``."""
+
+    model_path: Optional[str] = None  # a causal LM served by a rollout engine on judge workers; or:
+    url: Optional[str] = None  # an OpenAI-compatible server's base URL (http://host:8000/v1)
+    model: Optional[str] = None  # the model name sent to the server (url)
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the server's API key (never the key itself)
+    engine: str = "hf"  # rollout engine serving model_path (hf | vllm), with the settings of rollout.<engine>
+    placement: str = "separate"  # separate = a pool of its own | colocated = on the actor's devices
+    workers_per_node: int = count(1)  # judge workers on one node (placement=separate)
+    # filled per sample with {question} (the prompt's last user message), {response} and {reference}
+    prompt_template: str = JUDGE_TEMPLATE
+    verdict: str = "score"  # score = a number in [score_min, score_max], scaled to [0, 1] | yes_no = 1 / 0
+    score_min: float = 0.0  # the lowest score the verdict may give (scaled to 0)
+    score_max: float = 10.0  # the highest (scaled to 1)
+    max_prompt_length: int = count(4096)  # tokens of a judge prompt (longer: its start is cut)
+    max_new_tokens: int = count(256)  # tokens of a judge answer
+    temperature: float = 0.0  # 0 = greedy
+    timeout_s: float = 60.0  # per server request (url); a request past it is a failed call
+    concurrency: int = count(8)  # server requests in flight (url)
+
+
 @dataclass
 class RewardConfig:
     custom_fn: CustomRewardConfig = field(default_factory=CustomRewardConfig)
@@ -331,6 +361,7 @@ class RewardConfig:
     only_when_correct: list[str] = field(default_factory=list)
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)  # the code reward's sandbox limits
     model: RewardModelConfig = field(default_factory=RewardModelConfig)  # a learned reward model
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # an LLM judge
 
 
 @dataclass

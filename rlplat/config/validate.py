@@ -41,6 +41,8 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "reward.code.scoring": ("fraction", "all"),
     "reward.model.placement": ("colocated", "separate"),
     "reward.model.normalize": ("none", "batch"),
+    "reward.judge.placement": ("separate", "colocated"),
+    "reward.judge.verdict": ("score", "yes_no"),
     "trainer.nonfinite": ("stop", "skip"),
     "algorithm.truncated_responses": ("keep", "mask", "penalize"),
     "trainer.progress": PROGRESS_MODES,
@@ -108,6 +110,14 @@ def _check_values(cfg: DictConfig) -> None:
     check(code.memory_mb >= 64, f"reward.code.memory_mb must be >= 64 (a Python interpreter needs that much to "
                                 f"start), got {code.memory_mb}")
     check(code.max_output_bytes > 0, f"reward.code.max_output_bytes must be > 0, got {code.max_output_bytes}")
+    judge = reward.judge
+    check(not (judge.model_path and judge.url), "reward.judge.model_path and reward.judge.url are both set: "
+                                                "the judge is served by one of them")
+    check(not judge.url or judge.model, "reward.judge.url needs reward.judge.model (the model name the server serves)")
+    check(judge.score_min < judge.score_max, f"reward.judge.score_min ({judge.score_min}) must be below "
+                                            f"reward.judge.score_max ({judge.score_max})")
+    check(judge.timeout_s > 0 and judge.temperature >= 0, "reward.judge.timeout_s must be > 0 and "
+                                                          "reward.judge.temperature >= 0")
     check(reward.num_workers is None or reward.num_workers >= 1,
           f"reward.num_workers must be >= 1 (or null: one per CPU core, up to 8), got {reward.num_workers}")
     check(reward.fail_fraction_to_stop > 0,

@@ -35,7 +35,8 @@ from rlplat.reward.scorers import (
 
 # The manager's names load on first use: the reward worker process imports this package for the scorers
 # and must not pay for torch (its memory and start-up time in every such process).
-_MANAGER_NAMES = ("OverlongShaping", "RewardManager", "ScoreResult", "build_reward_manager", "token_level_scores")
+_MANAGER_NAMES = ("ModelScores", "OverlongShaping", "RewardManager", "ScoreResult", "build_reward_manager",
+                  "token_level_scores")
 
 
 def __getattr__(name: str):
@@ -47,7 +48,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "REWARD_FUNCTIONS", "OverlongShaping", "RewardConfigError", "RewardManager", "RewardsFailing", "ScoreResult",
+    "REWARD_FUNCTIONS", "ModelScores", "OverlongShaping", "RewardConfigError", "RewardManager", "RewardsFailing", "ScoreResult",
     "UnknownDataSourceError", "build_reward_manager", "last_boxed", "load_custom_function", "math_equal", "normalize_math",
     "safe_arithmetic", "scorer_for", "token_level_scores",
 ]

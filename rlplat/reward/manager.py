@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -67,6 +67,13 @@ class ScoreResult:
 
 
 _name = function_name
+
+
+class ModelScores(NamedTuple):
+    """A model-computed reward function's batch: one outcome per sample, and the seconds they took."""
+
+    outcomes: Sequence[Any]
+    seconds: float = 0.0
 
 
 class RewardManager:
@@ -130,12 +137,12 @@ class RewardManager:
     def score(self, texts: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[str],
               extra_infos: Sequence[dict | None], response_lengths: Sequence[int],
               prompts: Sequence[Any] | None = None,
-              model_outcomes: Mapping[str, Sequence[Any]] | None = None) -> ScoreResult:
+              model_outcomes: Mapping[str, ModelScores] | None = None) -> ScoreResult:
         """Score ``len(texts)`` samples; every argument has one entry per sample (lengths in tokens).
         ``prompts`` (each prompt's chat messages) go to the functions that take a ``prompt`` argument.
-        ``model_outcomes``: for each :class:`~rlplat.reward.scorers.ModelScored` function (by name), one
-        outcome per sample computed by the trainer's model workers — ``(score, acc, extras)`` or an error
-        message, counted as a failed call."""
+        ``model_outcomes``: for each :class:`~rlplat.reward.scorers.ModelScored` function (by name),
+        :class:`ModelScores`: one outcome per sample computed by the trainer's model workers —
+        ``(score, acc, extras)`` or an error message, counted as a failed call — and the seconds they took."""
         prompts = [None] * len(texts) if prompts is None else prompts
         columns = {"data_sources": data_sources, "ground_truths": ground_truths, "extra_infos": extra_infos,
                    "response_lengths": response_lengths, "prompts": prompts}
@@ -153,8 +160,11 @@ class RewardManager:
             values = result.per_function[name] = []
             timings: list = [None] * len(rows)
             errors = 0
-            outcomes = self._model_outcomes(k, model_outcomes, len(rows)) \
-                if isinstance(self.functions[k][0], ModelScored) else self._run(k, rows, result.num_errors, timings)
+            if isinstance(self.functions[k][0], ModelScored):
+                outcomes, seconds = self._model_outcomes(k, model_outcomes, len(rows))
+                timings = [(seconds / max(len(rows), 1), False)] * len(rows)  # the batch's time, per sample
+            else:
+                outcomes = self._run(k, rows, result.num_errors, timings)
             for i, outcome in enumerate(outcomes):
                 result.num_calls += 1
                 if isinstance(outcome, str):
@@ -179,13 +189,13 @@ class RewardManager:
         result.per_function = {name: result.per_function[name] for name in self.names}
         return result
 
-    def _model_outcomes(self, k: int, given: Mapping[str, Sequence[Any]] | None, n: int) -> Sequence[Any]:
+    def _model_outcomes(self, k: int, given: Mapping[str, ModelScores] | None, n: int) -> ModelScores:
         name = _name(self.functions[k][0])
-        outcomes = (given or {}).get(name)
-        if outcomes is None or len(outcomes) != n:
+        scores = (given or {}).get(name)
+        if not isinstance(scores, ModelScores) or len(scores.outcomes) != n:
             raise ValueError(f"reward function {name!r} is computed by model workers: score() needs "
-                             f"model_outcomes[{name!r}] with {n} entries, got {outcomes!r:.80}")
-        return outcomes
+                             f"model_outcomes[{name!r}], ModelScores with {n} outcomes, got {scores!r:.80}")
+        return scores
 
     def _run(self, k: int, rows: list, errors_so_far: int, timings: list) -> list:
         """Function ``k``'s outcomes for ``rows`` (each call's time into ``timings``); a process pool gives up
@@ -259,15 +269,26 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
     weights = [float(w) for w in _get(reward_cfg, "weights", [1.0] * len(names))]
     if problem := reward_weights_problem(names, weights):
         raise RewardConfigError(problem)
-    model_path = _get(_get(reward_cfg, "model"), "path")
-    custom_path = _get(_get(reward_cfg, "custom_fn"), "path")
-    if model_path and names == ["auto"] and not custom_path:
-        names = ["reward_model"]  # a reward model alone replaces the default, as a custom function does
-    if model_path and "reward_model" not in names:
-        raise RewardConfigError(f"reward.model.path is set but reward.functions={names} does not list reward_model; "
-                                f"add it (with a weight in reward.weights)")
-    if "reward_model" in names and not model_path:
-        raise RewardConfigError("reward.functions lists reward_model but reward.model.path is not set")
+    judge_cfg = _get(reward_cfg, "judge")
+    configured = {"reward_model": ("reward.model.path", bool(_get(_get(reward_cfg, "model"), "path"))),
+                  "judge": ("reward.judge.model_path or reward.judge.url",
+                            bool(_get(judge_cfg, "model_path") or _get(judge_cfg, "url")))}
+    if names == ["auto"] and not _get(_get(reward_cfg, "custom_fn"), "path") and any(on for _, on in configured.values()):
+        names = [name for name, (_, on) in configured.items() if on]  # model rewards replace the default
+        weights = [weights[0]] * len(names)
+    for name, (keys, on) in configured.items():
+        if on and name not in names:
+            raise RewardConfigError(f"{keys} is set but reward.functions={names} does not list {name}; add it "
+                                    f"(with a weight in reward.weights)")
+        if name in names and not on:
+            raise RewardConfigError(f"reward.functions lists {name} but {keys} is not set")
+    if "judge" in names:
+        from rlplat.reward.judge import check_template
+
+        try:
+            check_template(str(_get(judge_cfg, "prompt_template", "")))
+        except ValueError as err:
+            raise RewardConfigError(str(err)) from None
     functions = []
     for i, (name, weight) in enumerate(zip(names, weights)):
         if name not in REWARD_FUNCTIONS:

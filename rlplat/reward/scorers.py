@@ -243,7 +243,7 @@ def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_
 # ------------------------------------------------------------------------------------------- model-scored
 class ModelScored:
     """A ``reward.functions`` entry whose values a model computes on the trainer's workers (``reward_model``:
-    a learned reward model): the trainer hands them to :meth:`RewardManager.score` as ``model_outcomes``,
+    a learned reward model; ``judge``: an LLM judge, or its server): the trainer hands them to :meth:`RewardManager.score` as ``model_outcomes``,
     and the manager weighs, gates and logs them like any function's. Never called itself."""
 
     def __init__(self, name: str):
@@ -257,6 +257,7 @@ class ModelScored:
 
 
 REWARD_FUNCTIONS.add("reward_model", ModelScored("reward_model"))
+REWARD_FUNCTIONS.add("judge", ModelScored("judge"))
 
 
 # --------------------------------------------------------------------------------------------------- code

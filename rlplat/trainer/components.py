@@ -8,6 +8,7 @@ is read (their processes take seconds to import torch) and load the model after 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +22,14 @@ from rlplat.config.imports import import_user_modules
 from rlplat.config.plan import RunPlan
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
+from rlplat.models.embedded import EMBEDDED
 from rlplat.protocol import Batch
-from rlplat.reward import RewardManager, RewardsFailing, ScoreResult, build_reward_manager
+from rlplat.reward import ModelScores, RewardManager, RewardsFailing, ScoreResult, build_reward_manager
+from rlplat.reward.judge import ServerJudge, judge_prompts, parse_verdict
+from rlplat.trainer.sft import ensure_embedded_model
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
-from rlplat.workers.reward_model import RewardModelWorker
+from rlplat.workers.reward_model import JudgeWorker, RewardModelWorker
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker
 
 
@@ -58,6 +62,7 @@ class Components:
     model_path: str  # the resolved model directory (what the hf_export copies its config from)
     pools: list[ResourcePool] = field(default_factory=list)
     reward_model: WorkerGroup | None = None  # RewardModelWorker group when reward.model.path is set
+    judge: Any = None  # JudgeWorker group (reward.judge.model_path) or ServerJudge (reward.judge.url)
 
     def _batch(self, items: list[dict]) -> Batch:
         tensors, lists = collate(items, self.tokenizer.pad_token_id)
@@ -138,7 +143,7 @@ class Components:
             result = manager.score(
                 texts, list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra_info"]),
                 batch.tensors["response_mask"].sum(-1).tolist(), prompts=prompts,
-                model_outcomes=self.model_outcomes(prompts, texts),
+                model_outcomes=self.model_outcomes(prompts, texts, list(nt["ground_truth"])),
             )
         except RewardsFailing as failing:
             raise RunError(f"{where}: {failing} (reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
@@ -149,21 +154,39 @@ class Components:
                            f"first error: {result.first_error}")
         return result
 
-    def model_outcomes(self, prompts: list | None, texts: list[str]) -> dict[str, list] | None:
-        """The reward model's outcome per sample (``reward_model``), from its worker group: its logit, or
-        standardised over the batch (``reward.model.normalize=batch``); a non-finite one is a failed call."""
-        if self.reward_model is None:
+    def model_outcomes(self, prompts: list | None, texts: list[str], ground_truths: list) -> dict[str, list] | None:
+        """The outcome per sample of each model-computed reward function: ``reward_model`` (its logit, or
+        standardised over the batch with ``reward.model.normalize=batch``; a non-finite one is a failed
+        call) and ``judge`` (its verdict, or why it could not be read)."""
+        if self.reward_model is None and self.judge is None:
             return None
         if prompts is None:
-            raise RunError("the reward model needs each sample's prompt messages (raw_prompt), which this batch lacks")
-        rows = Batch.from_dict(non_tensors={"raw_prompt": prompts, "response_text": texts})
-        scores = self.reward_model.score(rows).tensors["rm_scores"].double()
-        finite = torch.isfinite(scores)
-        if self.cfg.reward.model.normalize == "batch" and finite.sum() > 1:
-            kept = scores[finite]
-            scores = (scores - kept.mean()) / kept.std(unbiased=False).clamp_min(1e-8)
-        return {"reward_model": [(float(s), None, {}) if ok else f"the reward model gave {float(s)} on sample {i}"
-                                 for i, (s, ok) in enumerate(zip(scores.tolist(), finite.tolist()))]}
+            raise RunError("model-based rewards need each sample's prompt messages (raw_prompt), which this batch lacks")
+        outcomes = {}
+        if self.reward_model is not None:
+            start = time.perf_counter()
+            rows = Batch.from_dict(non_tensors={"raw_prompt": prompts, "response_text": texts})
+            scores = self.reward_model.score(rows).tensors["rm_scores"].double()
+            finite = torch.isfinite(scores)
+            if self.cfg.reward.model.normalize == "batch" and finite.sum() > 1:
+                kept = scores[finite]
+                scores = (scores - kept.mean()) / kept.std(unbiased=False).clamp_min(1e-8)
+            outcomes["reward_model"] = ModelScores(
+                [(float(s), None, {}) if ok else f"the reward model gave {float(s)} on sample {i}"
+                 for i, (s, ok) in enumerate(zip(scores.tolist(), finite.tolist()))], time.perf_counter() - start)
+        if self.judge is not None:
+            start = time.perf_counter()
+            judge = self.cfg.reward.judge
+            asks = judge_prompts(judge.prompt_template, prompts, texts, ground_truths)
+            if isinstance(self.judge, ServerJudge):
+                answers = self.judge.answers(asks)
+            else:
+                rows = Batch.from_dict(non_tensors={"judge_prompt": np.array(asks, dtype=object)})
+                answers = list(self.judge.judge(rows).non_tensors["judge_output"])
+            outcomes["judge"] = ModelScores([str(a) if isinstance(a, BaseException) else
+                                             parse_verdict(a, judge.verdict, judge.score_min, judge.score_max, i)
+                                             for i, a in enumerate(answers)], time.perf_counter() - start)
+        return outcomes
 
     def score_batch(self, batch: Batch) -> Scores:
         """A training batch's :class:`Scores` (:meth:`score_result`, as tensors with their reward terms)."""
@@ -185,7 +208,9 @@ class Components:
         return Scores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
 
     def shutdown(self) -> None:
-        for group in (self.reward_model, self.critic, self.ref, self.actor):  # the actor's owns an in-process PG
+        groups = (self.judge if isinstance(self.judge, WorkerGroup) else None, self.reward_model, self.critic,
+                  self.ref, self.actor)
+        for group in groups:  # the actor's group last: it owns an in-process process group
             if group is not None:
                 group.shutdown()
         for pool in self.pools:
@@ -202,47 +227,57 @@ def _in_process_groups(cfg: DictConfig, plan: RunPlan):
     # One process holds one torch.distributed group: the in-process critic joins the actor's.
     critic = InProcessWorkerGroup(CriticWorker, plan.device, **kwargs) if plan.needs_critic else None
     reward_model = InProcessWorkerGroup(RewardModelWorker, plan.device, **kwargs) if cfg.reward.model.path else None
-    return actor, None, critic, reward_model, []
+    judge = InProcessWorkerGroup(JudgeWorker, plan.device, **kwargs) if cfg.reward.judge.model_path else None
+    return actor, None, critic, (reward_model, judge), []
 
 
 def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
     """The Ray worker groups: colocated actor+rollout(+ref), then optional critic, separate ref and reward
-    model (on the actor's pool, or its own: ``reward.model.placement``). Nothing
-    here waits for the workers: their processes start (and import torch) while the controller reads the
+    model and judge (on the actor's pool, or their own: ``reward.model.placement``,
+    ``reward.judge.placement``). Nothing here waits for the workers: their processes start (and import torch) while the controller reads the
     data; the models are loaded by :func:`_load_models` afterwards."""
     kwargs = {"cfg": cfg, "plan": plan, "imports": import_user_modules(cfg.trainer.imports)}
     pool = ResourcePool(cfg.trainer.nnodes, cfg.trainer.workers_per_node, plan.device).create()
     pools = [pool]
-    rm_colocated = bool(cfg.reward.model.path) and cfg.reward.model.placement == "colocated"
-    share = 1.0 / (1 + plan.needs_critic + rm_colocated)  # the groups on the actor's pool split its bundles
+    scorers = [(RewardModelWorker, cfg.reward.model) if cfg.reward.model.path else None,
+               (JudgeWorker, cfg.reward.judge) if cfg.reward.judge.model_path else None]
+    colocated = [s for s in scorers if s is not None and s[1].placement == "colocated"]
+    share = 1.0 / (1 + plan.needs_critic + len(colocated))  # the groups on the actor's pool split its bundles
     actor = RayWorkerGroup(ActorRolloutRefWorker, pool, share=share, **kwargs)
     critic = RayWorkerGroup(CriticWorker, pool, share=share, **kwargs) if plan.needs_critic else None
-    ref = reward_model = None
+    ref = None
     if plan.reference == "separate":
         ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device).create()
         pools.append(ref_pool)
         ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
-    if rm_colocated:
-        reward_model = RayWorkerGroup(RewardModelWorker, pool, share=share, **kwargs)
-    elif cfg.reward.model.path:
-        rm_pool = ResourcePool(1, cfg.reward.model.workers_per_node, plan.device).create()
-        pools.append(rm_pool)
-        reward_model = RayWorkerGroup(RewardModelWorker, rm_pool, **kwargs)
-    return actor, ref, critic, reward_model, pools
+    model_groups = []
+    for scorer in scorers:
+        if scorer is None:
+            model_groups.append(None)
+        elif scorer in colocated:
+            model_groups.append(RayWorkerGroup(scorer[0], pool, share=share, **kwargs))
+        else:
+            own = ResourcePool(1, scorer[1].workers_per_node, plan.device).create()
+            pools.append(own)
+            model_groups.append(RayWorkerGroup(scorer[0], own, **kwargs))
+    return actor, ref, critic, tuple(model_groups), pools
 
 
-def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic, reward_model) -> None:
+def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic, scorers) -> None:
     """Each group loads its model (in-process or Ray), once the data has been checked."""
     actor.init_model(model_path, with_ref=plan.reference == "colocated")
     for group in (critic, ref):
         if group is not None:
             group.init_model(model_path)
-    if reward_model is not None:
-        reward_model.init_model()
+    for group in scorers:  # the reward model and the judge: their own model paths
+        if group is not None:
+            group.init_model()
 
 
 def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Components:
     in_process = cfg.trainer.ray_address == "inprocess"
+    if cfg.reward.judge.model_path == EMBEDDED:  # the judge workers load it; build it here once if needed
+        ensure_embedded_model()
     launched = None if in_process else _launch_ray_groups(cfg, plan)
     from transformers import AutoTokenizer
 
@@ -263,10 +298,13 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
                                       or any((Path(cfg.trainer.output_dir) / "checkpoints").glob("step_*")))
     tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg),
                       project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name, resume=resuming)
-    actor, ref, critic, reward_model, pools = _in_process_groups(cfg, plan) if in_process else launched
-    _load_models(cfg, plan, model_path, actor, ref, critic, reward_model)
+    actor, ref, critic, scorers, pools = _in_process_groups(cfg, plan) if in_process else launched
+    _load_models(cfg, plan, model_path, actor, ref, critic, scorers)
+    reward_model, judge = scorers
+    if cfg.reward.judge.url:
+        judge = ServerJudge(cfg.reward.judge)
     return Components(
         cfg=cfg, plan=plan, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
         val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,
-        model_path=model_path, pools=pools, reward_model=reward_model,
+        model_path=model_path, pools=pools, reward_model=reward_model, judge=judge,
     )

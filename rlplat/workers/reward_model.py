@@ -78,3 +78,75 @@ class RewardModelWorker(Worker):
                 logits = self.model(**encoded.to(self.model.device)).logits
                 scores.append(logits[:, 0].float().cpu())
         return Batch.from_dict({"rm_scores": torch.cat(scores) if scores else torch.zeros(0)})
+
+
+class JudgeWorker(Worker):
+    """A judge model served by a rollout engine (``reward.judge.model_path``; ``embedded`` = the embedded
+    tiny model, for trying the plumbing on CPU; engine ``reward.judge.engine``
+    with the settings of ``rollout.<engine>``); ``judge`` answers judge prompts greedily (or at
+    ``reward.judge.temperature``), data-parallel over the group's workers. The prompts are rendered with the
+    judge's chat template as one user message (as they are without one when it has none), left-truncated to
+    ``reward.judge.max_prompt_length`` tokens; an answer is at most ``reward.judge.max_new_tokens`` long."""
+
+    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan=None):
+        super().__init__(rank, world_size, device)
+        self.cfg = cfg
+        self.engine = self.tokenizer = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        from transformers import AutoTokenizer
+
+        from rlplat.rollout import ROLLOUT_ENGINES, RolloutSetup
+
+        from rlplat.models.embedded import EMBEDDED, embedded_model_dir
+
+        judge = self.cfg.reward.judge
+        path = str(embedded_model_dir()) if judge.model_path == EMBEDDED else judge.model_path
+        device = self.dist.device if self.dist is not None else torch.device("cpu")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as err:
+            raise RunError(f"reward.judge.model_path={judge.model_path!r} has no tokenizer: "
+                           f"{str(err).splitlines()[0]}") from None
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        setup = RolloutSetup(model_path=path, tokenizer_path=path, device=device,
+                             dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+                             eos_token_id=self.tokenizer.eos_token_id, pad_token_id=pad,
+                             max_model_len=judge.max_prompt_length + judge.max_new_tokens, seed=self.cfg.trainer.seed,
+                             rank=self.rank, world_size=self.world_size,
+                             trust_remote_code=self.cfg.model.trust_remote_code)
+        self.engine = ROLLOUT_ENGINES.get(judge.engine)(setup, self.cfg.rollout.get(judge.engine))
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                                     add_generation_prompt=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        else:
+            ids = self.tokenizer(text)["input_ids"]
+        return list(ids)[-self.cfg.reward.judge.max_prompt_length:]
+
+    @register(Dispatch.DP_SPLIT)
+    def judge(self, batch: Batch) -> Batch:
+        """``judge_output``: the judge's answer to each ``judge_prompt`` row."""
+        import numpy as np
+
+        from rlplat.rollout import SamplingParams
+
+        judge = self.cfg.reward.judge
+        rows = [self._prompt_ids(text) for text in batch.non_tensors["judge_prompt"]]
+        width = max(map(len, rows), default=1)
+        pad = self.engine.pad_token_id
+        prompts = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+        params = SamplingParams(max_new_tokens=judge.max_new_tokens, temperature=judge.temperature,
+                                seed=self.cfg.trainer.seed)
+        out = self.engine.generate(Batch.from_dict({"prompts": prompts, "prompt_mask": mask}), params)
+        answers = [self.tokenizer.decode(ids[keep.bool()], skip_special_tokens=True)
+                   for ids, keep in zip(out.tensors["responses"], out.tensors["response_mask"])]
+        return Batch.from_dict(non_tensors={"judge_output": np.array(answers, dtype=object)})
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
