@@ -37,32 +37,86 @@ def test_one_cpu_script_per_preset():
     assert [p.stem for p in CPU_SCRIPTS] == sorted(group_options("algorithm"))
 
 
+RECORDER = '#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$RLPLAT_RECORD"\n'  # a PYTHON that only keeps its arguments
+TRAIN_ALL = """
+import contextlib, io, json, sys
+from rlplat.trainer.main import main
+results = {}
+for name, argv in json.load(sys.stdin).items():
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 2
+    results[name] = [code, err.getvalue()]
+json.dump(results, sys.stdout)
+"""
+
+
+def recorded_commands(runs: dict[str, tuple[Path, dict]], tmp: Path, *args: str) -> dict[str, tuple[list[str], str]]:
+    """Each ``name -> (script, env)`` run with a PYTHON that records the command the script builds:
+    name -> (the trainer's argv, the script's stderr with its traced command)."""
+    recorder = tmp / "python"
+    recorder.write_text(RECORDER)
+    recorder.chmod(0o755)
+    commands = {}
+    for name, (script, env) in runs.items():
+        record = tmp / f"{name}.args"
+        done = bash(script, {**env, "PYTHON": str(recorder), "RLPLAT_RECORD": str(record)}, *args)
+        assert done.returncode == 0, done.stderr[-3000:]
+        argv = record.read_text().split("\0")[:-1]
+        assert argv[:2] == ["-m", "rlplat.trainer.main"], argv
+        commands[name] = (argv[2:], done.stderr)
+    return commands
+
+
+@pytest.fixture(scope="module")
+def trained_scripts(tmp_path_factory, embedded_cache, small_val, tiny_reward_model):
+    """Every CPU and reward script's command with tiny knobs, trained for real (2 steps each) by the CLI's
+    ``main`` in one Python process (one interpreter start instead of one per script; ~4 s per script
+    instead of ~10). The reward-model script gets the session's tiny reward model (it would build the
+    same one). name -> (exit code, the run's stderr, the script's stderr, output directory)."""
+    tmp = tmp_path_factory.mktemp("scripts")
+
+    def env_for(script):
+        knobs = {"RM_PATH": tiny_reward_model} if script in REWARD_SCRIPTS else {}
+        return script_env(**TINY, **knobs, VAL_FILES=small_val, OUTPUT_DIR=str(tmp / script.stem),
+                          RAY_ADDRESS="inprocess")
+
+    runs = {script.stem: (script, env_for(script)) for script in [*CPU_SCRIPTS, *REWARD_SCRIPTS]}
+    commands = recorded_commands(runs, tmp, "trainer.seed=3")
+    done = subprocess.run([sys.executable, "-c", TRAIN_ALL], capture_output=True, text=True, cwd=ROOT,
+                          input=json.dumps({name: argv for name, (argv, _) in commands.items()}))
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout)
+    return {name: (*runs[name], script_err, tmp / name) for name, (_, script_err) in commands.items()}
+
+
+def trained_steps(out_dir: Path) -> list[dict]:
+    return [m for m in (json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines())
+            if "actor/pg_loss" in m]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", CPU_SCRIPTS, ids=lambda p: p.stem)
-def test_cpu_script_runs_to_completion(script, embedded_cache, small_val, tmp_path):
-    env = script_env(**TINY, VAL_FILES=small_val, OUTPUT_DIR=str(tmp_path), RAY_ADDRESS="inprocess")
-    done = bash(script, env, "trainer.seed=3")  # a pass-through Hydra override
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 2
-    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in steps if "actor/pg_loss" in m] == [1, 2]
-    assert "algorithm=" + script.stem in done.stderr and "trainer.seed=3" in done.stderr  # the traced command
+def test_cpu_script_runs_to_completion(script, trained_scripts):
+    code, run_err, script_err, out = trained_scripts[script.stem]
+    assert code == 0, run_err[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2
+    assert [m["step"] for m in trained_steps(out)] == [1, 2]
+    assert "algorithm=" + script.stem in script_err and "trainer.seed=3" in script_err  # the traced command
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", REWARD_SCRIPTS, ids=lambda p: p.stem)
-def test_reward_script_runs_to_completion(script, embedded_cache, small_val, tiny_reward_model, tmp_path):
-    """The reward-model and judge scripts train with a model-based reward (the session's tiny reward model:
-    the script would build the same one)."""
-    env = script_env(**TINY, VAL_FILES=small_val, OUTPUT_DIR=str(tmp_path), RAY_ADDRESS="inprocess",
-                     RM_PATH=tiny_reward_model)
-    done = bash(script, env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    trained = [m for m in steps if "actor/pg_loss" in m]
+def test_reward_script_runs_to_completion(script, trained_scripts):
+    """The reward-model and judge scripts train with a model-based reward."""
+    code, run_err, _, out = trained_scripts[script.stem]
+    assert code == 0, run_err[-3000:]
+    trained = trained_steps(out)
     assert [m["step"] for m in trained] == [1, 2]
-    assert any(key.startswith("reward/reward_model_") or key.startswith("reward/judge_") for key in trained[0])
+    assert any(key.startswith(("reward/reward_model_", "reward/judge_")) for key in trained[0])
 
 
 @pytest.mark.slow
@@ -75,7 +129,6 @@ def test_cpu_script_default_runs_on_ray(embedded_cache, small_val, tmp_path):
 
 
 MISSING = re.compile(r"needs the package '([\w.]+)', which is not installed")
-RECORDER = '#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$RLPLAT_RECORD"\n'  # a PYTHON that only keeps its arguments
 COMPOSE = """
 import contextlib, io, json, sys
 from rlplat.trainer.main import main
@@ -122,18 +175,8 @@ def compositions(tmp_path_factory):
     CLI's ``main`` on every recorded command (one interpreter start instead of one per script).
     name -> [exit code, stdout, stderr]."""
     tmp = tmp_path_factory.mktemp("compose")
-    recorder = tmp / "python"
-    recorder.write_text(RECORDER)
-    recorder.chmod(0o755)
-    commands = {}
-    for name, (script, knobs) in VARIANTS.items():
-        record = tmp / f"{name}.args"
-        env = {**script_env(DEVICE="cpu", **knobs), "PYTHON": str(recorder), "RLPLAT_RECORD": str(record)}
-        done = bash(script, env, "--cfg", "job", "trainer.seed=5")
-        assert done.returncode == 0, done.stderr[-3000:]
-        args = record.read_text().split("\0")[:-1]
-        assert args[:2] == ["-m", "rlplat.trainer.main"], args
-        commands[name] = args[2:]
+    runs = {name: (script, script_env(DEVICE="cpu", **knobs)) for name, (script, knobs) in VARIANTS.items()}
+    commands = {name: argv for name, (argv, _) in recorded_commands(runs, tmp, "--cfg", "job", "trainer.seed=5").items()}
     done = subprocess.run([sys.executable, "-c", COMPOSE], input=json.dumps(commands), capture_output=True,
                           text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
