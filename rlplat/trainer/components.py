@@ -197,8 +197,9 @@ class Components:
                    "reward/accuracy": sum(correct) / max(len(correct), 1)}
         for name, values in {**result.per_function, **result.extras}.items():
             metrics[f"reward/{name}_mean"] = sum(values) / max(len(values), 1)
-        for name, stats in result.stats.items():
-            metrics.update({f"reward_calls/{name}_{key}": value for key, value in stats.items()})
+        for name, stats in result.stats.items():  # seconds under timing/: they differ from run to run
+            metrics.update({f"{'timing/' if key.startswith('latency') else ''}reward_calls/{name}_{key}": value
+                            for key, value in stats.items()})
         columns = [result.per_function[name] for name in manager.names]
         weights = [weight for _, weight in manager.functions]
         if manager.overlong is not None:
