@@ -16,7 +16,7 @@ PACKAGE = ROOT / "rlplat"
 LAYERS = [
     ("rlplat", "rlplat.algorithms", "rlplat.protocol", "rlplat.registry", "rlplat.sequence", "rlplat.utils"),
     ("rlplat.config",),
-    ("rlplat.data", "rlplat.reward", "rlplat.models"),
+    ("rlplat.data", "rlplat.reward", "rlplat.models", "rlplat.agents"),
     ("rlplat.engines",),
     ("rlplat.rollout",),
     ("rlplat.workers",),
