@@ -225,16 +225,16 @@ class FunctionTool(Tool):
         return str(self.fn(**arguments))
 
 
-def function_tool(spec: str) -> FunctionTool:
-    """``"path/to/file.py:function"`` as a :class:`FunctionTool`; a missing file or function, or an import
-    error, is a ``ValueError`` naming the spec."""
+def load_from_file(spec: str, kind: str) -> Any:
+    """The object ``name`` of ``"path/to/file.py:name"``, the file imported as a fresh module; a
+    ``ValueError`` naming the ``kind`` ("tool", "environment"), the spec and what is wrong otherwise."""
     path, sep, name = spec.rpartition(":")
     if not sep or not path.endswith(".py"):
-        raise ValueError(f"tool {spec!r}: expected 'file.py:function'")
+        raise ValueError(f"{kind} {spec!r}: expected 'file.py:name'")
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"tool {spec!r}: no such file {file.resolve()}")
-    module_name = f"rlplat_user_tool_{re.sub(r'[^0-9a-zA-Z_]', '_', file.stem)}_{next(_module_ids)}"
+        raise ValueError(f"{kind} {spec!r}: no such file {file.resolve()}")
+    module_name = f"rlplat_user_{kind}_{re.sub(r'[^0-9a-zA-Z_]', '_', file.stem)}_{next(_module_ids)}"
     module_spec = importlib.util.spec_from_file_location(module_name, file)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module
@@ -242,10 +242,17 @@ def function_tool(spec: str) -> FunctionTool:
         module_spec.loader.exec_module(module)
     except Exception as err:
         del sys.modules[module_name]
-        raise ValueError(f"tool {spec!r}: {file} failed to import: {type(err).__name__}: {err}") from None
-    fn = getattr(module, name, None)
+        raise ValueError(f"{kind} {spec!r}: {file} failed to import: {type(err).__name__}: {err}") from None
+    if not hasattr(module, name):
+        raise ValueError(f"{kind} {spec!r}: {file} defines no {name!r}")
+    return getattr(module, name)
+
+
+def function_tool(spec: str) -> FunctionTool:
+    """``"path/to/file.py:function"`` as a :class:`FunctionTool` (errors as :func:`load_from_file`'s)."""
+    fn = load_from_file(spec, "tool")
     if not callable(fn):
-        raise ValueError(f"tool {spec!r}: {file} defines no function {name!r}")
+        raise ValueError(f"tool {spec!r}: {fn!r} is not a function")
     return FunctionTool(fn)
 
 
