@@ -3,6 +3,7 @@
     python -m rlplat.data.synthetic --task arithmetic --out data/train.parquet --num 1000 --seed 0
     python -m rlplat.data.synthetic --task arithmetic --out data/hard.parquet --option digits=3 --option ops=+-
     python -m rlplat.data.synthetic --task countdown --out data/cd.parquet --option think_format=true
+    python -m rlplat.data.synthetic --task tool_arithmetic --out data/tool.parquet --option digits=4
 
 Each row has ``data_source``, ``prompt`` (chat messages), ``ability``, ``reward_model`` {``style``,
 ``ground_truth``} and ``extra_info`` (``index``, ``split``, task extras): the schema verl's and TRL's
@@ -163,6 +164,26 @@ def countdown(num: int, seed: int, split: str = "train", count: int = 3, max_num
                        f"{target}. Reply with the expression only.")
         rows.append(_row("rlplat/countdown", content, str(target), i, split, target=target, numbers=numbers,
                          solution=solution))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- tool arithmetic
+@TASKS.register("tool_arithmetic")
+def tool_arithmetic(num: int, seed: int, split: str = "train", digits: int = 3) -> list[dict]:
+    """``a*b=`` with two ``digits``-digit operands (``10**(digits-1) .. 10**digits - 1``): products too large
+    for the embedded model to compute in its head, for an agent with the ``calculator`` tool
+    (``extra_info["tools"] = ["calculator"]``, the tools a row offers). The answer is the exact product,
+    scored by the ``arithmetic`` rules (``data_source`` ``rlplat/tool_arithmetic``). A stable hash sends 1
+    problem in 100 to the test split, so train and test never share one."""
+    if not isinstance(digits, int) or isinstance(digits, bool) or not 2 <= digits <= 9:
+        raise DataError(f"tool_arithmetic: option digits must be an integer from 2 to 9, got {digits!r}")
+    rng, low, high, rows, seen = _rng("tool_arithmetic", split, seed), 10 ** (digits - 1), 10**digits - 1, [], set()
+    while len(rows) < num:
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        if _is_hashed_test(a, "*", b) != (split == "test") or (a, b) in seen:
+            continue
+        seen.add((a, b))
+        rows.append(_row("rlplat/tool_arithmetic", f"{a}*{b}=", str(a * b), len(rows), split, tools=["calculator"]))
     return rows
 
 

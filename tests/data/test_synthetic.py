@@ -110,6 +110,25 @@ def test_countdown_prompt_text_with_and_without_think_format():
         assert "<think></think>" in think_text and "<answer></answer>" in think_text
 
 
+@pytest.mark.parametrize("digits", [3, 5])
+def test_tool_arithmetic_products_splits_and_tools(digits):
+    from rlplat.reward import REWARD_FUNCTIONS
+
+    rows = generate("tool_arithmetic", 400, seed=2, digits=digits)
+    check_schema(rows, "rlplat/tool_arithmetic", "train")
+    assert rows == generate("tool_arithmetic", 400, seed=2, digits=digits)
+    for row in rows:
+        a, b = map(int, re.fullmatch(r"(\d+)\*(\d+)=", row["prompt"][0]["content"]).groups())
+        assert 10 ** (digits - 1) <= min(a, b) and max(a, b) < 10**digits
+        assert row["reward_model"]["ground_truth"] == str(a * b) and row["extra_info"]["tools"] == ["calculator"]
+    test = generate("tool_arithmetic", 100, seed=1, split="test", digits=digits)
+    assert len(set(prompts(test))) == 100 and not set(prompts(rows)) & set(prompts(test))
+    auto = REWARD_FUNCTIONS.get("auto")  # scored by the arithmetic rules: the exact product
+    assert auto("rlplat/tool_arithmetic", rows[0]["reward_model"]["ground_truth"], rows[0]["reward_model"]["ground_truth"], None) == 1.0
+    with pytest.raises(DataError, match="option digits must be an integer from 2 to 9"):
+        generate("tool_arithmetic", 5, 0, digits=1)
+
+
 def test_bad_options_are_named():
     with pytest.raises(DataError, match=r"arithmetic: unknown option 'digit'; did you mean 'digits'\?"):
         generate("arithmetic", 5, 0, digit=3)
