@@ -13,7 +13,7 @@ response's end is kept) and returns the model's single logit per sample, compute
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlplat.protocol import Batch
 from rlplat.utils.errors import RunError
@@ -92,6 +92,7 @@ class JudgeWorker(Worker):
         super().__init__(rank, world_size, device)
         self.cfg = cfg
         self.engine = self.tokenizer = None
+        self.pad_token_id = 0
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -110,13 +111,19 @@ class JudgeWorker(Worker):
             raise RunError(f"reward.judge.model_path={judge.model_path!r} has no tokenizer: "
                            f"{str(err).splitlines()[0]}") from None
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.pad_token_id = pad
         setup = RolloutSetup(model_path=path, tokenizer_path=path, device=device,
                              dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
                              eos_token_id=self.tokenizer.eos_token_id, pad_token_id=pad,
                              max_model_len=judge.max_prompt_length + judge.max_new_tokens, seed=self.cfg.trainer.seed,
                              rank=self.rank, world_size=self.world_size,
                              trust_remote_code=self.cfg.model.trust_remote_code)
-        self.engine = ROLLOUT_ENGINES.get(judge.engine)(setup, self.cfg.rollout.get(judge.engine))
+        section = self.cfg.rollout.get(judge.engine)
+        if "load_format" in section:  # the judge reads its own weights; no actor sends it any
+            section = OmegaConf.merge(section, {"load_format": "auto"})
+        self.engine = ROLLOUT_ENGINES.get(judge.engine)(setup, section)
+        if self.engine.needs_initial_weights:
+            raise RunError(f"reward.judge.engine={judge.engine!r} would start from weights it does not load itself")
 
     def _prompt_ids(self, text: str) -> list[int]:
         if getattr(self.tokenizer, "chat_template", None):
@@ -137,7 +144,7 @@ class JudgeWorker(Worker):
         judge = self.cfg.reward.judge
         rows = [self._prompt_ids(text) for text in batch.non_tensors["judge_prompt"]]
         width = max(map(len, rows), default=1)
-        pad = self.engine.pad_token_id
+        pad = self.pad_token_id
         prompts = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
         params = SamplingParams(max_new_tokens=judge.max_new_tokens, temperature=judge.temperature,
