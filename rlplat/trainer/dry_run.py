@@ -464,6 +464,12 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
         for name, nbytes in phase.parts.items():
             if nbytes:
                 say(f"    {name:<52} {fmt(nbytes):>12}")
+    scorers = [f"{what} ({key})" for what, key, placement in (
+        ("the reward model", "reward.model.path", cfg.reward.model.placement if cfg.reward.model.path else None),
+        ("the judge", "reward.judge.model_path", cfg.reward.judge.placement if cfg.reward.judge.model_path else None))
+        if placement == "colocated"]
+    if scorers:
+        say(f"  not counted: {' and '.join(scorers)}, placed on these devices too (colocated)")
 
     val = validation_cost(cfg, kept["test"], min(cfg.data.max_prompt_length, max(scans["test"].lengths))
                           + cfg.data.max_response_length)
