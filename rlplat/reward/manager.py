@@ -297,6 +297,13 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
         fn = REWARD_FUNCTIONS.get(name)
         if hasattr(fn, "configured"):  # a built-in with settings in the reward section (reward.code)
             fn = fn.configured(reward_cfg)
+        if name == "code":  # its sandbox needs an interpreter its user can run: say so now, not per call
+            from rlplat.utils.sandbox import python_interpreter
+
+            try:
+                python_interpreter()
+            except RuntimeError as err:
+                raise RewardConfigError(f"reward.functions[{i}]=code: {err}") from None
         functions.append((fn, weight))
     custom_cfg = _get(reward_cfg, "custom_fn")
     path = _get(custom_cfg, "path")

@@ -197,3 +197,13 @@ def test_code_rows_are_routed_by_auto_with_the_configured_limits():
     result = manager.score([PROGRAMS["right once"][0], "\\boxed{5}"], ["code/apps", "math"], [SUM_TESTS, "5"],
                            [None, None], [10, 10])
     assert result.scores == [0.0, 1.0]
+
+
+@needs_root
+def test_without_an_interpreter_the_sandbox_user_can_run_the_code_reward_stops_at_start_up(monkeypatch):
+    import rlplat.utils.sandbox as sandbox
+    from rlplat.reward import RewardConfigError
+
+    monkeypatch.setattr(sandbox, "_runnable_by_others", lambda path: False)
+    with pytest.raises(RewardConfigError, match=r"reward.functions\[0\]=code: .* no python3 in /usr/local/bin"):
+        build_reward_manager({"functions": ["code"], "isolation": "inprocess"})
