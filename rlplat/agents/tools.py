@@ -15,12 +15,9 @@ that do not fit the schema, a tool that raises or runs out of time give ``status
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
-import itertools
 import operator
 import re
-import sys
 import threading
 import time
 import typing
@@ -32,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlplat.registry import Registry
+from rlplat.utils.files import import_file
 from rlplat.utils.sandbox import SandboxLimits, run_python
 
 
@@ -175,7 +173,6 @@ class PythonTool(Tool):
 # ------------------------------------------------------------------------------------------- user functions
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
-_module_ids = itertools.count()
 
 
 def _json_type(hint: Any) -> str | None:
@@ -234,14 +231,9 @@ def load_from_file(spec: str, kind: str) -> Any:
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"{kind} {spec!r}: no such file {file.resolve()}")
-    module_name = f"rlplat_user_{kind}_{re.sub(r'[^0-9a-zA-Z_]', '_', file.stem)}_{next(_module_ids)}"
-    module_spec = importlib.util.spec_from_file_location(module_name, file)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_name] = module
     try:
-        module_spec.loader.exec_module(module)
+        module = import_file(file, f"rlplat_user_{kind}")
     except Exception as err:
-        del sys.modules[module_name]
         raise ValueError(f"{kind} {spec!r}: {file} failed to import: {type(err).__name__}: {err}") from None
     if not hasattr(module, name):
         raise ValueError(f"{kind} {spec!r}: {file} defines no {name!r}")

@@ -85,7 +85,7 @@ def import_in_worker(modules: Iterable[tuple[str, str | None]]) -> None:
 def load_callable(key: str, spec: str):
     """The function a config key names as ``"pkg.module:function"`` or ``"path/to/file.py:function"``;
     any failure is a :class:`ConfigError` naming the key and the cause."""
-    import importlib.util
+    from rlplat.utils.files import import_file
 
     target, _, name = spec.rpartition(":")
     try:
@@ -93,9 +93,7 @@ def load_callable(key: str, spec: str):
             file = Path(target)
             if not file.is_file():
                 raise FileNotFoundError(f"no such file (resolved to {file.resolve()})")
-            module_spec = importlib.util.spec_from_file_location(f"rlplat_user_{file.stem}", file)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
+            module = import_file(file, "rlplat_user")
         else:
             module = importlib.import_module(target)
         fn = getattr(module, name)

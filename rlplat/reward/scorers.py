@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import importlib.util
 import inspect
-import itertools
 import operator
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -33,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rlplat.registry import Registry
+from rlplat.utils.files import import_file
 from rlplat.reward.code import CodeScorer
 from rlplat.reward.equivalence import braced, exact_number, math_equal
 
@@ -323,7 +321,6 @@ REWARD_FUNCTIONS.add("auto", AutoScorer())
 
 
 # ------------------------------------------------------------------------------------------ custom functions
-_module_ids = itertools.count()
 _KEYS = "reward.custom_fn.path / reward.custom_fn.name"
 
 
@@ -344,21 +341,14 @@ def load_custom_function(path: str, name: str = "compute_score") -> RewardFn:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"reward.custom_fn.path={path!r}: no such file (resolved to {file.resolve()})")
-    module_name = f"rlplat_custom_reward_{re.sub(r'[^0-9a-zA-Z_]', '_', file.stem)}_{next(_module_ids)}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"reward.custom_fn.path={path!r} is not a Python file that can be imported")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        module = import_file(file, "rlplat_custom_reward")
     except BaseException as err:  # SystemExit from a script-style file too; never swallow Ctrl-C
-        del sys.modules[module_name]
         if isinstance(err, KeyboardInterrupt):
             raise
         raise ImportError(f"reward.custom_fn.path={path!r} failed to import: {type(err).__name__}: {err}") from err
     if not hasattr(module, name):
-        defined = _defined_callables(module_name, vars(module))
+        defined = _defined_callables(module.__name__, vars(module))
         raise AttributeError(f"reward.custom_fn.name={name!r} is not defined in {path}; it defines: {defined} "
                              f"(set {_KEYS})")
     fn = getattr(module, name)

@@ -399,6 +399,14 @@ def missing_packages(cfg: DictConfig, plan) -> list[str]:
     return list(dict.fromkeys(p for registry, name in chosen if (p := registry.missing_requirements(name))))
 
 
+def colocated_scorers(cfg) -> list[str]:
+    """The reward model and judge on the actor's devices, which the memory estimate does not count."""
+    reward = cfg.reward
+    found = [("the reward model (reward.model.path)", reward.model.path, reward.model.placement),
+             ("the judge (reward.judge.model_path)", reward.judge.model_path, reward.judge.placement)]
+    return [what for what, path, placement in found if path and placement == "colocated"]
+
+
 def report(cfg: DictConfig, plan, device_memory: int) -> bool:
     """Run the checks and print the plan; True when every phase fits ``device_memory``. Raises the run's
     own errors (ConfigError, DataError, RewardConfigError, RegistryError, RunError) for what would stop it."""
@@ -464,12 +472,8 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
         for name, nbytes in phase.parts.items():
             if nbytes:
                 say(f"    {name:<52} {fmt(nbytes):>12}")
-    scorers = [f"{what} ({key})" for what, key, placement in (
-        ("the reward model", "reward.model.path", cfg.reward.model.placement if cfg.reward.model.path else None),
-        ("the judge", "reward.judge.model_path", cfg.reward.judge.placement if cfg.reward.judge.model_path else None))
-        if placement == "colocated"]
-    if scorers:
-        say(f"  not counted: {' and '.join(scorers)}, placed on these devices too (colocated)")
+    if uncounted := colocated_scorers(cfg):
+        say(f"  not counted: {' and '.join(uncounted)}, placed on these devices too (colocated)")
 
     val = validation_cost(cfg, kept["test"], min(cfg.data.max_prompt_length, max(scans["test"].lengths))
                           + cfg.data.max_response_length)

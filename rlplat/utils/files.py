@@ -1,4 +1,4 @@
-"""File modes of what rlplat writes through a temporary name.
+"""Files: the modes of what rlplat writes through a temporary name, and importing a user's Python file.
 
 ``tempfile.mkstemp``/``mkdtemp`` create private files and directories (0600/0700), and so does
 ``transformers``' ``save_pretrained`` for ``model.safetensors``. Renamed into place they would stay
@@ -8,8 +8,14 @@ them the mode a plainly created file or directory gets under the process's umask
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
+import sys
 from pathlib import Path
+from types import ModuleType
+
+_module_ids = itertools.count()
 
 
 def current_umask() -> int:
@@ -28,3 +34,24 @@ def plain_modes(path: str | os.PathLike) -> None:
         if entry.is_symlink():
             continue
         os.chmod(entry, (0o777 if entry.is_dir() else 0o666) & ~umask)
+
+
+def import_file(file: str | os.PathLike, prefix: str) -> ModuleType:
+    """Import the Python file ``file`` as a fresh module, under a unique name registered in
+    ``sys.modules`` (so dataclasses and pickling inside it work), ``prefix`` naming what it is for. What
+    the file raises while importing is raised as it is, after the module is unregistered."""
+    import importlib.util
+
+    file = Path(file)
+    name = f"{prefix}_{re.sub(r'[^0-9a-zA-Z_]', '_', file.stem)}_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{file} is not a Python file that can be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
