@@ -151,6 +151,7 @@ def _megatron_logits(rank: int, tp: int, port: int, model_dir: str, ids: torch.T
     if rank == 0:
         torch.save(torch.cat(pieces, dim=-1), os.path.join(out_dir, "logits.pt"))
     parallel_state.destroy_model_parallel()
+    dist.barrier()  # gloo aborts at exit now and then (std::terminate) when one rank tears down first
     dist.destroy_process_group()
 
 

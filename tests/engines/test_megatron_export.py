@@ -88,6 +88,7 @@ def _export_rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
                     mismatched.append(name)
             del bucket  # a consumer that is done with a bucket keeps none of it
     engine.close()
+    torch.distributed.barrier()  # gloo aborts at exit now and then (std::terminate) when one rank tears down first
     torch.distributed.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"names": names, "mismatched": mismatched, "buckets": buckets, "peak": live.peak, "shard": shard}, f)

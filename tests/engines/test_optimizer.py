@@ -45,6 +45,7 @@ def _sharded(rank: int, port: int, out: str) -> None:
         assert sorted(i for i, p in enumerate(optim.params) if p in optim.local_state) == owned
         torch.save({"weights": net.state_dict(), "owned": owned}, f"{out}/rank{rank}.pt")
     finally:
+        dist.barrier()  # gloo aborts at exit now and then (std::terminate) when one rank tears down first
         dist.destroy_process_group()
 
 
