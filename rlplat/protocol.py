@@ -24,7 +24,7 @@ Documented fields (``B`` rows, ``P`` prompt tokens, ``R`` response tokens); the 
     responses            [B, R] int64: response token ids, right-padded with the pad id
     response_mask        [B, R] int64: 1 on generated tokens up to and including EOS
     input_ids            [B, P+R] int64: prompts and responses concatenated
-    attention_mask       [B, P+R] int64: prompt_mask and response_mask concatenated
+    attention_mask       [B, P+R] int64: prompt_mask and the attended response tokens concatenated
     position_ids         [B, P+R] int64: positions counting attended tokens only
     rollout_log_probs    [B, R] float: log-probs of the sampled tokens from the rollout engine
     old_log_probs        [B, R] float: log-probs under the policy before this step's update
@@ -42,8 +42,10 @@ Documented fields (``B`` rows, ``P`` prompt tokens, ``R`` response tokens); the 
     ground_truth         [B] str: reference answer (reward_model.ground_truth)
     extra_info           [B] dict: per-row extras from the dataset
     raw_prompt           [B] list[dict]: the chat messages of the prompt
+    response_text        [B] str: what the reward scores when it is not the decoded response (agents: the last assistant message)
 
-The last five are non-tensors; the rest are tensors.
+The last six are non-tensors; the rest are tensors. With a multi-turn agent loop the responses hold the
+observation tokens between the turns too: ``attention_mask`` is 1 on them, ``response_mask`` is not.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ FIELDS: dict[str, str] = {
     "responses": "[B, R] int64: response token ids, right-padded with the pad id",
     "response_mask": "[B, R] int64: 1 on generated tokens up to and including EOS",
     "input_ids": "[B, P+R] int64: prompts and responses concatenated",
-    "attention_mask": "[B, P+R] int64: prompt_mask and response_mask concatenated",
+    "attention_mask": "[B, P+R] int64: prompt_mask and the attended response tokens concatenated",
     "position_ids": "[B, P+R] int64: positions counting attended tokens only",
     "rollout_log_probs": "[B, R] float: log-probs of the sampled tokens from the rollout engine",
     "old_log_probs": "[B, R] float: log-probs under the policy before this step's update",
@@ -82,8 +84,9 @@ FIELDS: dict[str, str] = {
     "ground_truth": "[B] str: reference answer (reward_model.ground_truth)",
     "extra_info": "[B] dict: per-row extras from the dataset",
     "raw_prompt": "[B] list[dict]: the chat messages of the prompt",
+    "response_text": "[B] str: what the reward scores when it is not the decoded response (agents: the last assistant message)",
 }
-NON_TENSOR_FIELDS = ("uid", "data_source", "ground_truth", "extra_info", "raw_prompt")
+NON_TENSOR_FIELDS = ("uid", "data_source", "ground_truth", "extra_info", "raw_prompt", "response_text")
 
 
 def _object_array(values: Iterable[Any]) -> np.ndarray:

@@ -112,12 +112,17 @@ class Drift:
     detail: str = ""  # the tokens around the first difference, trained vs re-rendered
 
 
-def retokenize_drift(tokenizer, trajectory: Trajectory, tools: Sequence[dict] | None = None) -> Drift:
+def retokenize_drift(tokenizer, trajectory: Trajectory, tools: Sequence[dict] | None = None,
+                     cut: bool = False) -> Drift:
     """How the ids the trainer trains on (prompt + segments) differ from the template's rendering of the
-    finished conversation (``trajectory.messages``, ending after its last assistant turn)."""
+    finished conversation (``trajectory.messages``, ending after its last assistant turn). ``cut``: the
+    last turn ended at the token budget, without the end-of-turn tokens the template writes after it, so
+    the rendering is compared only as far as the trained ids go."""
     trained = trajectory.prompt_ids + trajectory.response_ids
     messages = trajectory.messages
     rendered = _render(tokenizer, messages, messages[-1].get("role") != "assistant", tools)
+    if cut:
+        rendered = rendered[:len(trained)]
     length = max(len(trained), len(rendered))
     differing = sum(a != b for a, b in zip(trained, rendered)) + abs(len(trained) - len(rendered))
     if not differing:

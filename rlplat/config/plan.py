@@ -53,6 +53,8 @@ class RunPlan:
     rollout_dtype: str  # the dtype the rollout engine generates in (the actor's weights are sent in it)
     rollout_sleeps: bool
     loss_scale_factor: float  # for seq-mean-token-sum-norm
+    # tokens after the prompt (R of the batch): data.max_response_length, or the agent loop's total budget
+    response_length: int
     train_files: tuple[str, ...]
     val_files: tuple[str, ...]
 
@@ -106,6 +108,19 @@ def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines:
     return "rollout" if exact else "recompute"
 
 
+def response_length(cfg: DictConfig) -> int:
+    """The tokens a rollout may hold after its prompt: one response of ``data.max_response_length`` with
+    the single-turn loop; with a multi-turn agent loop every assistant turn and observation together,
+    ``rollout.agent.max_total_tokens`` (default ``max_turns`` x ``data.max_response_length``)."""
+    agent, turn = cfg.rollout.agent, cfg.data.max_response_length
+    if agent.name == "single_turn":
+        return turn
+    total = agent.max_total_tokens if agent.max_total_tokens is not None else agent.max_turns * turn
+    check(total >= turn, f"rollout.agent.max_total_tokens={total} is below data.max_response_length={turn} "
+                         f"(one assistant turn must fit)")
+    return total
+
+
 def make_plan(cfg: DictConfig, device: str, engines: EngineDeclarations) -> RunPlan:
     """The plan of a config that passed :func:`rlplat.config.validate.validate`, on ``device``, with the
     chosen engines' declarations. Raises ConfigError for a combination only the plan can see."""
@@ -123,7 +138,8 @@ def make_plan(cfg: DictConfig, device: str, engines: EngineDeclarations) -> RunP
         actor_dtype=engines.actor_dtype,
         rollout_dtype=rollout_dtype,
         rollout_sleeps=engines.rollout.sleeps,
-        loss_scale_factor=float(algo.loss_scale_factor or cfg.data.max_response_length),
+        loss_scale_factor=float(algo.loss_scale_factor or response_length(cfg)),
+        response_length=response_length(cfg),
         train_files=as_paths(cfg, "data.train_files"),
         val_files=as_paths(cfg, "data.val_files"),
     )

@@ -163,6 +163,20 @@ class RolloutServerConfig:
 
 
 @dataclass
+class AgentConfig:
+    name: str = "single_turn"  # agent loop (registry): single_turn = one response per prompt | tool = multi-turn, tools and environments
+    # tool loop: the environment each trajectory talks to, as path/to/file.py:ClassName; None = the tools
+    environment: Optional[str] = None
+    tools: list[str] = field(default_factory=list)  # tools of rows without extra_info.tools: built-in names or file.py:function
+    parser: str = "hermes"  # tool-call format in the model's output (registry): hermes | llama3_json
+    max_turns: int = count(4)  # assistant turns per trajectory (each at most data.max_response_length tokens)
+    max_tool_calls: int = count(8)  # tool calls per trajectory; past it the model is told so and the trajectory ends
+    # tokens after the prompt, sampled and observation tokens together (the response width the trainer sees);
+    # None = max_turns x data.max_response_length
+    max_total_tokens: Optional[int] = None
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"  # rollout engine (registry): hf | vllm | sglang; settings in rollout.<name>.*
     mode: str = "colocated"  # colocated = an engine inside each training worker | server = rollout.server.url (vllm)
@@ -182,6 +196,7 @@ class RolloutConfig:
     vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)
     sglang: SGLangRolloutConfig = field(default_factory=SGLangRolloutConfig)
     server: RolloutServerConfig = field(default_factory=RolloutServerConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 @dataclass
@@ -226,7 +241,7 @@ class AlgorithmConfig:
     otb_zero_tail: bool = True
     policy_loss: str = "ppo"  # policy loss (registry)
     loss_agg_mode: str = "token-mean"  # loss aggregation mode (registry)
-    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm constant C; None = data.max_response_length
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm constant C; None = the response length (data.max_response_length, or rollout.agent.max_total_tokens)
     clip_ratio_low: float = 0.2  # epsilon_low (dppo_*: the divergence threshold for A <= 0)
     clip_ratio_high: float = 0.2  # epsilon_high (DAPO clip-higher: 0.28; dppo_*: the threshold for A > 0)
     clip_ratio_c: float = 3.0  # dual-clip constant (> 1); dppo_*: cap of the truncated importance weight

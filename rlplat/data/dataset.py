@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -132,23 +132,28 @@ def _paths(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
     return [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
 
 
+#: a row's extra_info -> the tool schemas its prompt is rendered with (the chat template's ``tools=``), or None
+ToolsOf = Callable[[Mapping | None], "list[dict] | None"]
+
+
 class RLDataset:
     """The tokenised prompts of one or more parquet files (tokenised once, at construction).
 
     ``dataset[i]`` is a dict with ``prompt_ids`` (list[int]), ``raw_prompt`` (the messages),
     ``data_source``, ``ground_truth`` (str) and ``extra_info`` (dict). Prompts longer than
     ``max_prompt_length`` tokens fail (``truncation="error"``), keep their last / first tokens
-    (``"left"`` / ``"right"``) or are dropped and counted in ``num_filtered`` (``"filter"``).
+    (``"left"`` / ``"right"``) or are dropped and counted in ``num_filtered`` (``"filter"``). ``tools_of``
+    gives the tools a row's prompt shows the model (an agent loop's: the template renders them).
     """
 
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer, max_prompt_length: int,
-                 truncation: str = "error", apply_chat_template: bool = True):
+                 truncation: str = "error", apply_chat_template: bool = True, tools_of: ToolsOf | None = None):
         if truncation not in TRUNCATION:
             raise ValueError(f"data.truncation={truncation!r} is not one of {', '.join(TRUNCATION)}")
         if max_prompt_length < 1:
             raise ValueError(f"data.max_prompt_length must be positive, got {max_prompt_length}")
         self.tokenizer, self.max_prompt_length = tokenizer, max_prompt_length
-        self.truncation, self.apply_chat_template = truncation, apply_chat_template
+        self.truncation, self.apply_chat_template, self.tools_of = truncation, apply_chat_template, tools_of
         rows = [row for file_rows, _ in _read_files(files) for row in file_rows]
         encoded = self._encode(rows)
         self.items: list[dict] = [item for item in encoded if item is not None]
@@ -162,7 +167,8 @@ class RLDataset:
 
     def _encode(self, rows: list[dict]) -> list[dict | None]:
         """Items of checked rows (None for a prompt dropped by ``truncation="filter"``)."""
-        texts = [self._render(self.tokenizer, row["prompt"], self.apply_chat_template) for row in rows]
+        texts = [self._render(self.tokenizer, row["prompt"], self.apply_chat_template,
+                              self.tools_of(row["extra_info"]) if self.tools_of else None) for row in rows]
         # One batched call: the fast tokenizer splits 20,000 prompts in parallel instead of one by one.
         all_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         items: list[dict | None] = []
@@ -196,11 +202,11 @@ class RLDataset:
         return [item for item in self._encode(checked) if item is not None]
 
     @staticmethod
-    def _render(tokenizer, messages: list[dict], apply_chat_template: bool) -> str:
+    def _render(tokenizer, messages: list[dict], apply_chat_template: bool, tools: list[dict] | None = None) -> str:
         if not apply_chat_template:
             return "".join(m["content"] for m in messages)
         try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except ValueError as err:  # e.g. a base model's tokenizer has no chat template
             raise DataError(f"cannot apply the tokenizer's chat template ({err}); "
                             f"set data.apply_chat_template=false for a base model") from None
@@ -213,11 +219,12 @@ class RLDataset:
 
 
 def prompt_token_lengths(files: str | os.PathLike | Iterable[str | os.PathLike], tokenizer,
-                         apply_chat_template: bool = True) -> list[tuple[str, int]]:
+                         apply_chat_template: bool = True, tools_of: ToolsOf | None = None) -> list[tuple[str, int]]:
     """("file row N", tokens) of every prompt of ``files`` as :class:`RLDataset` renders and tokenises it
     (whatever its length: what ``data.truncation`` would do is the caller's question)."""
     rows = [row for file_rows, _ in _read_files(files) for row in file_rows]
-    texts = [RLDataset._render(tokenizer, row["prompt"], apply_chat_template) for row in rows]
+    texts = [RLDataset._render(tokenizer, row["prompt"], apply_chat_template,
+                               tools_of(row["extra_info"]) if tools_of else None) for row in rows]
     all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
     return [(f"{row['source_file']} row {row['source_row']}", len(ids)) for row, ids in zip(rows, all_ids)]
 

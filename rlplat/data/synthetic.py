@@ -187,6 +187,27 @@ def tool_arithmetic(num: int, seed: int, split: str = "train", digits: int = 3) 
     return rows
 
 
+def with_tool_demonstrations(rows: list[dict], share: float, seed: int) -> list[dict]:
+    """``tool_arithmetic`` rows as supervised targets: a ``share`` of them (chosen with ``seed``) show the
+    tool being used (``extra_info["solution_messages"]``: a ``calculator`` call in the ``hermes`` format,
+    the tool's answer, then the answer), the others answer at once (``extra_info["solution"]``). The
+    warm start of the embedded tool model: GRPO then has tool use to reinforce."""
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        expression, answer = row["prompt"][0]["content"].removesuffix("="), row["reward_model"]["ground_truth"]
+        extra = dict(row["extra_info"])
+        if rng.random() < share:
+            call = '{"arguments":{"expression":"' + expression + '"},"name":"calculator"}'
+            extra["solution_messages"] = [{"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+                                          {"role": "tool", "content": answer},
+                                          {"role": "assistant", "content": answer}]
+        else:
+            extra["solution"] = answer
+        out.append({**row, "extra_info": extra})
+    return out
+
+
 # ------------------------------------------------------------------------------------- generating, caching
 def task_options(task: str) -> dict[str, object]:
     """The options of a registered task and their defaults (what ``--option key=value`` may set)."""

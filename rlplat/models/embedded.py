@@ -16,22 +16,31 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from rlplat.models.tiny import TinyModelSpec
+from rlplat.models.tiny import CHAT_TEMPLATE, TinyModelSpec
 
 EMBEDDED = "embedded"  # the model.path value that selects this model
 SPEC = TinyModelSpec()
 WARM_START = {"data": "builtin:arithmetic", "steps": 250, "batch_size": 64, "lr": 3e-3, "seed": 0}
+# The tool variant (model.path=embedded-tools): the embedded model, fine-tuned further on tool_arithmetic
+# prompts of which a share shows the calculator being used (rlplat.data.synthetic.with_tool_demonstrations)
+# and the rest an immediate answer, so the agent loop has tool use for GRPO to reinforce.
+EMBEDDED_TOOLS = "embedded-tools"
+TOOL_WARM_START = {"rows": 8192, "demonstrations": 0.5, "steps": 800, "batch_size": 64, "lr": 3e-3, "seed": 0,
+                   "max_response_length": 112}
+VARIANTS = (EMBEDDED, EMBEDDED_TOOLS)
 
 
 def is_embedded(model_path: str) -> bool:
-    """Whether ``model.path`` names this model rather than a directory or hub id."""
-    return model_path == EMBEDDED
+    """Whether ``model.path`` names one of the embedded models rather than a directory or hub id."""
+    return model_path in VARIANTS
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("RLPLAT_CACHE", Path.home() / ".cache" / "rlplat"))
 
 
-def embedded_model_dir() -> Path:
-    key = hashlib.sha256(json.dumps([asdict(SPEC), WARM_START], sort_keys=True).encode()).hexdigest()[:12]
-    return cache_root() / "models" / f"embedded-{key}"
+def embedded_model_dir(name: str = EMBEDDED) -> Path:
+    """The cache directory of the embedded model ``name`` (one of :data:`VARIANTS`)."""
+    what = [asdict(SPEC), WARM_START, CHAT_TEMPLATE] + ([TOOL_WARM_START] if name == EMBEDDED_TOOLS else [])
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_root() / "models" / f"{name}-{key}"

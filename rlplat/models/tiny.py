@@ -21,7 +21,12 @@ from rlplat.utils.files import plain_modes
 PAD, EOS, BOS = "<|pad|>", "<|endoftext|>", "<|bos|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
+# Tools (tools=, OpenAI-style schemas) are listed in a system line as name(arguments); a tool's result is a
+# message of role "tool". Without tools the rendering is the same as before they existed.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|system|>tools: ' }}{% for tool in tools %}{% set f = tool['function'] %}"
+    "{{ (', ' if not loop.first else '') + f['name'] + '(' + (f['parameters']['properties'] | list | join(', ')) + ')' }}"
+    "{% endfor %}{{ '<|endoftext|>' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>' + message['content'] + '<|endoftext|>' }}"
     "{% endfor %}"

@@ -53,7 +53,7 @@ class RolloutSetup:
     dtype: torch.dtype  # the dtype the engine generates in (weights are sent in it)
     eos_token_id: int
     pad_token_id: int
-    max_model_len: int  # data.max_prompt_length + data.max_response_length
+    max_model_len: int  # data.max_prompt_length + the response length (RunPlan.response_length)
     seed: int
     rank: int
     world_size: int
@@ -63,6 +63,15 @@ class RolloutSetup:
     def dtype_name(self) -> str:
         """``dtype`` as inference engines spell it: "float32", "bfloat16", "float16"."""
         return str(self.dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled continuation of a token-id prompt (:meth:`RolloutEngine.generate_ids`)."""
+
+    ids: list[int]
+    log_probs: list[float]  # log-softmax(logits / temperature) of each sampled id
+    stopped: bool  # ended at EOS or a stop id (False: it reached max_new_tokens)
 
 
 class NonFiniteLogitsError(RuntimeError):
@@ -79,6 +88,7 @@ class RolloutEngine(ABC):
 
     #: whether :meth:`load_weights` must run before the first generation (weights not read from disk)
     needs_initial_weights: bool = False
+    setup: RolloutSetup  # kept by every engine's __init__
 
     @property
     def weights_discarded_by_sleep(self) -> bool:
@@ -104,6 +114,28 @@ class RolloutEngine(ABC):
     @abstractmethod
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Sample one response per row of ``batch`` (repeat rows first for n > 1)."""
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+        """Sample one continuation per prompt given as token ids (of any lengths): the call an agent loop
+        makes for each turn, with the conversation so far as the prompt. By default the prompts are
+        left-padded into a batch for :meth:`generate`."""
+        if not prompts:
+            return []
+        width = max(len(ids) for ids in prompts)
+        ids = torch.full((len(prompts), width), self.setup.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, tokens in enumerate(prompts):
+            if tokens:
+                ids[row, width - len(tokens):] = torch.as_tensor(tokens, dtype=torch.long)
+                mask[row, width - len(tokens):] = 1
+        out = self.generate(Batch.from_dict({"prompts": ids, "prompt_mask": mask}), params).tensors
+        stops = {*([] if params.ignore_eos else [self.setup.eos_token_id]), *params.stop_token_ids}
+        samples = []
+        for tokens, length, log_probs in zip(out["responses"].tolist(), out["response_mask"].sum(-1).tolist(),
+                                             out["rollout_log_probs"].tolist()):
+            sampled = tokens[:length]
+            samples.append(Sample(sampled, log_probs[:length], bool(sampled) and sampled[-1] in stops))
+        return samples
 
     @abstractmethod
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
@@ -144,11 +176,15 @@ ROLLOUT_SERVER_CLIENTS: Registry[type[RolloutEngine]] = Registry("rollout server
 
 
 def assemble_rollout(
-    prompts: Batch, responses: torch.Tensor, response_mask: torch.Tensor, rollout_log_probs: torch.Tensor
+    prompts: Batch, responses: torch.Tensor, response_mask: torch.Tensor, rollout_log_probs: torch.Tensor,
+    attended: torch.Tensor | None = None,
 ) -> Batch:
-    """Join prompts and responses into the Batch layout documented in this module."""
+    """Join prompts and responses into the Batch layout documented in this module. ``attended`` ``[B, R]``:
+    the response tokens attended to, when they are more than the trained ones (``response_mask``): a
+    multi-turn trajectory's observation tokens are attended to and not trained."""
     prompt_ids, prompt_mask = prompts.tensors["prompts"], prompts.tensors["prompt_mask"]
-    attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
+    attended = response_mask if attended is None else attended
+    attention_mask = torch.cat([prompt_mask.long(), attended.long()], dim=1)
     generated = Batch.from_dict(
         tensors={
             "responses": responses,

@@ -29,6 +29,7 @@ from rlplat.reward.judge import ServerJudge, judge_prompts, parse_verdict
 from rlplat.trainer.sft import ensure_embedded_model
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
+from rlplat.rollout.agent_loop import prompt_tools
 from rlplat.workers.reward_model import JudgeWorker, RewardModelWorker
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker
 
@@ -93,7 +94,10 @@ class Components:
 
     def decode(self, batch: Batch) -> list[str]:
         """The generated text of each response (its response part of ``attention_mask``: what was sampled,
-        also where ``algorithm.truncated_responses=mask`` cleared the trained tokens)."""
+        also where ``algorithm.truncated_responses=mask`` cleared the trained tokens); an agent loop's
+        ``response_text`` (the last assistant message) where the rollout gave one."""
+        if "response_text" in batch.non_tensors:
+            return [str(text) for text in batch.non_tensors["response_text"]]
         t = batch.tensors
         generated = t["attention_mask"][:, -t["responses"].shape[1]:].bool().tolist()
         # plain lists and one batch_decode: faster than indexing and decoding tensor rows one by one
@@ -148,6 +152,7 @@ class Components:
         except RewardsFailing as failing:
             raise RunError(f"{where}: {failing} (reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
                            f"first error: {failing.first_error}") from None
+        add_environment_rewards(result, list(nt["extra_info"]))
         if result.num_errors and result.num_errors >= limit * result.num_calls:
             raise RunError(f"{where}: {result.num_errors} of {result.num_calls} reward calls failed "
                            f"(reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
@@ -205,6 +210,9 @@ class Components:
         if manager.overlong is not None:
             columns.append(result.overlong)
             weights.append(1.0)
+        for name in sorted(key for key in result.extras if key.startswith("environment/")):
+            columns.append(result.extras[name])  # an agent environment's reward term (add_environment_rewards)
+            weights.append(1.0)
         terms = torch.tensor(columns, dtype=torch.float32).T.reshape(len(result.scores), len(columns))
         return Scores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
 
@@ -219,6 +227,20 @@ class Components:
         self.tracker.close()
         self.reward_train.close()
         self.reward_val.close()
+
+
+def environment_terms(extra_info: list) -> list[str]:
+    """The names of the reward terms the agents' environments gave in this batch (sorted)."""
+    return sorted({name for info in extra_info for name in ((info or {}).get("agent") or {}).get("rewards", {})})
+
+
+def add_environment_rewards(result: ScoreResult, extra_info: list) -> None:
+    """An agent environment's reward terms (``extra_info["agent"]["rewards"]``) add to each sample's score,
+    each reported as ``environment/<term>`` (0 where a trajectory's environment gave none)."""
+    for name in environment_terms(extra_info):
+        values = [float(((info or {}).get("agent") or {}).get("rewards", {}).get(name, 0.0)) for info in extra_info]
+        result.extras[f"environment/{name}"] = values
+        result.scores = [score + value for score, value in zip(result.scores, values)]
 
 
 def _in_process_groups(cfg: DictConfig, plan: RunPlan):
@@ -287,7 +309,7 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
 
     def dataset(files: tuple[str, ...], split: str) -> RLDataset:
         return RLDataset(resolve_files(list(files), split), tokenizer, data.max_prompt_length, data.truncation,
-                         data.apply_chat_template)
+                         data.apply_chat_template, prompt_tools(cfg.rollout.agent))
 
     train_data, val_data = dataset(plan.train_files, "train"), dataset(plan.val_files, "test")
     sampler = PromptSampler(len(train_data), data.train_batch_size_prompts, shuffle=data.shuffle, seed=data.seed)

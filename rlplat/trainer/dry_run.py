@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 
 from rlplat.engines.token_head import CHUNK_BYTES as HEAD_CHUNK_BYTES  # float32 logits per chunk
+from rlplat.rollout.agent_loop import prompt_tools
 
 GB = 10**9
 GIB = 2**30
@@ -327,7 +328,7 @@ def prompt_lengths(cfg: DictConfig, tokenizer, files: tuple[str, ...], split: st
     from rlplat.data.dataset import prompt_token_lengths
 
     resolved = resolve_files(list(files), split)
-    rows = prompt_token_lengths(resolved, tokenizer, cfg.data.apply_chat_template)
+    rows = prompt_token_lengths(resolved, tokenizer, cfg.data.apply_chat_template, prompt_tools(cfg.rollout.agent))
     limit = cfg.data.max_prompt_length
     first = next((where for where, length in rows if length > limit), None)
     return PromptLengths(split, tuple(str(f) for f in resolved), tuple(length for _, length in rows), first)

@@ -52,6 +52,30 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     return out
 
 
+def agent_metrics(batch: Batch) -> dict[str, float]:
+    """Means over a batch of agent trajectories (``extra_info["agent"]``, :mod:`rlplat.rollout.agent_loop`):
+    turns and tool calls per trajectory, the share of tool calls that failed / timed out and their mean
+    latency, how trajectories ended, the share of response tokens that are observations, and the
+    re-tokenization drift (mean mismatch fraction, share of trajectories with any). Empty for single-turn."""
+    agents = [info["agent"] for info in batch.non_tensors.get("extra_info", []) if isinstance(info, dict) and "agent" in info]
+    if not agents:
+        return {}
+    count = len(agents)
+    calls = sum(a["tool_calls"] for a in agents)
+    mean = lambda key: sum(float(a[key]) for a in agents) / count  # noqa: E731
+    out = {"agent/turns_mean": mean("turns"), "agent/tool_calls_mean": mean("tool_calls"),
+           "agent/tool_error_rate": sum(a["tool_errors"] for a in agents) / max(calls, 1),
+           "agent/tool_timeout_rate": sum(a["tool_timeouts"] for a in agents) / max(calls, 1),
+           "timing/agent_tool_latency_s": sum(a["tool_seconds"] for a in agents) / max(calls, 1),
+           "agent/retokenize_mismatch_frac": mean("retokenize_mismatch_frac"),
+           "agent/retokenize_drift_frac": sum(a["retokenize_first_difference"] is not None for a in agents) / count}
+    for ending in ("max_turns", "budget", "truncated"):
+        out[f"agent/ended_{ending}_frac"] = sum(a["ended"] == ending for a in agents) / count
+    attended = batch.tensors["attention_mask"][:, -batch.tensors["responses"].shape[1]:].sum()
+    out["agent/observation_token_frac"] = sum(a["observation_tokens"] for a in agents) / max(float(attended), 1.0)
+    return out
+
+
 #: stages whose time is spent on every real token of the batch (prompt and response)
 TOKEN_STAGES = ("old_log_probs", "reference", "values", "update_critic", "update_actor")
 

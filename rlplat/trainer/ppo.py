@@ -52,7 +52,7 @@ from rlplat.reward import token_level_scores
 from rlplat.trainer.advantage_input import advantage_input
 from rlplat.trainer.checkpoint import Checkpointer
 from rlplat.trainer.components import Components, Scores
-from rlplat.trainer.metrics import data_metrics, explained_variance, throughput_metrics, timed
+from rlplat.trainer.metrics import agent_metrics, data_metrics, explained_variance, throughput_metrics, timed
 from rlplat.trainer.prompt_hook import PromptHook
 from rlplat.trainer.signals import stop_on_signals
 from rlplat.trainer.summary import WallClock, write_summary
@@ -264,11 +264,17 @@ class PPOTrainer:
         prompts = self.next_prompts(self.cfg.data.train_batch_size_prompts)
         out = self._rollout(prompts)
         metrics["timing/weight_sync_s"] = out.meta.pop("weight_sync_s", 0.0)
+        metrics.update(agent_metrics(out))
+        if "truncated" in out.tensors.keys():  # an agent loop knows which trajectories ended inside a turn
+            return out
         return out.union(Batch.from_dict({"truncated": self.components.truncated(out)}))
 
     def _rollout(self, prompts: Batch) -> Batch:
         repeated = prompts.repeat(self.cfg.rollout.n, interleave=True)
-        out = self.components.actor.generate_sequences(tensors_only(repeated)).union(repeated.select(tensor_keys=[]))
+        if self.cfg.rollout.agent.name == "single_turn":
+            out = self.components.actor.generate_sequences(tensors_only(repeated)).union(repeated.select(tensor_keys=[]))
+        else:  # an agent loop reads the rows (its environments do) and returns them with the conversations
+            out = self.components.actor.generate_sequences(repeated)
         if self.plan.estimator.needs_baseline:  # ReMax: the greedy response's score
             greedy = Batch.from_dict(dict(prompts.tensors), prompts.non_tensors, {**prompts.meta, "temperature": 0.0})
             scored = self.reward(self.components.actor.generate_sequences(greedy), {})

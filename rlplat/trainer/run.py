@@ -56,7 +56,7 @@ def resolve_model_path(cfg: DictConfig) -> str:
     if is_embedded(cfg.model.path):
         from rlplat.trainer.sft import ensure_embedded_model
 
-        return str(ensure_embedded_model())
+        return str(ensure_embedded_model(cfg.model.path))
     return cfg.model.path
 
 

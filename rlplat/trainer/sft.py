@@ -24,27 +24,59 @@ from omegaconf import OmegaConf
 from rlplat.config import compose_config
 from rlplat.config.validate import resolve_device
 from rlplat.controller import InProcessWorkerGroup
-from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
-from rlplat.models.embedded import SPEC, WARM_START, embedded_model_dir
+from rlplat.agents.trajectory import Trajectory
+from rlplat.data import TASKS, PromptSampler, RLDataset, collate, resolve_files, write_parquet
+from rlplat.data.synthetic import with_tool_demonstrations
+from rlplat.data.dataset import ToolsOf
+from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, SPEC, TOOL_WARM_START, WARM_START, embedded_model_dir
 from rlplat.models.tiny import build_tiny_model
 from rlplat.protocol import Batch
+from rlplat.rollout.agent_loop import build_tools
 from rlplat.rollout.base import assemble_rollout
 from rlplat.workers.roles import SFTWorker
 
 
-def sft_batch(items: list[dict], tokenizer, max_response_length: int) -> Batch:
-    """Prompts left-padded, target responses (+ EOS) right-padded to ``max_response_length``."""
+def target_ids(item: dict, tokenizer, tools_of: ToolsOf | None = None) -> tuple[list[int], list[int]]:
+    """A row's target after its prompt and the loss mask over it. ``extra_info["solution_messages"]``: a
+    conversation (assistant turns, tool results, a user's replies) laid out as an agent loop lays out a
+    trajectory (:class:`rlplat.agents.Trajectory`: each assistant turn's text and EOS trained, the other
+    messages rendered by the chat template and not trained); else ``extra_info["solution"]``, or the
+    ground truth, and EOS."""
+    info = item["extra_info"] or {}
+    if info.get("solution_messages"):
+        trajectory = Trajectory(list(item["prompt_ids"]), [dict(m) for m in item["raw_prompt"]])
+        tools = tools_of(info) if tools_of else None
+        for message in info["solution_messages"]:
+            if message["role"] == "assistant":
+                ids = tokenizer(message["content"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                trajectory.add_sampled(ids, [0.0] * len(ids), message["content"])
+            else:
+                trajectory.add_observation(tokenizer, [{"role": message["role"], "content": message["content"]}], tools)
+        return trajectory.response_ids, trajectory.loss_mask
+    target = info.get("solution")
+    ids = tokenizer(str(item["ground_truth"] if target is None else target), add_special_tokens=False)["input_ids"]
+    return ids + [tokenizer.eos_token_id], [1] * (len(ids) + 1)
+
+
+def sft_batch(items: list[dict], tokenizer, max_response_length: int, tools_of: ToolsOf | None = None) -> Batch:
+    """Prompts left-padded, targets (:func:`target_ids`) right-padded to ``max_response_length``; the
+    loss covers the trained tokens, the attention all of them."""
     tensors, lists = collate(items, tokenizer.pad_token_id)
     prompts = Batch.from_dict(tensors, non_tensors=lists, meta={"temperature": 1.0})
     responses = torch.full((len(items), max_response_length), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(responses)
+    trained, attended = torch.zeros_like(responses), torch.zeros_like(responses)
     for row, item in enumerate(items):
-        target = str((item["extra_info"] or {}).get("solution", item["ground_truth"]))
-        ids = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        ids = ids[:max_response_length]
+        ids, mask = target_ids(item, tokenizer, tools_of)
+        ids, mask = ids[:max_response_length], mask[:max_response_length]
         responses[row, : len(ids)] = torch.tensor(ids)
-        mask[row, : len(ids)] = 1
-    return assemble_rollout(prompts, responses, mask, torch.zeros(responses.shape))
+        trained[row, : len(ids)] = torch.tensor(mask)
+        attended[row, : len(ids)] = 1
+    return assemble_rollout(prompts, responses, trained, torch.zeros(responses.shape), attended)
+
+
+def row_tools(extra_info) -> list[dict] | None:
+    """The schemas of the tools a row offers (``extra_info["tools"]``), which its prompt shows."""
+    return [tool.schema() for tool in build_tools((extra_info or {}).get("tools") or [])] or None
 
 
 def run_sft(
@@ -64,7 +96,8 @@ def run_sft(
     ])
     OmegaConf.resolve(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    data = RLDataset(resolve_files(data_files, "train"), tokenizer, cfg.data.max_prompt_length, "filter", True)
+    data = RLDataset(resolve_files(data_files, "train"), tokenizer, cfg.data.max_prompt_length, "filter", True,
+                     row_tools)
     sampler = PromptSampler(len(data), batch_size, shuffle=True, seed=seed)
     group = InProcessWorkerGroup(SFTWorker, resolve_device(cfg), cfg=cfg, total_steps=steps)
     metrics: dict[str, float] = {}
@@ -72,7 +105,7 @@ def run_sft(
         group.init_model(model_path)
         start = time.perf_counter()
         for step in range(1, steps + 1):
-            batch = sft_batch([data[i] for i in sampler.next_batch()], tokenizer, max_response_length)
+            batch = sft_batch([data[i] for i in sampler.next_batch()], tokenizer, max_response_length, row_tools)
             batch.meta["step"] = step
             metrics = group.update_sft(batch)[0]
             if step % log_every == 0 or step == steps:
@@ -84,20 +117,30 @@ def run_sft(
     return metrics
 
 
-def ensure_embedded_model() -> Path:
+def ensure_embedded_model(name: str = EMBEDDED) -> Path:
     """Return the warm-started embedded model's directory, building it on first use: the tiny model of
-    :data:`rlplat.models.embedded.SPEC`, fine-tuned per :data:`~rlplat.models.embedded.WARM_START`."""
-    target = embedded_model_dir()
+    :data:`rlplat.models.embedded.SPEC`, fine-tuned per :data:`~rlplat.models.embedded.WARM_START`; for
+    ``embedded-tools``, that model fine-tuned further per :data:`~rlplat.models.embedded.TOOL_WARM_START`."""
+    target = embedded_model_dir(name)
     if (target / "config.json").exists():
         return target
+    base = ensure_embedded_model() if name == EMBEDDED_TOOLS else None
     target.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[embedded] building the tiny model and warm-starting it with SFT ({WARM_START['steps']} steps) "
-          f"-> {target}", flush=True)
+    warm = TOOL_WARM_START if base else WARM_START
+    print(f"[embedded] building {name} and warm-starting it with SFT ({warm['steps']} steps) -> {target}", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-        base = build_tiny_model(Path(tmp) / "init", SPEC, seed=WARM_START["seed"])
         out = Path(tmp) / "sft"
-        run_sft(str(base), [WARM_START["data"]], str(out), WARM_START["steps"], WARM_START["batch_size"],
-                WARM_START["lr"], micro_batch_size=WARM_START["batch_size"], seed=WARM_START["seed"])
+        if base is None:
+            init = build_tiny_model(Path(tmp) / "init", SPEC, seed=WARM_START["seed"])
+            run_sft(str(init), [WARM_START["data"]], str(out), WARM_START["steps"], WARM_START["batch_size"],
+                    WARM_START["lr"], micro_batch_size=WARM_START["batch_size"], seed=WARM_START["seed"])
+        else:
+            rows = with_tool_demonstrations(TASKS.get("tool_arithmetic")(warm["rows"], warm["seed"]),
+                                            warm["demonstrations"], warm["seed"])
+            data = write_parquet(rows, Path(tmp) / "tool_demonstrations.parquet")
+            run_sft(str(base), [str(data)], str(out), warm["steps"], warm["batch_size"], warm["lr"],
+                    micro_batch_size=warm["batch_size"], max_response_length=warm["max_response_length"],
+                    seed=warm["seed"])
         if target.exists():  # another process finished first
             return target
         shutil.move(str(out), str(target))

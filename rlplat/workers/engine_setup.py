@@ -19,6 +19,7 @@ from rlplat.config.validate import resolve_device
 from rlplat.engines import TRAINING_ENGINES, TrainingEngine
 from rlplat.registry import Registry
 from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup
+from rlplat.rollout.agent_loop import AGENT_LOOPS, AgentLoop, check_agent_config
 
 
 def _registered(registry: Registry, key: str, name: str, require_installed: bool = True) -> type:
@@ -63,7 +64,13 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
         engine_cls.check_config(cfg, role, world, device)  # the separate reference pool is one node
     if cfg.rollout.mode != "server":
         rollout_cls.check_config(rollout_section, f"rollout.{cfg.rollout.name}", device)
+    check_agent_config(cfg.rollout.agent)
     return plan
+
+
+def build_agent_loop(cfg: DictConfig, plan: RunPlan, tokenizer) -> AgentLoop:
+    """The ``rollout.agent.name`` loop that turns prompts into trajectories with the rollout engine."""
+    return AGENT_LOOPS.get(cfg.rollout.agent.name)(cfg.rollout.agent, tokenizer, plan.response_length)
 
 
 def build_rollout_engine(cfg: DictConfig, plan: RunPlan, model_path: str, tokenizer, ctx) -> RolloutEngine:
@@ -75,7 +82,7 @@ def build_rollout_engine(cfg: DictConfig, plan: RunPlan, model_path: str, tokeni
         dtype=getattr(torch, plan.rollout_dtype),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        max_model_len=cfg.data.max_prompt_length + plan.response_length,
         seed=cfg.trainer.seed,
         rank=ctx.rank,
         world_size=ctx.world_size,

@@ -28,7 +28,7 @@ from rlplat.utils.errors import RunError
 from rlplat.utils.files import plain_modes
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
 from rlplat.workers.base import Dispatch, Worker, register
-from rlplat.workers.engine_setup import build_rollout_engine, build_training_engine
+from rlplat.workers.engine_setup import build_agent_loop, build_rollout_engine, build_training_engine
 
 
 EXPORT_TEMP_PREFIX = ".hf_export-"  # an export is written to such a sibling directory, then renamed
@@ -150,7 +150,7 @@ class ActorRolloutRefWorker(_Role):
 
     def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
         super().__init__(rank, world_size, device, cfg, plan)
-        self.actor = self.rollout = self.ref = None
+        self.actor = self.rollout = self.ref = self.agent = None
         self.weights_stale = False  # the actor changed since the rollout engine last received its weights
 
     @register(Dispatch.ONE_TO_ALL)
@@ -165,6 +165,7 @@ class ActorRolloutRefWorker(_Role):
         if with_ref:
             self.ref = build_training_engine(cfg, "ref", model_path, ctx)
         self.rollout = build_rollout_engine(cfg, self.plan, model_path, tokenizer, ctx)
+        self.agent = build_agent_loop(cfg, self.plan, tokenizer)
         # the rollout engine read the same model from disk, unless it starts from a dummy initialisation
         self.weights_stale = not self._share_actor_weights() and self.rollout.needs_initial_weights
 
@@ -226,7 +227,7 @@ class ActorRolloutRefWorker(_Role):
         )
         with self.rollout_mode() as timings:
             try:
-                out = self.rollout.generate(prompts, params)
+                out = self.agent.run(self.rollout, prompts, params)
             except NonFiniteLogitsError as err:
                 step = prompts.meta.get("step", "?")
                 what = f"validation at step {step}" if validation else f"step {step}"

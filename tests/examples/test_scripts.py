@@ -16,6 +16,8 @@ from rlplat.config.loader import group_options
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 CPU_SCRIPTS = sorted((EXAMPLES / "cpu").glob("*.sh"))
+AGENT_SCRIPTS = [EXAMPLES / "cpu" / "grpo_tools.sh"]  # the multi-turn tool loop (docs/agents.md)
+PRESET_SCRIPTS = [script for script in CPU_SCRIPTS if script not in AGENT_SCRIPTS]  # one per algorithm preset
 GPU_SCRIPTS = sorted((EXAMPLES / "gpu").glob("*.sh")) + sorted((EXAMPLES / "multinode").glob("*.sh"))
 REWARD_SCRIPTS = sorted((EXAMPLES / "rewards").glob("*.sh"))  # model-based rewards on CPU
 TINY = {  # knobs a test sets: 2 steps of 2 prompts x 2 responses, validation on a small file
@@ -34,7 +36,7 @@ def bash(script: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_one_cpu_script_per_preset():
-    assert [p.stem for p in CPU_SCRIPTS] == sorted(group_options("algorithm"))
+    assert [p.stem for p in PRESET_SCRIPTS] == sorted(group_options("algorithm"))
 
 
 RECORDER = '#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$RLPLAT_RECORD"\n'  # a PYTHON that only keeps its arguments
@@ -99,13 +101,24 @@ def trained_steps(out_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", CPU_SCRIPTS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("script", PRESET_SCRIPTS, ids=lambda p: p.stem)
 def test_cpu_script_runs_to_completion(script, trained_scripts):
     code, run_err, script_err, out = trained_scripts[script.stem]
     assert code == 0, run_err[-3000:]
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
     assert [m["step"] for m in trained_steps(out)] == [1, 2]
     assert "algorithm=" + script.stem in script_err and "trainer.seed=3" in script_err  # the traced command
+
+
+@pytest.mark.slow
+def test_tool_script_runs_to_completion(trained_scripts):
+    """The tool-use script trains the embedded tool model with multi-turn rollouts."""
+    code, run_err, script_err, out = trained_scripts["grpo_tools"]
+    assert code == 0, run_err[-3000:]
+    trained = trained_steps(out)
+    assert [m["step"] for m in trained] == [1, 2]
+    assert "rollout.agent.name=tool" in script_err and "model.path=embedded-tools" in script_err
+    assert trained[0]["agent/turns_mean"] >= 1 and "agent/tool_calls_mean" in trained[0]
 
 
 @pytest.mark.slow

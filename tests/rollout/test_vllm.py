@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.workers.roles import ActorRolloutRefWorker
 from workers.helpers import (
-    check_rollout_layout, engine_config, prompt_batch, reference_log_probs, with_training_fields,
+    ECHO_ENVIRONMENT, agent_prompts, check_rollout_layout, check_trajectories, engine_config, prompt_batch,
+    reference_log_probs, with_training_fields,
 )
 
 pytest.importorskip("vllm")
@@ -71,6 +72,32 @@ def test_validation_sampling_is_reproducible_and_leaves_training_randomness_alon
     prompts.meta["validation"] = True
     first, second = group.generate_sequences(prompts), group.generate_sequences(prompts)
     assert torch.equal(first.tensors["responses"], second.tensors["responses"])
+
+
+def test_multi_turn_trajectories_are_token_exact_with_the_trainers_log_probs(tiny_model_path, tmp_path):
+    """The tool loop on vLLM (one request per turn): each response is the sampled ids and the observation
+    ids between them, only the sampled ones trained, with the trainer's log-probs."""
+    from transformers import AutoTokenizer
+
+    (tmp_path / "echo.py").write_text(ECHO_ENVIRONMENT)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    stops = tokenizer.convert_tokens_to_ids(list("0123456789abcdefghijklmnopqrstuvwxyz"))  # short turns
+    cfg, plan = engine_config(tiny_model_path, extra=[
+        "rollout=vllm", "rollout.agent.name=tool", f"rollout.agent.environment={tmp_path}/echo.py:Echo",
+        "rollout.agent.max_total_tokens=64", f"rollout.stop_token_ids=[{','.join(map(str, stops))}]"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=False)
+        prompts = agent_prompts(tokenizer, ["hello", "12+5=", "say something", "3+4="])
+        prompts.meta["temperature"] = 1.0
+        out = group.generate_sequences(prompts)
+        assert check_trajectories(out, tokenizer, {tokenizer.eos_token_id, *stops}) >= 2
+        mask = out.tensors["response_mask"].bool()
+        assert (out.tensors["attention_mask"][:, -64:].bool() & ~mask).any()  # observations: read, not trained
+        recomputed = group.compute_log_probs(out).tensors["old_log_probs"]
+        torch.testing.assert_close(recomputed[mask], out.tensors["rollout_log_probs"][mask], atol=1e-3, rtol=0)
+    finally:
+        group.shutdown()
 
 
 @pytest.mark.gpu

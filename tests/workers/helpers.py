@@ -95,3 +95,78 @@ def check_rollout_layout(out, prompts, eos_id, pad_id, max_new_tokens):
         eos = (row[:length] == eos_id).nonzero()
         assert len(eos) <= 1 and (len(eos) == 0 and length == max_new_tokens or eos[0, 0] == length - 1)
         assert (row[length:] == pad_id).all()
+
+
+# ------------------------------------------------------------------------------------------------- agents
+ECHO_ENVIRONMENT = '''
+from rlplat.agents.environment import Environment, Step
+
+class Echo(Environment):
+    """Answers every assistant turn with a user message naming the turn; done after three turns."""
+    def reset(self, row):
+        self.turns = 0
+        return list(row["prompt"])
+
+    def step(self, message):
+        self.turns += 1
+        if self.turns == 3:
+            return Step([], done=True, rewards={"polite": 0.5}, info={"said": message["content"]})
+        return Step([{"role": "user", "content": f"turn {self.turns}: go on"}], rewards={"polite": 0.25})
+
+class Broken(Echo):
+    def step(self, message):
+        raise KeyError("no such state")
+'''
+
+
+def agent_prompts(tokenizer, questions: list[str]) -> Batch:
+    """Left-padded chat prompts with the non-tensor columns an agent loop reads."""
+    messages = [[{"role": "user", "content": q}] for q in questions]
+    ids = [rendered(tokenizer, m, True) for m in messages]
+    width = max(map(len, ids))
+    tensor = torch.tensor([[tokenizer.pad_token_id] * (width - len(i)) + i for i in ids])
+    mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+    return Batch.from_dict({"prompts": tensor, "prompt_mask": mask},
+                           {"raw_prompt": messages, "data_source": ["echo"] * len(ids),
+                            "ground_truth": ["-"] * len(ids), "extra_info": [{"index": k} for k in range(len(ids))]})
+
+
+def rendered(tokenizer, messages: list[dict], generation_prompt: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def observation_ids(tokenizer, before: list[dict], after: list[dict]) -> list[int]:
+    """What the chat template appends to ``before`` to render ``after`` and the next generation prompt."""
+    full, head = rendered(tokenizer, after, True), rendered(tokenizer, before, False)
+    assert full[:len(head)] == head
+    return full[len(head):]
+
+
+def check_trajectories(out: Batch, tokenizer, stop_ids: set[int]) -> int:
+    """Each row's response is its conversation token for token: every run of trained ids is an assistant
+    turn (its text, then the stop id that ended it), every run of untrained ids the template's rendering of
+    the message after it; the attention covers both. Returns how many rows had more than one turn."""
+    t, multi_turn = out.tensors, 0
+    width = t["responses"].shape[1]
+    for row in range(len(out)):
+        messages = out.non_tensors["extra_info"][row]["agent"]["messages"]
+        ids, trained = t["responses"][row].tolist(), t["response_mask"][row].tolist()
+        length = int(t["attention_mask"][row, -width:].sum())
+        assert t["attention_mask"][row, -width:].tolist() == [1] * length + [0] * (width - length)
+        runs, start = [], 0
+        for end in range(1, length + 1):
+            if end == length or trained[end] != trained[start]:
+                runs.append((trained[start], ids[start:end]))
+                start = end
+        assert all(m == 0 for m in trained[length:])
+        for index, (is_trained, run) in enumerate(runs):
+            message = messages[1 + index]
+            if is_trained:
+                assert message["role"] == "assistant"
+                text = run[:-1] if run[-1] in stop_ids else run
+                assert tokenizer.decode(text) == message["content"]
+            else:
+                assert run == observation_ids(tokenizer, messages[:1 + index], messages[:2 + index])
+        multi_turn += len(runs) > 1
+    return multi_turn

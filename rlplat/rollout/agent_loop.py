@@ -1,0 +1,248 @@
+"""Agent loops: how a rollout turns a batch of prompts into trajectories (registry ``AGENT_LOOPS``, key
+``rollout.agent.name``).
+
+``single_turn`` (the default) samples one response per prompt with the engine's :meth:`generate`.
+``tool`` runs a conversation per prompt: the engine samples an assistant turn for every trajectory still
+going (:meth:`~rlplat.rollout.base.RolloutEngine.generate_ids`, the conversation so far as token ids),
+each trajectory's environment reacts (runs the tool calls, or a user's environment replies), and the
+observation messages are rendered by the chat template as a suffix of the conversation
+(:mod:`rlplat.agents.trajectory`), until the environment says it is done, ``rollout.agent.max_turns``
+turns have run, or the trajectory's token budget (``rollout.agent.max_total_tokens``) is spent.
+
+The batch it returns is the rollout layout of :mod:`rlplat.rollout.base` with ``R`` = the total budget:
+``responses`` hold every turn's sampled ids and the observation ids between them, token for token;
+``response_mask`` is 1 on the sampled ids only (the loss); ``attention_mask`` is 1 on all of them (the
+observations are read, not trained); ``rollout_log_probs`` are the engine's, 0 on observations. Each
+row's ``extra_info["agent"]`` has the conversation and its counts for the reward functions and the
+metrics, ``truncated`` says which trajectories ended inside a turn, and ``response_text`` is the last
+assistant message (what the reward functions score).
+
+A loop of your own: subclass :class:`AgentLoop`, register it (``@AGENT_LOOPS.register("mine")``) in a
+module named in ``trainer.imports``, and set ``rollout.agent.name=mine``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from rlplat.agents.environment import Environment, Step, ToolEnvironment, load_environment
+from rlplat.agents.tools import TOOLS, Tool, function_tool
+from rlplat.agents.trajectory import Trajectory, retokenize_drift
+from rlplat.config.errors import ConfigError
+from rlplat.protocol import Batch
+from rlplat.registry import Registry
+from rlplat.rollout.base import RolloutEngine, SamplingParams, assemble_rollout, prompt_token_lists
+
+ENDINGS = ("done", "max_turns", "budget", "truncated")  # why a trajectory ended (extra_info["agent"]["ended"])
+
+
+class AgentLoop(ABC):
+    """Turns prompts into trajectories with a rollout engine (see the module docstring)."""
+
+    def __init__(self, agent_cfg, tokenizer, response_length: int):
+        self.cfg, self.tokenizer, self.response_length = agent_cfg, tokenizer, response_length
+
+    @abstractmethod
+    def run(self, engine: RolloutEngine, prompts: Batch, params: SamplingParams) -> Batch:
+        """The rollout batch of ``prompts`` (one trajectory per row); ``params.max_new_tokens`` is the
+        budget of one assistant turn."""
+
+
+AGENT_LOOPS: Registry[type[AgentLoop]] = Registry("agent loop")
+
+
+@AGENT_LOOPS.register("single_turn")
+class SingleTurn(AgentLoop):
+    """One response per prompt: the engine's batch as it is."""
+
+    def run(self, engine, prompts, params):
+        return engine.generate(prompts, params)
+
+
+def build_tools(specs) -> list[Tool]:
+    """Tools named in config or in a row's ``extra_info["tools"]``: built-in names (``TOOLS``) or
+    ``path/to/file.py:function``."""
+    return [function_tool(spec) if ":" in spec else TOOLS.get(spec)() for spec in specs]
+
+
+class Environments:
+    """Makes each row's environment: the user's class (``rollout.agent.environment``), else tools (the row's
+    ``extra_info["tools"]``, else ``rollout.agent.tools``) with the configured parser and call limit.
+    Built-in tools are made once and shared (the python tool holds a sandbox's settings, not a process)."""
+
+    def __init__(self, agent_cfg):
+        self.cfg = agent_cfg
+        self.user_class = load_environment(agent_cfg.environment) if agent_cfg.environment else None
+        self._tools: dict[str, Tool] = {}
+        self.default_tools = list(agent_cfg.tools)
+
+    def tools_of(self, extra_info: Mapping | None) -> list[Tool]:
+        if self.user_class is not None:
+            return list(self.user_class.tools)
+        names = (extra_info or {}).get("tools") or self.default_tools
+        missing = [name for name in names if name not in self._tools]
+        for name, tool in zip(missing, build_tools(missing)):
+            self._tools[name] = tool
+        return [self._tools[name] for name in names]
+
+    def schemas_of(self, extra_info: Mapping | None) -> list[dict] | None:
+        """The tools' schemas for the chat template (``tools=``) of a row; None when it has none."""
+        return [tool.schema() for tool in self.tools_of(extra_info)] or None
+
+    def make(self, row: Mapping[str, Any]) -> Environment:
+        if self.user_class is not None:
+            return self.user_class()
+        return ToolEnvironment(self.tools_of(row.get("extra_info")), self.cfg.parser, self.cfg.max_tool_calls)
+
+
+def prompt_tools(agent_cfg) -> Callable[[Mapping | None], list[dict] | None] | None:
+    """For the dataset: the tool schemas each row's prompt is rendered with (None with ``single_turn``)."""
+    return None if agent_cfg.name == "single_turn" else Environments(agent_cfg).schemas_of
+
+
+def check_agent_config(agent_cfg) -> None:
+    """Start-up checks of ``rollout.agent.*`` that need the registries (one ConfigError line each)."""
+    from rlplat.agents.parsers import TOOL_PARSERS
+
+    for key, registry in (("name", AGENT_LOOPS), ("parser", TOOL_PARSERS)):
+        if agent_cfg[key] not in registry:
+            raise ConfigError(f"rollout.agent.{key}={agent_cfg[key]!r} is not registered; "
+                              f"{registry.suggestion(agent_cfg[key])}")
+    for spec in agent_cfg.tools:
+        if ":" not in spec and spec not in TOOLS.names():
+            raise ConfigError(f"rollout.agent.tools entry {spec!r} is not a built-in tool "
+                              f"({', '.join(TOOLS.names())}) nor path/to/file.py:function")
+    try:
+        Environments(agent_cfg).tools_of(None)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"rollout.agent: {err}") from None
+
+
+class EnvironmentFailed(RuntimeError):
+    """An environment's ``reset`` / ``step`` raised: a bug in the environment, not the model's doing."""
+
+
+@AGENT_LOOPS.register("tool")
+class MultiTurn(AgentLoop):
+    """Multi-turn trajectories with tool calls or a user's environment (see the module docstring)."""
+
+    def __init__(self, agent_cfg, tokenizer, response_length: int):
+        super().__init__(agent_cfg, tokenizer, response_length)
+        self.environments = Environments(agent_cfg)
+
+    def run(self, engine, prompts, params):
+        rows = _rows(prompts)
+        prompt_ids = prompt_token_lists(prompts)
+        envs, trajectories = [], []
+        for index, (row, ids) in enumerate(zip(rows, prompt_ids)):
+            env = self.environments.make(row)
+            messages = _call(env, "reset", row, index, env.reset, row)
+            if [dict(m) for m in messages] != [dict(m) for m in row["prompt"]]:
+                raise EnvironmentFailed(f"environment {type(env).__name__}: reset() of row {index} returned messages "
+                                        f"other than the row's prompt; the model reads the dataset's rendering of the "
+                                        f"prompt, so reset() must return row['prompt'] (keep other state in the environment)")
+            envs.append(env)
+            trajectories.append(Trajectory(list(ids), [dict(m) for m in messages]))
+        schemas = [self.environments.schemas_of(row.get("extra_info")) for row in rows]
+        ended: dict[int, str] = {}
+        rewards: list[dict[str, float]] = [{} for _ in rows]
+        infos: list[dict[str, Any]] = [{} for _ in rows]
+        active = list(range(len(rows)))
+        stops = {*([] if params.ignore_eos else [self.tokenizer.eos_token_id]), *params.stop_token_ids}
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            for _turn in range(self.cfg.max_turns):
+                if not active:
+                    break
+                room = {i: self.response_length - len(trajectories[i].response_ids) for i in active}
+                limit = min(params.max_new_tokens, max(room.values()))
+                samples = engine.generate_ids([trajectories[i].prompt_ids + trajectories[i].response_ids
+                                               for i in active], replace(params, max_new_tokens=limit))
+                reacting = []
+                for i, sample in zip(active, samples):
+                    ids, log_probs = sample.ids[:room[i]], sample.log_probs[:room[i]]
+                    text_ids = ids[:-1] if ids and ids[-1] in stops else ids
+                    trajectories[i].add_sampled(ids, log_probs, self.tokenizer.decode(text_ids))
+                    if sample.stopped and len(ids) == len(sample.ids):
+                        reacting.append(i)
+                    else:
+                        ended[i] = "truncated"  # cut inside the turn: no complete message to react to
+                steps = pool.map(lambda i: (i, _call(envs[i], "step", rows[i], i, envs[i].step,
+                                                     trajectories[i].messages[-1])), reacting)
+                active = []
+                for i, step in steps:
+                    for name, value in step.rewards.items():
+                        rewards[i][name] = rewards[i].get(name, 0.0) + float(value)
+                    infos[i].update(step.info)
+                    if step.done or not step.observations:
+                        ended[i] = "done"
+                        continue
+                    before = len(trajectories[i].response_ids)
+                    trajectories[i].add_observation(self.tokenizer, step.observations, schemas[i])
+                    if len(trajectories[i].response_ids) >= self.response_length:
+                        trajectories[i].segments.pop()  # the observation and a next turn do not fit
+                        del trajectories[i].messages[-len(step.observations):]
+                        assert len(trajectories[i].response_ids) == before
+                        ended[i] = "budget"
+                    else:
+                        active.append(i)
+        for i in active:
+            ended[i] = "max_turns"
+        return self._assemble(prompts, rows, trajectories, schemas, ended, rewards, infos)
+
+    def _assemble(self, prompts: Batch, rows, trajectories: list[Trajectory], schemas, ended, rewards, infos) -> Batch:
+        width, pad = self.response_length, self.tokenizer.pad_token_id
+        responses = torch.full((len(rows), width), pad, dtype=torch.long)
+        trained = torch.zeros(len(rows), width, dtype=torch.long)
+        attended = torch.zeros(len(rows), width, dtype=torch.long)
+        log_probs = torch.zeros(len(rows), width, dtype=torch.float32)
+        extra_info, texts = [], []
+        for i, (row, trajectory) in enumerate(zip(rows, trajectories)):
+            ids = trajectory.response_ids
+            responses[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            trained[i, :len(ids)] = torch.as_tensor(trajectory.loss_mask, dtype=torch.long)
+            attended[i, :len(ids)] = 1
+            log_probs[i, :len(ids)] = torch.as_tensor(trajectory.rollout_log_probs, dtype=torch.float32)
+            drift = retokenize_drift(self.tokenizer, trajectory, schemas[i], cut=ended[i] == "truncated")
+            assistant = [m for m in trajectory.messages if m.get("role") == "assistant"]
+            agent = {"messages": trajectory.messages, "turns": len(assistant), "ended": ended[i],
+                     "rewards": rewards[i], "observation_tokens": len(ids) - sum(trajectory.loss_mask),
+                     "tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0, "tool_seconds": 0.0, **infos[i],
+                     "retokenize_mismatch_frac": drift.mismatch_frac, "retokenize_first_difference": drift.first_difference,
+                     "retokenize_detail": drift.detail}
+            extra_info.append({**(row.get("extra_info") or {}), "agent": agent})
+            texts.append(assistant[-1]["content"] if assistant else "")
+        out = assemble_rollout(prompts, responses, trained, log_probs, attended)
+        if "extra_info" in out.non_tensors:
+            out.pop(non_tensor_keys=["extra_info"])  # replaced by the copy with the conversation
+        return out.union(Batch.from_dict(
+            tensors={"truncated": torch.tensor([ended[i] == "truncated" for i in range(len(rows))])},
+            non_tensors={"extra_info": extra_info, "response_text": texts}))
+
+
+def _rows(prompts: Batch) -> list[dict[str, Any]]:
+    """Each row in the dataset schema an environment's ``reset`` reads (prompt, reward_model, ...)."""
+    nt = prompts.non_tensors
+    size = len(prompts)
+    column = lambda key: list(nt[key]) if key in nt else [None] * size  # noqa: E731
+    return [{"prompt": list(prompt or []), "data_source": source, "reward_model": {"ground_truth": truth},
+             "extra_info": dict(info or {})}
+            for prompt, source, truth, info in zip(column("raw_prompt"), column("data_source"),
+                                                   column("ground_truth"), column("extra_info"))]
+
+
+def _call(env: Environment, what: str, row, index: int, fn: Callable, *args) -> Any:
+    try:
+        result = fn(*args)
+    except Exception as err:  # noqa: BLE001 - the user's code: one line that names it
+        raise EnvironmentFailed(f"environment {type(env).__name__}.{what}() raised on row {index} "
+                                f"({row.get('data_source')}): {type(err).__name__}: {err}") from err
+    if what == "step" and not isinstance(result, Step):
+        raise EnvironmentFailed(f"environment {type(env).__name__}.step() returned {type(result).__name__}, "
+                                f"expected rlplat.agents.Step")
+    return result
