@@ -7,7 +7,8 @@ trajectory is over, and reward terms that add to the reward manager's scores. A 
 a verl-style interaction (a simulated user that replies) and tool use are all this shape;
 :class:`ToolEnvironment` is the tool case.
 
-Write your own in a file and name it as ``path/to/file.py:ClassName`` (:func:`load_environment`)::
+Write your own in a file and name it as ``path/to/file.py:ClassName``, or in an importable module as
+``package.module:ClassName`` (:func:`load_environment`)::
 
     # guess.py: the model guesses a number; the environment says higher / lower, two turns at most
     from rlplat.agents.environment import Environment, Step
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlplat.agents.parsers import TOOL_PARSERS
-from rlplat.agents.tools import Tool, ToolResult, call_tool, load_from_file
+from rlplat.agents.tools import Tool, ToolResult, call_tool, load_object
 
 
 @dataclass
@@ -98,9 +99,9 @@ class ToolEnvironment(Environment):
 
 
 def load_environment(spec: str) -> type[Environment]:
-    """The :class:`Environment` subclass named ``"path/to/file.py:ClassName"``; a ``ValueError`` naming the
-    spec and what is wrong otherwise."""
-    cls = load_from_file(spec, "environment")
+    """The :class:`Environment` subclass named ``"path/to/file.py:ClassName"`` or
+    ``"package.module:ClassName"``; a ``ValueError`` naming the spec and what is wrong otherwise."""
+    cls = load_object(spec, "environment")
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise ValueError(f"environment {spec!r}: {cls!r} is not a subclass of rlplat.agents.environment.Environment")
     return cls

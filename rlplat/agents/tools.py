@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlplat.registry import Registry
-from rlplat.utils.files import import_file
+from rlplat.utils.files import import_object
 from rlplat.utils.sandbox import SandboxLimits, run_python
 
 
@@ -222,27 +222,19 @@ class FunctionTool(Tool):
         return str(self.fn(**arguments))
 
 
-def load_from_file(spec: str, kind: str) -> Any:
-    """The object ``name`` of ``"path/to/file.py:name"``, the file imported as a fresh module; a
-    ``ValueError`` naming the ``kind`` ("tool", "environment"), the spec and what is wrong otherwise."""
-    path, sep, name = spec.rpartition(":")
-    if not sep or not path.endswith(".py"):
-        raise ValueError(f"{kind} {spec!r}: expected 'file.py:name'")
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{kind} {spec!r}: no such file {file.resolve()}")
+def load_object(spec: str, kind: str) -> Any:
+    """The object named ``"path/to/file.py:name"`` or ``"package.module:name"``; a ``ValueError`` naming the
+    ``kind`` ("tool", "environment"), the spec and what is wrong otherwise."""
     try:
-        module = import_file(file, f"rlplat_user_{kind}")
-    except Exception as err:
-        raise ValueError(f"{kind} {spec!r}: {file} failed to import: {type(err).__name__}: {err}") from None
-    if not hasattr(module, name):
-        raise ValueError(f"{kind} {spec!r}: {file} defines no {name!r}")
-    return getattr(module, name)
+        return import_object(spec, f"rlplat_user_{kind}")
+    except ValueError as err:
+        raise ValueError(f"{kind} {spec!r}: {err}") from None
 
 
 def function_tool(spec: str) -> FunctionTool:
-    """``"path/to/file.py:function"`` as a :class:`FunctionTool` (errors as :func:`load_from_file`'s)."""
-    fn = load_from_file(spec, "tool")
+    """``"path/to/file.py:function"`` or ``"module:function"`` as a :class:`FunctionTool` (errors as
+    :func:`load_object`'s)."""
+    fn = load_object(spec, "tool")
     if not callable(fn):
         raise ValueError(f"tool {spec!r}: {fn!r} is not a function")
     return FunctionTool(fn)

@@ -85,20 +85,12 @@ def import_in_worker(modules: Iterable[tuple[str, str | None]]) -> None:
 def load_callable(key: str, spec: str):
     """The function a config key names as ``"pkg.module:function"`` or ``"path/to/file.py:function"``;
     any failure is a :class:`ConfigError` naming the key and the cause."""
-    from rlplat.utils.files import import_file
+    from rlplat.utils.files import import_object
 
-    target, _, name = spec.rpartition(":")
     try:
-        if target.endswith(".py"):
-            file = Path(target)
-            if not file.is_file():
-                raise FileNotFoundError(f"no such file (resolved to {file.resolve()})")
-            module = import_file(file, "rlplat_user")
-        else:
-            module = importlib.import_module(target)
-        fn = getattr(module, name)
-    except Exception as err:  # a user's module can fail in any way; report it as one line
-        raise ConfigError(f"{key}={spec!r}: cannot load it: {type(err).__name__}: {err}") from None
+        fn = import_object(spec)
+    except ValueError as err:
+        raise ConfigError(f"{key}={spec!r}: cannot load it: {err}") from None
     if not callable(fn):
         raise ConfigError(f"{key}={spec!r} is not callable (it is a {type(fn).__name__})")
     return fn

@@ -167,8 +167,7 @@ class RLDataset:
 
     def _encode(self, rows: list[dict]) -> list[dict | None]:
         """Items of checked rows (None for a prompt dropped by ``truncation="filter"``)."""
-        texts = [self._render(self.tokenizer, row["prompt"], self.apply_chat_template,
-                              self.tools_of(row["extra_info"]) if self.tools_of else None) for row in rows]
+        texts = [self._render(self.tokenizer, row["prompt"], self.apply_chat_template, self._tools(row)) for row in rows]
         # One batched call: the fast tokenizer splits 20,000 prompts in parallel instead of one by one.
         all_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         items: list[dict | None] = []
@@ -188,6 +187,14 @@ class RLDataset:
             items.append({"prompt_ids": list(ids), "raw_prompt": row["prompt"], "data_source": row["data_source"],
                           "ground_truth": row["ground_truth"], "extra_info": row["extra_info"]})
         return items
+
+    def _tools(self, row: dict) -> list[dict] | None:
+        if self.tools_of is None:
+            return None
+        try:
+            return self.tools_of(row["extra_info"])
+        except (KeyError, ValueError) as err:  # an unknown tool name, a tool file that does not load
+            raise DataError(f"{row['source_file']} row {row['source_row']}: extra_info.tools: {err}") from None
 
     def encode_rows(self, records: Sequence[Mapping], source: str) -> list[dict]:
         """Items for rows given at run time (``data.dynamic_prompts_fn``), checked and tokenised as the

@@ -187,20 +187,24 @@ def tool_arithmetic(num: int, seed: int, split: str = "train", digits: int = 3) 
     return rows
 
 
+# The calculator call of a demonstration, in the hermes format with the arguments first: the expression is
+# then copied from closer to the prompt (a tiny model learns that copy in fewer steps).
+DEMONSTRATION_CALL = '<tool_call>{"arguments":{"expression":"EXPRESSION"},"name":"calculator"}</tool_call>'
+
+
 def with_tool_demonstrations(rows: list[dict], share: float, seed: int) -> list[dict]:
     """``tool_arithmetic`` rows as supervised targets: a ``share`` of them (chosen with ``seed``) show the
-    tool being used (``extra_info["solution_messages"]``: a ``calculator`` call in the ``hermes`` format,
-    the tool's answer, then the answer), the others answer at once (``extra_info["solution"]``). The
-    warm start of the embedded tool model: GRPO then has tool use to reinforce."""
+    tool being used (``extra_info["solution_messages"]``: :data:`DEMONSTRATION_CALL`, the tool's answer,
+    then the answer), the others answer at once (``extra_info["solution"]``). The warm start of the
+    embedded tool model: GRPO then has tool use to reinforce."""
     rng = random.Random(seed)
     out = []
     for row in rows:
         expression, answer = row["prompt"][0]["content"].removesuffix("="), row["reward_model"]["ground_truth"]
         extra = dict(row["extra_info"])
         if rng.random() < share:
-            call = '{"arguments":{"expression":"' + expression + '"},"name":"calculator"}'
-            extra["solution_messages"] = [{"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
-                                          {"role": "tool", "content": answer},
+            call = DEMONSTRATION_CALL.replace("EXPRESSION", expression)
+            extra["solution_messages"] = [{"role": "assistant", "content": call}, {"role": "tool", "content": answer},
                                           {"role": "assistant", "content": answer}]
         else:
             extra["solution"] = answer

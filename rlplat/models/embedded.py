@@ -16,6 +16,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+from rlplat.data.synthetic import DEMONSTRATION_CALL
 from rlplat.models.tiny import CHAT_TEMPLATE, TinyModelSpec
 
 EMBEDDED = "embedded"  # the model.path value that selects this model
@@ -41,6 +42,6 @@ def cache_root() -> Path:
 
 def embedded_model_dir(name: str = EMBEDDED) -> Path:
     """The cache directory of the embedded model ``name`` (one of :data:`VARIANTS`)."""
-    what = [asdict(SPEC), WARM_START, CHAT_TEMPLATE] + ([TOOL_WARM_START] if name == EMBEDDED_TOOLS else [])
+    what = [asdict(SPEC), WARM_START, CHAT_TEMPLATE] + ([TOOL_WARM_START, DEMONSTRATION_CALL] if name == EMBEDDED_TOOLS else [])
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
     return cache_root() / "models" / f"{name}-{key}"

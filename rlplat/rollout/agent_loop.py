@@ -33,11 +33,12 @@ import torch
 
 from rlplat.agents.environment import Environment, Step, ToolEnvironment, load_environment
 from rlplat.agents.tools import TOOLS, Tool, function_tool
-from rlplat.agents.trajectory import Trajectory, retokenize_drift
+from rlplat.agents.trajectory import TemplateNotIncremental, Trajectory, retokenize_drift
 from rlplat.config.errors import ConfigError
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 from rlplat.rollout.base import RolloutEngine, SamplingParams, assemble_rollout, prompt_token_lists
+from rlplat.utils.errors import RunError
 
 ENDINGS = ("done", "max_turns", "budget", "truncated")  # why a trajectory ended (extra_info["agent"]["ended"])
 
@@ -66,13 +67,14 @@ class SingleTurn(AgentLoop):
 
 
 def build_tools(specs) -> list[Tool]:
-    """Tools named in config or in a row's ``extra_info["tools"]``: built-in names (``TOOLS``) or
-    ``path/to/file.py:function``."""
+    """Tools named in config or in a row's ``extra_info["tools"]``: built-in names (``TOOLS``),
+    ``path/to/file.py:function`` or ``package.module:function``."""
     return [function_tool(spec) if ":" in spec else TOOLS.get(spec)() for spec in specs]
 
 
 class Environments:
-    """Makes each row's environment: the user's class (``rollout.agent.environment``), else tools (the row's
+    """Makes each row's environment: the user's class (``rollout.agent.environment``: ``file.py:Class`` or
+    ``package.module:Class``), else tools (the row's
     ``extra_info["tools"]``, else ``rollout.agent.tools``) with the configured parser and call limit.
     Built-in tools are made once and shared (the python tool holds a sandbox's settings, not a process)."""
 
@@ -117,14 +119,14 @@ def check_agent_config(agent_cfg) -> None:
     for spec in agent_cfg.tools:
         if ":" not in spec and spec not in TOOLS.names():
             raise ConfigError(f"rollout.agent.tools entry {spec!r} is not a built-in tool "
-                              f"({', '.join(TOOLS.names())}) nor path/to/file.py:function")
+                              f"({', '.join(TOOLS.names())}) nor path/to/file.py:function or package.module:function")
     try:
         Environments(agent_cfg).tools_of(None)
     except (ValueError, OSError) as err:
         raise ConfigError(f"rollout.agent: {err}") from None
 
 
-class EnvironmentFailed(RuntimeError):
+class EnvironmentFailed(RunError):
     """An environment's ``reset`` / ``step`` raised: a bug in the environment, not the model's doing."""
 
 
@@ -183,7 +185,10 @@ class MultiTurn(AgentLoop):
                         ended[i] = "done"
                         continue
                     before = len(trajectories[i].response_ids)
-                    trajectories[i].add_observation(self.tokenizer, step.observations, schemas[i])
+                    try:
+                        trajectories[i].add_observation(self.tokenizer, step.observations, schemas[i])
+                    except TemplateNotIncremental as err:
+                        raise RunError(f"rollout.agent: {err}") from None
                     if len(trajectories[i].response_ids) >= self.response_length:
                         trajectories[i].segments.pop()  # the observation and a next turn do not fit
                         del trajectories[i].messages[-len(step.observations):]

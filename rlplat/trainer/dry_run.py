@@ -147,12 +147,13 @@ class Ledger:
 
 def ledger(cfg: DictConfig, plan, train_rows: int, replicas: int, longest_prompt: int) -> Ledger:
     """The batch ledger; a batch's prompts are padded to its longest, at most ``longest_prompt`` (the data's
-    longest after truncation), so the sequence length is that plus ``data.max_response_length``."""
+    longest after truncation), so the sequence length is that plus the response length
+    (``data.max_response_length``, or an agent loop's ``rollout.agent.max_total_tokens``)."""
     data, actor = cfg.data, cfg.actor
     sequences = data.train_batch_size_prompts * cfg.rollout.n
     mini_seqs = actor.mini_batch_size_prompts * cfg.rollout.n // replicas
     micro_seqs = min(actor.micro_batch_size_seqs_per_worker, mini_seqs)
-    length = longest_prompt + data.max_response_length
+    length = longest_prompt + plan.response_length
     budget = actor.micro_batch_max_tokens_per_worker
     micro_tokens = min(budget, micro_seqs * length) if budget else micro_seqs * length
     micro_batches = math.ceil(mini_seqs * length / budget) if budget else math.ceil(mini_seqs / micro_seqs)
@@ -160,7 +161,7 @@ def ledger(cfg: DictConfig, plan, train_rows: int, replicas: int, longest_prompt
     logprob_tokens = min(budget, logprob_seqs * length) if budget else logprob_seqs * length
     steps_per_epoch = train_rows / data.train_batch_size_prompts
     return Ledger(prompts=data.train_batch_size_prompts, sequences=sequences, workers=plan.world_size,
-                  replicas=replicas, max_prompt=longest_prompt, max_response=data.max_response_length,
+                  replicas=replicas, max_prompt=longest_prompt, max_response=plan.response_length,
                   mini_batches=plan.mini_batches_per_step, optimizer_steps=plan.mini_batches_per_step * actor.ppo_epochs,
                   micro_batches=micro_batches, micro_seqs=micro_seqs, micro_tokens=micro_tokens,
                   logprob_micro_tokens=logprob_tokens, steps_per_epoch=steps_per_epoch,
@@ -448,7 +449,11 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
             f"{check_lengths(cfg, scan)}")
     kept = {split: len(s.lengths) - (s.over(cfg.data.max_prompt_length) if cfg.data.truncation == "filter" else 0)
             for split, s in scans.items()}
+    if not kept["train"]:
+        from rlplat.data import DataError
 
+        raise DataError(f"every train prompt is longer than data.max_prompt_length={cfg.data.max_prompt_length} and "
+                        f"data.truncation=filter drops them all: raise data.max_prompt_length")
     replicas = layout(cfg, "actor", plan.world_size).replicas
     longest = min(cfg.data.max_prompt_length, max(scans["train"].lengths))
     led = ledger(cfg, plan, kept["train"], replicas, longest)
@@ -477,7 +482,7 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
         say(f"  not counted: {' and '.join(uncounted)}, placed on these devices too (colocated)")
 
     val = validation_cost(cfg, kept["test"], min(cfg.data.max_prompt_length, max(scans["test"].lengths))
-                          + cfg.data.max_response_length)
+                          + plan.response_length)
     say(f"\nvalidation: {val['prompts']} prompts x rollout.val_n={cfg.rollout.val_n} = {val['responses']} responses "
         f"in {val['calls']} call(s) of data.val_batch_size_prompts={cfg.data.val_batch_size_prompts}, "
         f"{val['validations']} time(s) (trainer.test_freq={cfg.trainer.test_freq}): at most {val['tokens']:,} "

@@ -1,4 +1,4 @@
-"""Files: the modes of what rlplat writes through a temporary name, and importing a user's Python file.
+"""Files: the modes of what rlplat writes through a temporary name, and importing a user's Python code.
 
 ``tempfile.mkstemp``/``mkdtemp`` create private files and directories (0600/0700), and so does
 ``transformers``' ``save_pretrained`` for ``model.safetensors``. Renamed into place they would stay
@@ -55,3 +55,33 @@ def import_file(file: str | os.PathLike, prefix: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def import_object(spec: str, prefix: str = "rlplat_user") -> object:
+    """The object ``name`` of ``"path/to/file.py:name"`` (the file imported as a fresh module, see
+    :func:`import_file`) or of ``"package.module:name"`` (imported as usual). A ``ValueError`` whose message
+    says what is wrong: the form, a missing file or module, an import that raised, a missing name."""
+    import importlib
+
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise ValueError("expected 'path/to/file.py:name' or 'package.module:name'")
+    if target.endswith(".py"):
+        file = Path(target)
+        if not file.is_file():
+            raise ValueError(f"no such file {file.resolve()}")
+        where = str(file)
+        load = lambda: import_file(file, prefix)  # noqa: E731
+    else:
+        where = f"module {target}"
+        load = lambda: importlib.import_module(target)  # noqa: E731
+    try:
+        module = load()
+    except ModuleNotFoundError as err:
+        raise ValueError(f"no module {err.name!r} (not installed, not on PYTHONPATH; a file is named "
+                         f"path/to/file.py)") from None
+    except Exception as err:  # a user's module can fail in any way; report it as one line
+        raise ValueError(f"{where} failed to import: {type(err).__name__}: {err}") from None
+    if not hasattr(module, name):
+        raise ValueError(f"{where} defines no {name!r}")
+    return getattr(module, name)

@@ -124,7 +124,7 @@ def test_a_user_function_is_a_tool_with_a_schema_from_its_hints_and_docstring(tm
             "metric": {"type": "boolean"}}}}}
     assert call_tool(ToolCall("lookup", {"city": "Oslo", "days": 2}), {"lookup": tool}).observation == "Oslo: sunny for 2 day(s)"
     for spec, message in [(f"{path}:nope", "defines no 'nope'"), ("missing.py:f", "no such file"),
-                          ("my_tools:lookup", "expected 'file.py:name'")]:
+                          ("my_tools:lookup", "no module 'my_tools'"), ("lookup", "expected 'path/to/file.py:name'")]:
         with pytest.raises(ValueError, match=message):
             function_tool(spec)
 

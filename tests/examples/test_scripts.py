@@ -291,7 +291,7 @@ def gpu_plans(tmp_path_factory):
         assert bash(script, env).returncode == 0
         args = record.read_text().split("\0")[:-1][2:]
         limit = int(next(a for a in args if a.startswith("data.max_prompt_length=")).split("=")[1])
-        data = _prompts_of(tmp, limit)
+        data = _prompts_of(tmp, limit - _tool_line(args))
         args = [a for a in args if not a.startswith(("data.train_files=", "data.val_files="))]
         commands[script.stem] = [*args, f"data.train_files={data}", f"data.val_files={data}",
                                  f"model.tokenizer_path={tokenizer}", "trainer.dry_run=true"]
@@ -299,6 +299,19 @@ def gpu_plans(tmp_path_factory):
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+def _tool_line(args: list[str]) -> int:
+    """The tokens the tiny tokenizer's chat template adds to a prompt for the tools of ``args``'s agent loop."""
+    from rlplat.models.tiny import build_tokenizer
+    from rlplat.rollout.agent_loop import build_tools
+
+    names = next((a.split("=", 1)[1].strip("[]").split(",") for a in args if a.startswith("rollout.agent.tools=")), [])
+    if not names:
+        return 0
+    tokenizer, prompt = build_tokenizer(), [{"role": "user", "content": "x"}]
+    length = lambda tools: len(tokenizer.apply_chat_template(prompt, tools=tools, tokenize=True)["input_ids"])  # noqa: E731
+    return length([tool.schema() for tool in build_tools(names)]) - length(None)
 
 
 def _prompts_of(tmp: Path, limit: int) -> str:

@@ -122,3 +122,19 @@ def test_grpo_teaches_the_tool_model_to_use_the_calculator(embedded_cache, tmp_p
     assert after_acc - before_acc >= 0.20
     assert after_call - before_call > TOOL_MIN_CALL_GAIN
     assert step[TOOL_STEPS]["agent/tool_calls_mean"] > step[1]["agent/tool_calls_mean"]
+
+
+def test_a_row_naming_an_unknown_tool_is_one_data_error_naming_the_row(tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlplat.data import DataError, RLDataset
+    from rlplat.models.tiny import build_tokenizer
+    from rlplat.rollout.agent_loop import prompt_tools
+
+    build_tokenizer().save_pretrained(tmp_path / "tok")
+    rows = guess_rows(3, 0)
+    rows[2]["extra_info"]["tools"] = ["calculator", "abacus"]
+    data = write_parquet(rows, tmp_path / "rows.parquet")
+    agent = load_run_config(["rollout.agent.name=tool"])[0].rollout.agent
+    with pytest.raises(DataError, match=r"rows.parquet row 2: extra_info.tools: unknown tool 'abacus'; known: calculator, python"):
+        RLDataset(data, AutoTokenizer.from_pretrained(tmp_path / "tok"), 128, tools_of=prompt_tools(agent))

@@ -159,7 +159,7 @@ def test_a_bad_dynamic_prompts_result_is_one_line(embedded_cache, small_val, tmp
     with pytest.raises(RunError, match=r"step 1: data.dynamic_prompts_fn returned '1000000000'; expected None or a "
                                        r"list of dataset indices in \[0, \d+\)"):
         train(tmp_path / "run", 1, small_val, f"data.dynamic_prompts_fn={tmp_path / 'hook.py'}:pick")
-    with pytest.raises(ConfigError, match=r"data.dynamic_prompts_fn='nowhere.py:pick': cannot load it: FileNotFound"):
+    with pytest.raises(ConfigError, match=r"data.dynamic_prompts_fn='nowhere.py:pick': cannot load it: no such file .*nowhere.py"):
         train(tmp_path / "run2", 1, small_val, "data.dynamic_prompts_fn=nowhere.py:pick")
 
 
