@@ -4,11 +4,11 @@
 # <tool_call> format) before it answers within \boxed{}. Hardware: 1 x 80 GB GPU.
 # The run of qwen2.5-0.5b_math_fsdp_hf.sh (its data, knobs and preprocessing) with the tool loop.
 # Knobs: those of that script, plus MAX_TURNS and MAX_TOTAL_TOKENS (all turns and tool output; MAX_RESPONSE_LEN
-# is one turn's budget) (e.g. MAX_TURNS=6 bash examples/gpu/qwen2.5-0.5b_math_tools_vllm.sh). Sequences of up to 5k tokens:
+# is one turn's budget) (e.g. MAX_TURNS=6 bash examples/gpu/qwen2.5-0.5b_math_tools_fsdp_vllm.sh). Sequences of up to 5k tokens:
 # activation checkpointing and 4 sequences per micro-batch (python -m rlplat.tools.plan).
 # Expected: not yet run on a GPU with rlplat. Check the plan first: python -m rlplat.tools.plan.
 set -euo pipefail
-ROLLOUT=${ROLLOUT:-vllm} MAX_RESPONSE_LEN=${MAX_RESPONSE_LEN:-2048} EXPERIMENT=${EXPERIMENT:-qwen2.5-0.5b_math_tools_vllm} \
+ROLLOUT=${ROLLOUT:-vllm} MAX_RESPONSE_LEN=${MAX_RESPONSE_LEN:-2048} EXPERIMENT=${EXPERIMENT:-qwen2.5-0.5b_math_tools_fsdp_vllm} \
     MICRO_BATCH_SEQS=${MICRO_BATCH_SEQS:-4} LOG_PROB_MICRO_BATCH_SEQS=${LOG_PROB_MICRO_BATCH_SEQS:-8} GRAD_CKPT=${GRAD_CKPT:-true} \
     exec bash "$(dirname "${BASH_SOURCE[0]}")/qwen2.5-0.5b_math_fsdp_hf.sh" rollout.agent.name=tool \
     "rollout.agent.tools=[python]" rollout.agent.max_turns="${MAX_TURNS:-4}" \
