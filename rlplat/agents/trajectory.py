@@ -61,10 +61,15 @@ class Trajectory:
         self.segments.append(Segment(tuple(ids), True, tuple(float(x) for x in log_probs)))
         self.messages.append({"role": "assistant", "content": text, **message})
 
-    def add_observation(self, tokenizer, new_messages: Sequence[dict], tools: Sequence[dict] | None = None) -> None:
-        """Observation messages (tool results, a user's reply): their ids are the template's rendering of
-        the conversation with them and the next generation prompt, less its rendering without them."""
-        ids = render_suffix(tokenizer, self.messages, list(new_messages), tools)
+    def observation_ids(self, tokenizer, new_messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
+        """The ids observation messages (tool results, a user's reply) would add: the template's rendering
+        of the conversation with them and the next generation prompt, less its rendering without them."""
+        return render_suffix(tokenizer, self.messages, list(new_messages), tools)
+
+    def add_observation(self, tokenizer, new_messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                        ids: Sequence[int] | None = None) -> None:
+        """Observation messages and their ids (:meth:`observation_ids`, unless already rendered)."""
+        ids = self.observation_ids(tokenizer, new_messages, tools) if ids is None else ids
         self.segments.append(Segment(tuple(ids), False))
         self.messages.extend(dict(m) for m in new_messages)
 

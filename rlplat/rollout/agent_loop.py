@@ -184,18 +184,15 @@ class MultiTurn(AgentLoop):
                     if step.done or not step.observations:
                         ended[i] = "done"
                         continue
-                    before = len(trajectories[i].response_ids)
                     try:
-                        trajectories[i].add_observation(self.tokenizer, step.observations, schemas[i])
+                        ids = trajectories[i].observation_ids(self.tokenizer, step.observations, schemas[i])
                     except TemplateNotIncremental as err:
                         raise RunError(f"rollout.agent: {err}") from None
-                    if len(trajectories[i].response_ids) >= self.response_length:
-                        trajectories[i].segments.pop()  # the observation and a next turn do not fit
-                        del trajectories[i].messages[-len(step.observations):]
-                        assert len(trajectories[i].response_ids) == before
-                        ended[i] = "budget"
-                    else:
-                        active.append(i)
+                    if len(trajectories[i].response_ids) + len(ids) >= self.response_length:
+                        ended[i] = "budget"  # the observation and a next turn do not fit
+                        continue
+                    trajectories[i].add_observation(self.tokenizer, step.observations, schemas[i], ids=ids)
+                    active.append(i)
         for i in active:
             ended[i] = "max_turns"
         return self._assemble(prompts, rows, trajectories, schemas, ended, rewards, infos)

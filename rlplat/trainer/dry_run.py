@@ -409,9 +409,32 @@ def colocated_scorers(cfg) -> list[str]:
     return [what for what, path, placement in found if path and placement == "colocated"]
 
 
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
 def report(cfg: DictConfig, plan, device_memory: int) -> bool:
     """Run the checks and print the plan; True when every phase fits ``device_memory``. Raises the run's
     own errors (ConfigError, DataError, RewardConfigError, RegistryError, RunError) for what would stop it."""
+    shape, tokenizer = check_inputs(cfg, plan)
+    scans = report_data(cfg, plan, tokenizer)
+    kept = {split: len(s.lengths) - (s.over(cfg.data.max_prompt_length) if cfg.data.truncation == "filter" else 0)
+            for split, s in scans.items()}
+    if not kept["train"]:
+        from rlplat.data import DataError
+
+        raise DataError(f"every train prompt is longer than data.max_prompt_length={cfg.data.max_prompt_length} and "
+                        f"data.truncation=filter drops them all: raise data.max_prompt_length")
+    led = report_ledger(cfg, plan, scans["train"], kept["train"])
+    fits = report_memory(shape, cfg, plan, led, device_memory)
+    report_validation_and_disk(shape, cfg, plan, scans["test"], kept["test"])
+    say("\nplan: every phase fits" if fits else "\nplan: a phase does not fit the device (see above)")
+    return fits
+
+
+def check_inputs(cfg: DictConfig, plan) -> tuple[ModelShape, object]:
+    """Load what the run loads first (imports, reward functions, the model's config and tokenizer) and
+    print the plan's header; returns the model's shape and tokenizer."""
     from transformers import AutoConfig, AutoTokenizer
 
     from rlplat.config.imports import import_user_modules
@@ -419,9 +442,6 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
     from rlplat.trainer.preflight import check_model_path
     from rlplat.trainer.run import resolve_model_path
     from rlplat.models.embedded import is_embedded
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
 
     import_user_modules(cfg.trainer.imports)
     build_reward_manager(cfg.reward, cfg.algorithm.overlong_buffer, cfg.data.max_response_length).close()
@@ -437,7 +457,11 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
     say("config, reward functions and imports: ok")
     for problem in missing_packages(cfg, plan):
         say(f"note: {problem}; the run needs it where it runs")
+    return shape, tokenizer
 
+
+def report_data(cfg: DictConfig, plan, tokenizer) -> dict[str, PromptLengths]:
+    """Scan the train and test prompts' lengths and print them; returns the scans by split."""
     say("\ndata (tokens per prompt, after the chat template)")
     scans = {}
     for split, files in (("train", plan.train_files), ("test", plan.val_files)):
@@ -447,27 +471,28 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
         say(f"  {split}: {len(lengths)} prompts from {', '.join(scan.files)}; min {min(lengths)}, median "
             f"{int(statistics.median(lengths))}, p99 {_percentile(lengths, 0.99)}, max {max(lengths)}; "
             f"{check_lengths(cfg, scan)}")
-    kept = {split: len(s.lengths) - (s.over(cfg.data.max_prompt_length) if cfg.data.truncation == "filter" else 0)
-            for split, s in scans.items()}
-    if not kept["train"]:
-        from rlplat.data import DataError
+    return scans
 
-        raise DataError(f"every train prompt is longer than data.max_prompt_length={cfg.data.max_prompt_length} and "
-                        f"data.truncation=filter drops them all: raise data.max_prompt_length")
+
+def report_ledger(cfg: DictConfig, plan, train: PromptLengths, kept: int) -> Ledger:
+    """Print the batch ledger of one training step over the ``kept`` train prompts."""
     replicas = layout(cfg, "actor", plan.world_size).replicas
-    longest = min(cfg.data.max_prompt_length, max(scans["train"].lengths))
-    led = ledger(cfg, plan, kept["train"], replicas, longest)
+    led = ledger(cfg, plan, kept, replicas, min(cfg.data.max_prompt_length, max(train.lengths)))
     say("\nbatch ledger (per training step)")
     say(f"  {led.prompts} prompts x rollout.n={cfg.rollout.n} = {led.sequences} sequences over {led.replicas} "
         f"data-parallel replica(s): {led.sequences_per_replica} per replica")
     say(f"  tokens: at most {led.max_tokens:,} ({led.max_prompt} prompt + {led.max_response} response per sequence: "
-        f"the longest prompt, padded to, and a full response); mean prompt {statistics.mean(scans['train'].lengths):.0f}")
+        f"the longest prompt, padded to, and a full response); mean prompt {statistics.mean(train.lengths):.0f}")
     say(f"  {led.mini_batches} mini-batch(es) x actor.ppo_epochs={cfg.actor.ppo_epochs} = {led.optimizer_steps} "
         f"optimizer step(s); {led.micro_batches} micro-batch(es) of {led.micro_seqs} sequences "
         f"(at most {led.micro_tokens:,} tokens) per mini-batch and worker")
-    say(f"  {led.steps_per_epoch:.1f} steps per epoch of {kept['train']} prompts; trainer.total_steps="
+    say(f"  {led.steps_per_epoch:.1f} steps per epoch of {kept} prompts; trainer.total_steps="
         f"{cfg.trainer.total_steps} = {led.epochs:.2f} epochs")
+    return led
 
+
+def report_memory(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory: int) -> bool:
+    """Print each phase's memory estimate; True when every phase fits ``device_memory``."""
     say(f"\nmemory per {'device' if plan.device == 'cuda' else 'worker (CPU)'} (estimate, docs/plan.md) against "
         f"{device_memory / GB:.0f} GB")
     fits = True
@@ -480,9 +505,12 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
                 say(f"    {name:<52} {fmt(nbytes):>12}")
     if uncounted := colocated_scorers(cfg):
         say(f"  not counted: {' and '.join(uncounted)}, placed on these devices too (colocated)")
+    return fits
 
-    val = validation_cost(cfg, kept["test"], min(cfg.data.max_prompt_length, max(scans["test"].lengths))
-                          + plan.response_length)
+
+def report_validation_and_disk(shape: ModelShape, cfg: DictConfig, plan, test: PromptLengths, kept: int) -> None:
+    """Print what validation costs (over the ``kept`` test prompts) and what checkpoints take on disk."""
+    val = validation_cost(cfg, kept, min(cfg.data.max_prompt_length, max(test.lengths)) + plan.response_length)
     say(f"\nvalidation: {val['prompts']} prompts x rollout.val_n={cfg.rollout.val_n} = {val['responses']} responses "
         f"in {val['calls']} call(s) of data.val_batch_size_prompts={cfg.data.val_batch_size_prompts}, "
         f"{val['validations']} time(s) (trainer.test_freq={cfg.trainer.test_freq}): at most {val['tokens']:,} "
@@ -492,8 +520,6 @@ def report(cfg: DictConfig, plan, device_memory: int) -> bool:
     kept_bytes = f": {fmt(disk['checkpoint'] * keep)}" if keep > 0 else ""
     say(f"disk: {fmt(disk['checkpoint'])} per checkpoint (trainer.max_checkpoints={keep} kept{kept_bytes}), "
         f"{fmt(disk['hf_export'])} for hf_export")
-    say("\nplan: every phase fits" if fits else "\nplan: a phase does not fit the device (see above)")
-    return fits
 
 
 def planned_device(overrides: list[str]) -> str | None:

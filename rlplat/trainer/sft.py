@@ -12,6 +12,7 @@ This is how rlplat warm-starts its embedded tiny model before RL (RL from random
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import sys
 import tempfile
@@ -22,6 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlplat.config import compose_config
+from rlplat.config.schema import AgentConfig
 from rlplat.config.validate import resolve_device
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.agents.trajectory import Trajectory
@@ -31,7 +33,7 @@ from rlplat.data.dataset import ToolsOf
 from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, SPEC, TOOL_WARM_START, WARM_START, embedded_model_dir
 from rlplat.models.tiny import build_tiny_model
 from rlplat.protocol import Batch
-from rlplat.rollout.agent_loop import build_tools
+from rlplat.rollout.agent_loop import Environments
 from rlplat.rollout.base import assemble_rollout
 from rlplat.workers.roles import SFTWorker
 
@@ -74,9 +76,15 @@ def sft_batch(items: list[dict], tokenizer, max_response_length: int, tools_of: 
     return assemble_rollout(prompts, responses, trained, torch.zeros(responses.shape), attended)
 
 
+@functools.cache
+def _environments() -> Environments:
+    return Environments(AgentConfig())
+
+
 def row_tools(extra_info) -> list[dict] | None:
-    """The schemas of the tools a row offers (``extra_info["tools"]``), which its prompt shows."""
-    return [tool.schema() for tool in build_tools((extra_info or {}).get("tools") or [])] or None
+    """The schemas of the tools a row offers (``extra_info["tools"]``), which its prompt shows (each tool
+    made once, as the agent loop makes them)."""
+    return _environments().schemas_of(extra_info)
 
 
 def run_sft(

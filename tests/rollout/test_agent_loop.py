@@ -104,3 +104,18 @@ def test_an_environment_that_raises_is_one_error_naming_it_and_the_row(tiny_mode
     loop = MultiTurn(cfg.rollout.agent, tokenizer, response_length=64)
     with pytest.raises(EnvironmentFailed, match=r"Broken.step\(\) raised on row \d \(echo\): KeyError"):
         loop.run(engine, agent_prompts(tokenizer, ["hi"] * 4), SamplingParams(max_new_tokens=8, stop_token_ids=stops))
+
+
+def test_an_observation_that_does_not_fit_ends_the_trajectory_with_nothing_of_it_kept(tiny_model_path, tmp_path):
+    cfg, tokenizer, engine = agent_setup(tiny_model_path, tmp_path)
+    stops = tuple(tokenizer.convert_tokens_to_ids(list("0123456789abcdefghijklmnopqrstuvwxyz")))
+    loop, recording = MultiTurn(cfg.rollout.agent, tokenizer, response_length=12), Recording(engine)
+    prompts = agent_prompts(tokenizer, ["hi", "12+5="])
+    out = loop.run(recording, prompts, SamplingParams(max_new_tokens=8, stop_token_ids=stops))
+    assert len(recording.calls) == 1  # "turn 1: go on" and its role tokens do not fit beside a turn in 12 tokens
+    for row, sample in enumerate(recording.calls[0][1]):
+        agent = out.non_tensors["extra_info"][row]["agent"]
+        assert agent["ended"] == "budget" and agent["turns"] == 1 and agent["rewards"] == {"polite": 0.25}
+        assert agent["messages"][-1]["role"] == "assistant"  # no observation left half-added
+        assert out.tensors["responses"][row, :len(sample.ids)].tolist() == sample.ids
+        assert out.tensors["attention_mask"][row, -12:].tolist() == [1] * len(sample.ids) + [0] * (12 - len(sample.ids))
