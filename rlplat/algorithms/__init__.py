@@ -11,6 +11,7 @@ policy loss            ``POLICY_LOSSES``           ``fn(PolicyLossInput) -> Poli
 loss aggregation mode  ``AGGREGATION_MODES``       ``fn(loss, mask, LossDenominators, scale)``
 KL estimator           ``KL_ESTIMATORS``           ``fn(KLInput) -> [batch, response_len]``
 KL controller          ``KL_CONTROLLERS``          ``cls.from_options(coef, target, horizon)``
+off-policy correction  ``OFF_POLICY_CORRECTIONS``  ``fn(OffPolicyInput) -> Correction``
 =====================  ==========================  =========================================
 
 Adding an estimator from your own module (imported before the trainer builds its config, e.g. from a
@@ -54,6 +55,7 @@ from rlplat.algorithms.kl import (
     kl_penalty,
     make_kl_controller,
 )
+from rlplat.algorithms.off_policy import OFF_POLICY_CORRECTIONS, Correction, OffPolicyInput
 from rlplat.algorithms.policy_losses import (
     POLICY_LOSSES,
     PolicyLossConfig,
@@ -70,10 +72,11 @@ from rlplat.algorithms.reward_shaping import OverlongShaping
 from rlplat.algorithms.reweight import PF_PPO_METHODS, pf_ppo_resample, pf_ppo_weights
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGGREGATION_MODES", "KL_CONTROLLERS", "KL_ESTIMATORS", "PF_PPO_METHODS",
-    "POLICY_LOSSES",
-    "AdaptiveKLController", "AdvantageInput", "AdvantageOptions", "AdvantageOutput", "EstimatorSpec",
-    "FixedKLController", "KLController", "KLInput", "LossDenominators", "OverlongShaping", "PolicyLossConfig",
+    "ADVANTAGE_ESTIMATORS", "AGGREGATION_MODES", "KL_CONTROLLERS", "KL_ESTIMATORS", "OFF_POLICY_CORRECTIONS",
+    "PF_PPO_METHODS", "POLICY_LOSSES",
+    "AdaptiveKLController", "AdvantageInput", "AdvantageOptions", "AdvantageOutput", "Correction", "EstimatorSpec",
+    "FixedKLController", "KLController", "KLInput", "LossDenominators", "OffPolicyInput", "OverlongShaping",
+    "PolicyLossConfig",
     "PolicyLossInput", "PolicyLossOptions", "PolicyLossOutput",
     "aggregate_loss", "compute_advantages", "entropy_from_logits", "estimator_spec", "get_advantage_estimator",
     "get_aggregation", "get_kl_estimator", "get_policy_loss", "kl_estimator_names", "kl_penalized_rewards",

@@ -75,8 +75,8 @@ class AdvantageInput:
     reward_weights: torch.Tensor | None = None  # [num_rewards] their weights (gdpo; default all 1)
     old_log_probs: torch.Tensor | None = None  # [batch, response_len] sampling policy (optimal baselines)
     sum_pi_squared: torch.Tensor | None = None  # [batch, response_len] Σ_v π(v)² (optimal baselines)
-    # [batch, response_len] truncated importance weights min(π_old / π_rollout, algorithm.tis_cap) of the
-    # rollout correction, when it is on (optimal baselines scale their variance term by their square)
+    # [batch, response_len] importance weights of the off-policy correction (algorithm.off_policy), when one
+    # is on (optimal baselines scale their variance term by their square)
     importance_weights: torch.Tensor | None = None
     options: AdvantageOptions = field(default_factory=AdvantageOptions)
 

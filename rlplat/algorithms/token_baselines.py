@@ -14,8 +14,8 @@ as verl implements it (``optimal_token_baseline``); ``tir_optimal_token_baseline
 for tool-integrated (multi-turn) masks: positions count *valid* tokens only (masked observation tokens
 are squeezed out before the baseline is taken and the result is put back in place).
 
-With the rollout correction on (``algorithm.tis_cap``), each w_t is scaled by the square of its truncated
-importance weight ρ̄_t = min(π_old / π_rollout, cap), the baseline that minimises the variance of the
+With an off-policy correction on (``algorithm.off_policy``, e.g. ``tis``), each w_t is scaled by the square
+of its importance weight ρ̄_t (for ``tis``, min(π_old / π_rollout, cap)), the baseline that minimises the variance of the
 importance-weighted gradient (verl's ``rollout_is_weights``): B_t = Σ_i G_{i,t} W̃_{i,t} / Σ_i W̃_{i,t} with
 W̃_t = Σ_{j ≤ t} ρ̄_j² w_j m_j.
 

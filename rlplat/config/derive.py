@@ -8,11 +8,17 @@ valid config; a size set explicitly is never changed, and validation still check
 * ``actor.micro_batch_size_seqs_per_worker``: the largest divisor of the per-worker mini-batch
   (mini-batch prompts x ``rollout.n`` / workers) <= 128; ``critic.micro_batch_size_seqs_per_worker``:
   the actor's value.
+
+One alias is resolved here too: ``algorithm.tis_cap=C`` is ``algorithm.off_policy.correction=tis``,
+``level=token``, ``cap=C`` (what verl's and TRL's token truncation maps to), so the rest of rlplat reads
+``algorithm.off_policy`` only.
 """
 
 from __future__ import annotations
 
 from omegaconf import DictConfig, open_dict
+
+from rlplat.config.errors import ConfigError
 
 MINI_BATCH_PROMPTS_CAP = 16  # 4 optimizer steps per 64-prompt step: the quickstart's tuned value
 MICRO_BATCH_SEQS_CAP = 128  # activations of 128 sequences fit a CPU or one GPU for the models we test
@@ -37,3 +43,16 @@ def derive_batch_sizes(cfg: DictConfig) -> None:
             actor.micro_batch_size_seqs_per_worker = largest_divisor_at_most(per_worker, MICRO_BATCH_SEQS_CAP)
         if critic.micro_batch_size_seqs_per_worker is None:
             critic.micro_batch_size_seqs_per_worker = actor.micro_batch_size_seqs_per_worker
+
+
+def resolve_aliases(cfg: DictConfig) -> None:
+    """``algorithm.tis_cap`` into ``algorithm.off_policy`` (in place); both set is one ConfigError."""
+    algo = cfg.algorithm
+    if algo.tis_cap is None:
+        return
+    if algo.off_policy.correction != "none":
+        raise ConfigError(f"algorithm.tis_cap={algo.tis_cap} is the alias of algorithm.off_policy.correction=tis "
+                          f"level=token cap={algo.tis_cap}, and algorithm.off_policy.correction="
+                          f"{algo.off_policy.correction} is set too: keep one")
+    with open_dict(cfg):
+        algo.off_policy.correction, algo.off_policy.level, algo.off_policy.cap = "tis", "token", algo.tis_cap

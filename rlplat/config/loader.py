@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlplat.config.derive import derive_batch_sizes
+from rlplat.config.derive import derive_batch_sizes, resolve_aliases
 from rlplat.config.errors import ConfigError
 from rlplat.config.imports import import_user_modules
 from rlplat.config.migration import equivalent
@@ -119,6 +119,7 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
 
 
 def _derive(cfg: DictConfig) -> None:
+    resolve_aliases(cfg)
     try:
         derive_batch_sizes(cfg)
     except (TypeError, ZeroDivisionError):  # a non-positive size: validation names the key

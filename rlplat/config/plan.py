@@ -97,12 +97,13 @@ def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines:
     if cfg.actor.ppo_epochs == 1 and mini_batches == 1 and not algo.use_kl_in_reward and not reads_sum_sq:
         return "update"
     if algo.old_log_probs == "rollout":
-        check(algo.tis_cap is None, "algorithm.tis_cap weights tokens by pi_old / pi_rollout, which is 1 with "
-                                    "algorithm.old_log_probs=rollout; set algorithm.old_log_probs=recompute")
+        check(algo.off_policy.correction == "none",
+              f"algorithm.off_policy.correction={algo.off_policy.correction} (or algorithm.tis_cap) weights tokens by "
+              f"pi_old / pi_rollout, which is 1 with algorithm.old_log_probs=rollout; set algorithm.old_log_probs=recompute")
         check(not reads_sum_sq, f"algorithm.adv_estimator={algo.adv_estimator!r} reads sum_pi_squared from the "
                                 f"actor's log-prob pass; set algorithm.old_log_probs=recompute")
         return "rollout"
-    if algo.old_log_probs == "recompute" or algo.tis_cap is not None or algo.use_kl_in_reward or reads_sum_sq:
+    if algo.old_log_probs == "recompute" or algo.off_policy.correction != "none" or algo.use_kl_in_reward or reads_sum_sq:
         return "recompute"
     exact = engines.rollout.actor_log_probs and rollout_dtype == engines.actor_dtype == "float32"
     return "rollout" if exact else "recompute"

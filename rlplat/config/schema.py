@@ -229,6 +229,17 @@ class PFPPOConfig:
 
 
 @dataclass
+class OffPolicyConfig:
+    # weights on each token's policy loss from rho = pi_old / pi_rollout (registry): none | tis = min(rho, cap) |
+    # mis = rho if low <= rho <= high else 0 | icepop = token-level mis (docs/algorithms.md "Off-policy corrections")
+    correction: str = "none"
+    level: str = "token"  # rho per token | sequence = exp(sum of log rho) | geometric = exp(mean of log rho), per response
+    cap: float = 2.0  # tis: the largest weight
+    low: float = 0.5  # mis, icepop: rho under it is masked
+    high: float = 5.0  # mis, icepop: rho over it is masked
+
+
+@dataclass
 class AlgorithmConfig:
     preset: Optional[str] = None  # the algorithm=<preset> applied (each preset file names itself); None = none
     adv_estimator: str = "grpo"  # advantage estimator (registry)
@@ -246,7 +257,9 @@ class AlgorithmConfig:
     clip_ratio_low: float = 0.2  # epsilon_low (dppo_*: the divergence threshold for A <= 0)
     clip_ratio_high: float = 0.2  # epsilon_high (DAPO clip-higher: 0.28; dppo_*: the threshold for A > 0)
     clip_ratio_c: float = 3.0  # dual-clip constant (> 1); dppo_*: cap of the truncated importance weight
-    tis_cap: Optional[float] = None  # truncated importance sampling: weight tokens by min(pi_old / pi_rollout, cap); None = off
+    # alias of off_policy.correction=tis, level=token, cap=tis_cap (truncated importance sampling); None = off
+    tis_cap: Optional[float] = None
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     # pi_old of the PPO ratio when the update is off-policy (several mini-batches or epochs): recompute = the
     # actor's log-prob pass before the update | rollout = the rollout engine's log-probs (no pass) | auto =
     # rollout where the engine samples with the actor's weights in float32 (hf, no mixed precision), else recompute

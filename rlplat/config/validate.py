@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlplat.algorithms import OverlongShaping, estimator_spec, policy_loss_config
 from rlplat.algorithms.advantages import SCALES as ADV_SCALES
+from rlplat.algorithms.off_policy import LEVELS as OFF_POLICY_LEVELS
 from rlplat.config.errors import ConfigError, check
 from rlplat.config.plan import OLD_LOG_PROBS, REFERENCE_PLACEMENTS, as_paths, reference_placement
 from rlplat.config.schema import count_keys
@@ -46,6 +47,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "trainer.nonfinite": ("stop", "skip"),
     "algorithm.truncated_responses": ("keep", "mask", "penalize"),
     "trainer.progress": PROGRESS_MODES,
+    "algorithm.off_policy.level": OFF_POLICY_LEVELS,
 }
 
 
@@ -64,8 +66,8 @@ def _registries() -> list[tuple[str, Registry, Callable[[], Iterable[str]] | Non
     # Imported here: the registries fill up as their modules import, and plug-ins a user registers
     # before calling load_config() must count.
     from rlplat.algorithms import (
-        ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES,
-        kl_estimator_names,
+        ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_CONTROLLERS, KL_ESTIMATORS, OFF_POLICY_CORRECTIONS,
+        POLICY_LOSSES, kl_estimator_names,
     )
 
     return [
@@ -75,6 +77,7 @@ def _registries() -> list[tuple[str, Registry, Callable[[], Iterable[str]] | Non
         ("algorithm.kl_penalty", KL_ESTIMATORS, kl_estimator_names),
         ("algorithm.kl_loss_type", KL_ESTIMATORS, kl_estimator_names),
         ("algorithm.kl_ctrl.type", KL_CONTROLLERS, None),
+        ("algorithm.off_policy.correction", OFF_POLICY_CORRECTIONS, None),
     ]
 
 
@@ -99,6 +102,13 @@ def _check_values(cfg: DictConfig) -> None:
     check(0 < rollout.top_p <= 1, f"rollout.top_p must be in (0, 1], got {rollout.top_p}")
     check(rollout.top_k == -1 or rollout.top_k > 0, f"rollout.top_k must be -1 or > 0, got {rollout.top_k}")
     check(algo.tis_cap is None or algo.tis_cap > 0, f"algorithm.tis_cap must be > 0 (or null = off), got {algo.tis_cap}")
+    off = algo.off_policy
+    check(off.cap > 0, f"algorithm.off_policy.cap must be > 0, got {off.cap}")
+    check(0 <= off.low < 1 < off.high, f"algorithm.off_policy.low and .high must satisfy 0 <= low < 1 < high, got "
+                                       f"low={off.low}, high={off.high}")
+    check(off.correction != "icepop" or off.level == "token",
+          f"algorithm.off_policy.correction=icepop masks tokens (level=token), got level={off.level}; use "
+          f"correction=mis for a {off.level}-level mask")
     for section in ("actor", "critic"):
         optim = cfg[section].optim
         check(optim.lr > 0, f"{section}.optim.lr must be > 0, got {optim.lr}")

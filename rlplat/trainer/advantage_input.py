@@ -35,20 +35,20 @@ def advantage_input(batch: Batch, rewards: torch.Tensor, algo: DictConfig,
         reward_weights=weights,
         old_log_probs=optional("old_log_probs"),
         sum_pi_squared=optional("sum_pi_squared"),
-        importance_weights=importance_weights(batch, algo.tis_cap),
+        importance_weights=importance_weights(batch, algo.off_policy),
         options=AdvantageOptions(gamma=algo.gamma, lam=algo.lam, epsilon=algo.norm_adv_epsilon,
                                  scale=algo.norm_adv_scale, gpg_f_norm=algo.gpg_f_norm,
                                  otb_zero_tail=algo.otb_zero_tail),
     )
 
 
-def importance_weights(batch: Batch, tis_cap: float | None) -> torch.Tensor | None:
-    """The rollout correction's truncated importance weights ``[batch, response_len]`` exactly as the loss
-    takes them (``algorithm.tis_cap``; None when off)."""
+def importance_weights(batch: Batch, off_policy) -> torch.Tensor | None:
+    """The off-policy correction's weights ``[batch, response_len]`` exactly as the loss takes them
+    (``algorithm.off_policy``; None when it is ``none``)."""
     t = batch.tensors
-    if tis_cap is None or "rollout_log_probs" not in t.keys():
+    if off_policy.correction == "none" or "rollout_log_probs" not in t.keys():
         return None
-    return rollout_correction(t["old_log_probs"], t, t["response_mask"], tis_cap)[0]
+    return rollout_correction(t["old_log_probs"], t, t["response_mask"], off_policy)[0]
 
 
 def reward_terms(batch: Batch, term_weights: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -30,7 +30,9 @@ Examples:
 def registered_names() -> dict[str, tuple[str, ...]]:
     """Every registered plug-in name by kind (algorithms and reward functions), as ``--help`` and the
     README list them."""
-    from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+    from rlplat.algorithms import (
+        ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES,
+    )
     from rlplat.reward import REWARD_FUNCTIONS
 
     return {
@@ -38,6 +40,7 @@ def registered_names() -> dict[str, tuple[str, ...]]:
         "policy losses (algorithm.policy_loss)": POLICY_LOSSES.names(),
         "loss aggregation modes (algorithm.loss_agg_mode)": AGGREGATION_MODES.names(),
         "KL estimators (algorithm.kl_penalty, algorithm.kl_loss_type)": KL_ESTIMATORS.names(),
+        "off-policy corrections (algorithm.off_policy.correction)": OFF_POLICY_CORRECTIONS.names(),
         "reward functions (reward.functions; auto = by data_source)": REWARD_FUNCTIONS.names(),
     }
 

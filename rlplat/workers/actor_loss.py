@@ -1,9 +1,9 @@
 """The actor's and critic's losses for one micro-batch, assembled from the algorithms registries.
 
 actor loss = agg(w · policy loss) − entropy_coeff · agg(entropy) + kl_loss_coef · agg(KL)   (if use_kl_loss)
-    w = min(π_old / π_rollout, tis_cap) per token with ``algorithm.tis_cap`` (truncated importance
-    sampling, Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"),
-    else 1: it corrects for the rollout engine's probabilities differing from the trainer's
+    w = the off-policy correction's weight of each token from π_old / π_rollout
+    (``algorithm.off_policy``, :mod:`rlplat.algorithms.off_policy`: tis, mis, icepop), else 1: it corrects
+    for the rollout engine's probabilities differing from the trainer's
 critic loss = agg(½ max((V − R)², (clip(V, V_old ± ε_v) − R)²))
 SFT loss    = token-mean(−log π(token))   (the warm start of the embedded model)
 
@@ -18,7 +18,9 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.algorithms import (
+    OFF_POLICY_CORRECTIONS,
     KLInput,
+    OffPolicyInput,
     LossDenominators,
     PolicyLossInput,
     aggregate_loss,
@@ -59,7 +61,7 @@ def actor_loss(
         return aggregate_loss(values, mask, algo.loss_agg_mode, denominators, loss_scale_factor)
 
     # π_old taken from the rollout has no mismatch to measure or correct
-    weights, mismatch = (None, {}) if from_rollout else rollout_correction(old, t, mask, algo.tis_cap)
+    weights, mismatch = (None, {}) if from_rollout else rollout_correction(old, t, mask, algo.off_policy)
     policy = get_policy_loss(algo.policy_loss)(
         PolicyLossInput(
             log_prob=fwd.log_probs,
@@ -104,20 +106,15 @@ def old_log_probs_key(t, old_policy: str) -> str | None:
                    f"no {wanted}; set algorithm.old_log_probs=recompute")
 
 
-def rollout_correction(old: torch.Tensor, t, mask: torch.Tensor, tis_cap: float | None):
-    """Truncated importance weights ``min(exp(old − rollout), cap)`` ``[batch, response_len]`` (None when
-    off or when the batch has no rollout log-probs) and token-mean metrics of the rollout/trainer mismatch."""
+def rollout_correction(old: torch.Tensor, t, mask: torch.Tensor, off_policy) -> tuple[torch.Tensor | None, dict]:
+    """The weights ``[batch, response_len]`` of the correction ``off_policy`` (``algorithm.off_policy``) names
+    (None when it is ``none`` or the batch has no rollout log-probs) and its token-mean metrics."""
     if "rollout_log_probs" not in t.keys():
         return None, {}
-    valid = mask.bool()
-    count = valid.sum().clamp(min=1)
-    log_ratio = (old.detach() - t["rollout_log_probs"].to(mask.device)).masked_fill(~valid, 0.0)
-    metrics = {"rollout/log_prob_abs_diff": log_ratio.abs().sum() / count}
-    if tis_cap is None:
-        return None, metrics
-    ratio = torch.exp(log_ratio.clamp(max=20.0))  # exp(20) is far above any cap; avoids inf
-    metrics["rollout/tis_capped_frac"] = ((ratio > tis_cap) & valid).sum() / count
-    return ratio.clamp(max=tis_cap), metrics
+    inp = OffPolicyInput(old, t["rollout_log_probs"].to(mask.device), mask, off_policy.level, off_policy.cap,
+                         off_policy.low, off_policy.high)
+    correction = OFF_POLICY_CORRECTIONS.get(off_policy.correction)(inp)
+    return correction.weights, correction.metrics
 
 
 def critic_loss(

@@ -85,7 +85,8 @@ BAD = [
      "actor.fsdp.param_offload needs a GPU"),
     (["algorithm.old_log_probs=stale"], "algorithm.old_log_probs='stale' is not one of: auto, recompute, rollout"),
     (["algorithm.old_log_probs=rollout", "algorithm.tis_cap=2.0"],
-     "algorithm.tis_cap weights tokens by pi_old / pi_rollout, which is 1 with algorithm.old_log_probs=rollout"),
+     "algorithm.off_policy.correction=tis (or algorithm.tis_cap) weights tokens by pi_old / pi_rollout, which is 1 "
+     "with algorithm.old_log_probs=rollout"),
     (["algorithm.old_log_probs=rollout", "algorithm.adv_estimator=optimal_token_baseline"],
      "algorithm.adv_estimator='optimal_token_baseline' reads sum_pi_squared from the actor's log-prob pass"),
     (["trainer.device=cpu", "ref.fsdp.mixed_precision=bf16"],

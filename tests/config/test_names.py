@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES
 from rlplat.reward import REWARD_FUNCTIONS
 from rlplat.trainer.main import main
 
@@ -13,6 +13,7 @@ KINDS = {
     "policy losses": POLICY_LOSSES,
     "loss aggregation modes": AGGREGATION_MODES,
     "KL estimators": KL_ESTIMATORS,
+    "off-policy corrections": OFF_POLICY_CORRECTIONS,
     "reward functions": REWARD_FUNCTIONS,
 }
 

@@ -100,6 +100,23 @@ def test_pi_old_from_the_hf_rollout_trains_as_the_recomputed_one(embedded_cache,
         assert auto[key] == pytest.approx(recompute[key], rel=1e-4, abs=1e-6), key
 
 
+def test_an_off_policy_correction_weighs_the_loss_of_a_run(embedded_cache, small_val, tmp_path):
+    """The hf engine in float32 samples with the actor's own probabilities (rho = 1 to float error), so a
+    sequence-level masked correction keeps every token at weight ~1: the update is the uncorrected one's,
+    and its metrics say so."""
+    args = ("trainer.ray_address=inprocess", "algorithm=grpo", "actor.mini_batch_size_prompts=4")
+    runs = {}
+    for name, extra in (("none", ["algorithm.old_log_probs=recompute"]),
+                        ("mis", ["algorithm.off_policy.correction=mis", "algorithm.off_policy.level=sequence"])):
+        run(*load_run_config(overrides(tmp_path / name, 1, small_val, *args, *extra)))
+        runs[name] = metrics(tmp_path / name)[1]
+    plain, corrected = runs["none"], runs["mis"]
+    assert "off_policy/weight_mean" not in plain and plain["rollout/mismatch_kl"] == pytest.approx(0.0, abs=1e-5)
+    assert corrected["off_policy/weight_mean"] == pytest.approx(1.0, abs=1e-4) and corrected["off_policy/masked_frac"] == 0
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert corrected[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+
+
 @pytest.mark.slow
 def test_two_workers_fsdp_over_ray(embedded_cache, small_val, tmp_path, ray_cluster):
     summary = train(overrides(tmp_path, 2, small_val, "trainer.workers_per_node=2"))

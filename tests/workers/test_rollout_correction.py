@@ -1,4 +1,5 @@
-"""Truncated importance sampling against the rollout engine's log-probs, hand-computed; pi_old taken from the rollout."""
+"""Truncated importance sampling against the rollout engine's log-probs in the actor's loss, hand-computed (the
+alias algorithm.tis_cap as the config resolves it); pi_old taken from the rollout."""
 
 import math
 
@@ -7,7 +8,8 @@ import torch
 from omegaconf import OmegaConf
 
 from rlplat.algorithms import LossDenominators
-from rlplat.config.schema import AlgorithmConfig
+from rlplat.config import load_config
+from rlplat.config.schema import AlgorithmConfig, OffPolicyConfig
 from rlplat.protocol import Batch
 from rlplat.workers.actor_loss import actor_loss, rollout_correction
 from rlplat.engines.base import ForwardOutput
@@ -17,16 +19,16 @@ def test_weights_and_mismatch_metrics_by_hand():
     old = torch.zeros(1, 4)
     t = Batch.from_dict({"rollout_log_probs": torch.tensor([[-0.5, 0.5, -2.0, 3.0]])}).tensors
     mask = torch.tensor([[1, 1, 1, 0]])  # the last token is padding: ignored everywhere
-    weights, metrics = rollout_correction(old, t, mask, tis_cap=2.0)
+    weights, metrics = rollout_correction(old, t, mask, load_config(["algorithm.tis_cap=2.0"]).algorithm.off_policy)
     torch.testing.assert_close(weights[0, :3], torch.tensor([math.exp(0.5), math.exp(-0.5), 2.0]))
     assert math.isclose(float(metrics["rollout/log_prob_abs_diff"]), (0.5 + 0.5 + 2.0) / 3, rel_tol=1e-6)
-    assert math.isclose(float(metrics["rollout/tis_capped_frac"]), 1 / 3, rel_tol=1e-6)
-    off, off_metrics = rollout_correction(old, t, mask, tis_cap=None)
-    assert off is None and set(off_metrics) == {"rollout/log_prob_abs_diff"}
+    assert math.isclose(float(metrics["off_policy/ratio_high_frac"]), 1 / 3, rel_tol=1e-6)
+    off, off_metrics = rollout_correction(old, t, mask, load_config([]).algorithm.off_policy)
+    assert off is None and set(off_metrics) == {"rollout/log_prob_abs_diff", "rollout/mismatch_kl", "rollout/mismatch_k3"}
 
 
 def test_policy_loss_is_weighted_token_by_token():
-    algo = OmegaConf.structured(AlgorithmConfig(tis_cap=2.0))
+    algo = OmegaConf.structured(AlgorithmConfig(off_policy=OffPolicyConfig(correction="tis", cap=2.0)))
     log_probs = torch.zeros(1, 3, requires_grad=True)
     micro = Batch.from_dict({
         "response_mask": torch.ones(1, 3, dtype=torch.long),
@@ -38,7 +40,7 @@ def test_policy_loss_is_weighted_token_by_token():
     # on-policy ratio 1, so the PPO loss is -A = -1 per token; token-mean of -w
     expected = -(math.exp(0.5) + math.exp(-0.5) + 2.0) / 3
     assert math.isclose(float(loss), expected, rel_tol=1e-6)
-    assert math.isclose(metrics["rollout/tis_capped_frac"], 1 / 3, rel_tol=1e-6)
+    assert math.isclose(metrics["off_policy/ratio_high_frac"], 1 / 3, rel_tol=1e-6)
 
 
 def test_pi_old_from_the_rollout_is_the_same_loss_as_recomputed_old_log_probs():
