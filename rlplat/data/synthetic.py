@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
+import math
 import os
 import random
 import sys
@@ -170,17 +171,23 @@ def countdown(num: int, seed: int, split: str = "train", count: int = 3, max_num
 # ---------------------------------------------------------------------------------------- tool arithmetic
 @TASKS.register("tool_arithmetic")
 def tool_arithmetic(num: int, seed: int, split: str = "train", digits: int = 3) -> list[dict]:
-    """``a*b=`` with two ``digits``-digit operands (``10**(digits-1) .. 10**digits - 1``): products too large
-    for the embedded model to compute in its head, for an agent with the ``calculator`` tool
-    (``extra_info["tools"] = ["calculator"]``, the tools a row offers). The answer is the exact product,
-    scored by the ``arithmetic`` rules (``data_source`` ``rlplat/tool_arithmetic``). A stable hash sends 1
-    problem in 100 to the test split, so train and test never share one."""
+    """``a*b=`` with two ``digits``-digit operands whose product has ``2 * digits`` digits (operands from
+    the least whose square has that many, 317 for 3 digits, to ``10**digits - 1``): products too large for
+    the embedded model to compute in its head, for an agent with the ``calculator`` tool
+    (``extra_info["tools"] = ["calculator"]``, the tools a row offers). Every answer has one length: the
+    embedded tool model copies a tool result of the usual length, not one digit shorter (docs/agents.md).
+    The answer is the exact product, scored by the ``arithmetic`` rules (``data_source``
+    ``rlplat/tool_arithmetic``). A stable hash sends 1 problem in 100 to the test split, so train and test
+    never share one."""
     if not isinstance(digits, int) or isinstance(digits, bool) or not 2 <= digits <= 9:
         raise DataError(f"tool_arithmetic: option digits must be an integer from 2 to 9, got {digits!r}")
-    rng, low, high, rows, seen = _rng("tool_arithmetic", split, seed), 10 ** (digits - 1), 10**digits - 1, [], set()
+    low, high = math.isqrt(10 ** (2 * digits - 1) - 1) + 1, 10**digits - 1
+    rng, rows, seen = _rng("tool_arithmetic", split, seed), [], set()
+    distinct = (high - low + 1) ** 2
+    unique = num <= (distinct // _HASHED_TEST_BUCKETS if split == "test" else distinct) // 2  # as _hashed_problems
     while len(rows) < num:
         a, b = rng.randint(low, high), rng.randint(low, high)
-        if _is_hashed_test(a, "*", b) != (split == "test") or (a, b) in seen:
+        if _is_hashed_test(a, "*", b) != (split == "test") or (unique and (a, b) in seen):
             continue
         seen.add((a, b))
         rows.append(_row("rlplat/tool_arithmetic", f"{a}*{b}=", str(a * b), len(rows), split, tools=["calculator"]))
@@ -257,19 +264,25 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("RLPLAT_CACHE") or Path.home() / ".cache" / "rlplat")
 
 
+def task_digest(task: str) -> str:
+    """A digest of a registered task's generator source: part of the name of its cached files, so a
+    changed generator never reads rows an older one wrote."""
+    return hashlib.sha256(inspect.getsource(TASKS.get(task)).encode()).hexdigest()[:8]
+
+
 def builtin_path(task: str, split: str, cache_dir: str | os.PathLike | None = None, num: int | None = None,
                  seed: int | None = None) -> Path:
     """The parquet of a built-in task's split under ``<cache_dir>/data/``, generated only if missing.
 
     Defaults: ``train`` 20,000 rows with seed 0, ``test`` 256 rows with seed 1; ``cache_dir`` defaults to
-    ``$RLPLAT_CACHE`` or ``~/.cache/rlplat``.
+    ``$RLPLAT_CACHE`` or ``~/.cache/rlplat``; the name ends with :func:`task_digest`.
     """
     if split not in SPLIT_DEFAULTS:
         raise DataError(f"builtin:{task}: split must be one of {sorted(SPLIT_DEFAULTS)}, got {split!r}")
     default_num, default_seed = SPLIT_DEFAULTS[split]
     num = default_num if num is None else num
     seed = default_seed if seed is None else seed
-    path = Path(cache_dir or default_cache_dir()) / "data" / f"{task}-{split}-{num}-{seed}.parquet"
+    path = Path(cache_dir or default_cache_dir()) / "data" / f"{task}-{split}-{num}-{seed}-{task_digest(task)}.parquet"
     if not path.exists():
         write_parquet(generate(task, num, seed, split=split), path)
     return path

@@ -2,10 +2,11 @@
 
 ``model.path=embedded`` (the default) resolves to :func:`embedded_model_dir`. This module says what the
 model is: its architecture (:data:`SPEC`, built by :mod:`rlplat.models.tiny`) and its warm start
-(:data:`WARM_START`: a short supervised phase on the built-in arithmetic task), which together name its
-cache directory under ``$RLPLAT_CACHE`` (default ``~/.cache/rlplat``). Building and warm-starting it is
-the trainer's work (:func:`rlplat.trainer.sft.ensure_embedded_model`). The warm start is deliberately
-short: it teaches the answer format and some arithmetic, and leaves most of the accuracy for RL to win.
+(:data:`WARM_START`: a short supervised phase on the built-in arithmetic task), which together with the
+task generator's source name its cache directory under ``$RLPLAT_CACHE`` (default ``~/.cache/rlplat``).
+Building and warm-starting it is the trainer's work (:func:`rlplat.trainer.sft.ensure_embedded_model`).
+The warm start is deliberately short: it teaches the answer format and some arithmetic, and leaves most
+of the accuracy for RL to win.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from rlplat.data.synthetic import DEMONSTRATION_CALL
+from rlplat.data.synthetic import DEMONSTRATION_CALL, task_digest
 from rlplat.models.tiny import CHAT_TEMPLATE, TinyModelSpec
 
 EMBEDDED = "embedded"  # the model.path value that selects this model
@@ -42,6 +43,8 @@ def cache_root() -> Path:
 
 def embedded_model_dir(name: str = EMBEDDED) -> Path:
     """The cache directory of the embedded model ``name`` (one of :data:`VARIANTS`)."""
-    what = [asdict(SPEC), WARM_START, CHAT_TEMPLATE] + ([TOOL_WARM_START, DEMONSTRATION_CALL] if name == EMBEDDED_TOOLS else [])
+    what = [asdict(SPEC), WARM_START, CHAT_TEMPLATE, task_digest("arithmetic")]
+    if name == EMBEDDED_TOOLS:
+        what += [TOOL_WARM_START, DEMONSTRATION_CALL, task_digest("tool_arithmetic")]
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
     return cache_root() / "models" / f"{name}-{key}"

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from rlplat.data import DataError, builtin_path, generate, resolve_files, write_parquet
-from rlplat.data.synthetic import main
+from rlplat.data.synthetic import main, task_digest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,12 +121,18 @@ def test_tool_arithmetic_products_splits_and_tools(digits):
         a, b = map(int, re.fullmatch(r"(\d+)\*(\d+)=", row["prompt"][0]["content"]).groups())
         assert 10 ** (digits - 1) <= min(a, b) and max(a, b) < 10**digits
         assert row["reward_model"]["ground_truth"] == str(a * b) and row["extra_info"]["tools"] == ["calculator"]
+        assert len(str(a * b)) == 2 * digits  # one answer length
     test = generate("tool_arithmetic", 100, seed=1, split="test", digits=digits)
     assert len(set(prompts(test))) == 100 and not set(prompts(rows)) & set(prompts(test))
     auto = REWARD_FUNCTIONS.get("auto")  # scored by the arithmetic rules: the exact product
     assert auto("rlplat/tool_arithmetic", rows[0]["reward_model"]["ground_truth"], rows[0]["reward_model"]["ground_truth"], None) == 1.0
     with pytest.raises(DataError, match="option digits must be an integer from 2 to 9"):
         generate("tool_arithmetic", 5, 0, digits=1)
+
+
+def test_more_tool_problems_than_exist_repeat_rather_than_hang():
+    rows = generate("tool_arithmetic", 6000, seed=0, digits=2)  # 68 x 68 operand pairs, 1 in 100 held out
+    assert len(rows) == 6000 and len(set(prompts(rows))) <= 68 * 68
 
 
 def test_bad_options_are_named():
@@ -156,13 +162,13 @@ def test_write_parquet_is_atomic(tmp_path):
 
 def test_builtin_path_caches_under_cache_dir(tmp_path, monkeypatch):
     path = builtin_path("countdown", "test", cache_dir=tmp_path, num=20)
-    assert path == tmp_path / "data" / "countdown-test-20-1.parquet"
+    assert path == tmp_path / "data" / f"countdown-test-20-1-{task_digest('countdown')}.parquet"
     frame = pd.read_parquet(path)
     assert len(frame) == 20 and set(frame["extra_info"].map(lambda e: e["split"])) == {"test"}
     path.write_bytes(b"stale")  # an existing file is reused, never regenerated
     assert builtin_path("countdown", "test", cache_dir=tmp_path, num=20).read_bytes() == b"stale"
     monkeypatch.setenv("RLPLAT_CACHE", str(tmp_path / "env"))
-    assert builtin_path("arithmetic", "test") == tmp_path / "env" / "data" / "arithmetic-test-256-1.parquet"
+    assert builtin_path("arithmetic", "test") == tmp_path / "env" / "data" / f"arithmetic-test-256-1-{task_digest('arithmetic')}.parquet"
     with pytest.raises(DataError, match="split must be one of"):
         builtin_path("arithmetic", "validation", cache_dir=tmp_path)
 
@@ -171,7 +177,7 @@ def test_resolve_files(tmp_path, monkeypatch):
     monkeypatch.setenv("RLPLAT_CACHE", str(tmp_path / "cache"))
     own = str(write_parquet(generate("arithmetic", 4, 0), tmp_path / "own.parquet"))
     (builtin,) = resolve_files("builtin:arithmetic", "test")
-    assert builtin == str(tmp_path / "cache" / "data" / "arithmetic-test-256-1.parquet")
+    assert builtin == str(tmp_path / "cache" / "data" / f"arithmetic-test-256-1-{task_digest('arithmetic')}.parquet")
     assert resolve_files([own, "builtin:arithmetic"], "test") == [own, builtin]
     assert resolve_files(Path(own), "train") == [own]
     with pytest.raises(DataError, match=r"^data.val_files: no such parquet file 'nope.parquet'$"):

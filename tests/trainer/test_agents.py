@@ -71,12 +71,11 @@ TOOL_RUN = ["model.path=embedded-tools", "data.train_files=builtin:tool_arithmet
             "rollout.val_n=8", "rollout.val_temperature=1.0", "trainer.test_freq=0", "actor.optim.lr_schedule=constant",
             "trainer.ray_address=inprocess"]
 TOOL_STEPS = 20
-# The minimum gains (docs/learning_thresholds.md "The tool-use test"): P(the demonstrated correct call), exact,
-# by the rule of that page over 5 seeds (mean +0.412, std 0.043); the val accuracy (mean@8 at T=1, sampled)
-# under every run measured (+0.147 to +0.336 over 6 runs of 20 steps; its own spread leaves the rule at its
-# 0.02 floor). The issue's +0.20 is the mean, not every seed: see that page.
-TOOL_MIN_CALL_GAIN = 0.07
-TOOL_MIN_ACCURACY_GAIN = 0.05
+# The minimum gains (docs/learning_thresholds.md "The tool-use test"), by the rule of that page over 10 seeds
+# of 20 steps (benchmarks/tool_seeds.py): the val accuracy (mean@8 at T=1, sampled; mean +0.425, std 0.022:
+# more than the +0.20 target) and P(the demonstrated correct call), exact (mean +0.443, std 0.019).
+TOOL_MIN_ACCURACY_GAIN = 0.325
+TOOL_MIN_CALL_GAIN = 0.355
 
 
 def correct_call_probability(model_dir: str, rows: list[dict]) -> float:
