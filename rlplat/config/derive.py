@@ -46,13 +46,17 @@ def derive_batch_sizes(cfg: DictConfig) -> None:
 
 
 def resolve_aliases(cfg: DictConfig) -> None:
-    """``algorithm.tis_cap`` into ``algorithm.off_policy`` (in place); both set is one ConfigError."""
+    """``algorithm.tis_cap`` into ``algorithm.off_policy`` (in place; ``tis_cap`` is then null, so the run's
+    config.yaml says it once); both set is one ConfigError."""
     algo = cfg.algorithm
     if algo.tis_cap is None:
         return
+    if not isinstance(algo.tis_cap, (int, float)) or algo.tis_cap <= 0:
+        raise ConfigError(f"algorithm.tis_cap must be > 0 (or null = off), got {algo.tis_cap}")
     if algo.off_policy.correction != "none":
         raise ConfigError(f"algorithm.tis_cap={algo.tis_cap} is the alias of algorithm.off_policy.correction=tis "
                           f"level=token cap={algo.tis_cap}, and algorithm.off_policy.correction="
                           f"{algo.off_policy.correction} is set too: keep one")
     with open_dict(cfg):
         algo.off_policy.correction, algo.off_policy.level, algo.off_policy.cap = "tis", "token", algo.tis_cap
+        algo.tis_cap = None

@@ -62,8 +62,8 @@ def test_mismatch_metrics_whatever_the_correction():
 
 
 def test_the_config_keys_the_alias_and_their_errors():
-    off = load_config(["algorithm.tis_cap=3.0"]).algorithm.off_policy
-    assert (off.correction, off.level, off.cap) == ("tis", "token", 3.0)
+    algo = load_config(["algorithm.tis_cap=3.0"]).algorithm
+    assert (algo.off_policy.correction, algo.off_policy.level, algo.off_policy.cap, algo.tis_cap) == ("tis", "token", 3.0, None)
     assert load_config([]).algorithm.off_policy.correction == "none"
     for overrides, message in [
         (["algorithm.tis_cap=3.0", "algorithm.off_policy.correction=mis"], "is the alias of algorithm.off_policy"),
@@ -72,6 +72,7 @@ def test_the_config_keys_the_alias_and_their_errors():
         (["algorithm.off_policy.correction=icepop", "algorithm.off_policy.level=sequence"], "icepop masks tokens"),
         (["algorithm.off_policy.low=2.0"], "0 <= low < 1 < high"),
         (["algorithm.off_policy.cap=0"], "algorithm.off_policy.cap must be > 0"),
+        (["algorithm.tis_cap=-1"], r"algorithm.tis_cap must be > 0 \(or null = off\), got -1"),
     ]:
         with pytest.raises(ConfigError, match=message):
             load_config(overrides)
