@@ -306,13 +306,17 @@ class ProcessExecutor:
             self._conn.close()
         self._proc = self._conn = self._finalizer = None
 
+    def ensure_started(self) -> None:
+        """Start the worker process if none is running (:meth:`run` does it too, when needed)."""
+        if self._proc is None:
+            self._start()
+
     def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[Outcome]:
         from rlplat.reward.scorers import UnknownDataSourceError
 
         out: list[Outcome] = []
         while len(out) < len(rows):
-            if self._proc is None:
-                self._start()
+            self.ensure_started()
             start = len(out)
             self._conn.send((fn_index, first_index + start, list(rows[start:])))
             for i in range(start, len(rows)):
@@ -378,7 +382,8 @@ class ProcessPool:
         """One :data:`Outcome` per row. Raises :class:`RewardsFailing` as soon as ``stop_after_errors`` calls
         failed, or (``give_up``) when the first call of every process timed out; the calls still running
         then end at their deadline. ``timings`` (one slot per row) gets each call's seconds (as the
-        controller waited for it) and whether it timed out."""
+        controller waited for it, from a running worker process: starting or restarting one, ~2 s, is not
+        the function's time) and whether it timed out."""
         import threading
         import time
 
@@ -393,6 +398,7 @@ class ProcessPool:
                     state["next"] += 1
                 if i >= len(rows):
                     return
+                executor.ensure_started()
                 timeouts, start = executor.timeouts, time.perf_counter()
                 outcome = executor.run(fn_index, [rows[i]], first_index + i)[0]
                 out[i] = outcome
