@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlplat.algorithms.masked import masked_mean, masked_sum
 from rlplat.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8, far above any cap or threshold: keeps ρ finite
@@ -57,20 +58,23 @@ class OffPolicyInput:
     low: float = 0.5  # mis, icepop
     high: float = 5.0  # mis, icepop
 
+    def log_ratio(self) -> torch.Tensor:
+        """log ρ_t per token, clamped to ±LOG_RATIO_CLAMP, 0 on padding."""
+        diff = (self.old_log_probs.detach() - self.rollout_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return diff.masked_fill(~self.response_mask.bool(), 0.0)
+
     def ratio(self) -> torch.Tensor:
         """ρ at the input's level, ``[batch, response_len]`` (1 on padding)."""
-        valid = self.response_mask.bool()
-        log_ratio = (self.old_log_probs.detach() - self.rollout_log_probs).masked_fill(~valid, 0.0)
+        log_ratio, mask = self.log_ratio(), self.response_mask
         if self.level == "token":
             per_token = log_ratio
-        elif self.level in ("sequence", "geometric"):
-            total = log_ratio.sum(-1, keepdim=True)
-            if self.level == "geometric":
-                total = total / valid.sum(-1, keepdim=True).clamp(min=1)
-            per_token = total.expand_as(log_ratio)
+        elif self.level == "sequence":
+            per_token = masked_sum(log_ratio, mask, -1)[:, None].expand_as(log_ratio)
+        elif self.level == "geometric":
+            per_token = masked_mean(log_ratio, mask, -1)[:, None].expand_as(log_ratio)
         else:
             raise ValueError(f"off-policy level must be one of {', '.join(LEVELS)}, got {self.level!r}")
-        return per_token.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp().masked_fill(~valid, 1.0)
+        return per_token.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp().masked_fill(~mask.bool(), 1.0)
 
 
 @dataclass
@@ -85,17 +89,12 @@ OffPolicyCorrection = Callable[[OffPolicyInput], Correction]
 OFF_POLICY_CORRECTIONS: Registry[OffPolicyCorrection] = Registry("off-policy correction")
 
 
-def _token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum() / mask.sum().clamp(min=1)
-
-
 def mismatch_metrics(inp: OffPolicyInput) -> dict[str, torch.Tensor]:
     """How far μ is from π_old on the sampled tokens, whatever the correction."""
-    mask = inp.response_mask.to(inp.old_log_probs.dtype)
-    log_ratio = (inp.old_log_probs.detach() - inp.rollout_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) * mask
-    return {"rollout/log_prob_abs_diff": _token_mean(log_ratio.abs(), mask),
-            "rollout/mismatch_kl": _token_mean(-log_ratio, mask),
-            "rollout/mismatch_k3": _token_mean(log_ratio.exp() - log_ratio - 1.0, mask)}
+    log_ratio, mask = inp.log_ratio(), inp.response_mask
+    return {"rollout/log_prob_abs_diff": masked_mean(log_ratio.abs(), mask),
+            "rollout/mismatch_kl": masked_mean(-log_ratio, mask),
+            "rollout/mismatch_k3": masked_mean(log_ratio.exp() - log_ratio - 1.0, mask)}
 
 
 @OFF_POLICY_CORRECTIONS.register("none")
@@ -106,22 +105,22 @@ def no_correction(inp: OffPolicyInput) -> Correction:
 @OFF_POLICY_CORRECTIONS.register("tis")
 def truncated_importance_sampling(inp: OffPolicyInput) -> Correction:
     """w = min(ρ, cap)."""
-    ratio, mask = inp.ratio(), inp.response_mask.to(inp.old_log_probs.dtype)
+    ratio, mask = inp.ratio(), inp.response_mask
     weights = ratio.clamp(max=inp.cap)
-    return Correction(weights, {**mismatch_metrics(inp), "off_policy/weight_mean": _token_mean(weights, mask),
-                                "off_policy/ratio_high_frac": _token_mean((ratio > inp.cap).to(mask.dtype), mask)})
+    return Correction(weights, {**mismatch_metrics(inp), "off_policy/weight_mean": masked_mean(weights, mask),
+                                "off_policy/ratio_high_frac": masked_mean((ratio > inp.cap).to(ratio.dtype), mask)})
 
 
 @OFF_POLICY_CORRECTIONS.register("mis")
 def masked_importance_sampling(inp: OffPolicyInput) -> Correction:
     """w = ρ · 1[low ≤ ρ ≤ high]."""
-    ratio, mask = inp.ratio(), inp.response_mask.to(inp.old_log_probs.dtype)
-    high, low = (ratio > inp.high).to(mask.dtype), (ratio < inp.low).to(mask.dtype)
+    ratio, mask = inp.ratio(), inp.response_mask
+    high, low = (ratio > inp.high).to(ratio.dtype), (ratio < inp.low).to(ratio.dtype)
     weights = ratio * (1.0 - high) * (1.0 - low)
-    return Correction(weights, {**mismatch_metrics(inp), "off_policy/weight_mean": _token_mean(weights, mask),
-                                "off_policy/ratio_high_frac": _token_mean(high, mask),
-                                "off_policy/ratio_low_frac": _token_mean(low, mask),
-                                "off_policy/masked_frac": _token_mean(high + low, mask)})
+    return Correction(weights, {**mismatch_metrics(inp), "off_policy/weight_mean": masked_mean(weights, mask),
+                                "off_policy/ratio_high_frac": masked_mean(high, mask),
+                                "off_policy/ratio_low_frac": masked_mean(low, mask),
+                                "off_policy/masked_frac": masked_mean(high + low, mask)})
 
 
 @OFF_POLICY_CORRECTIONS.register("icepop")
