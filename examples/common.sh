@@ -48,6 +48,9 @@ RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inproces
 #   ROLLOUT_MEM         rollout.vllm.gpu_memory_utilization / rollout.sglang.mem_fraction_static
 #   ROLLOUT_TP          rollout.vllm.tensor_parallel_size / rollout.sglang.tensor_parallel_size (GPUs per engine;
 #                       TP is Megatron's training tensor parallelism)
+#   ROLLOUT_MODE        rollout.mode: colocated | separate (rollout workers on a pool of their own, docs/async.md)
+#   ROLLOUT_WORKERS     rollout.workers_per_node: rollout workers (devices) per node of the separate pool
+#   ASYNC_STEPS         trainer.async_steps: steps the separate rollout pool generates ahead (0 = in turn)
 if [ -z "${PYTHON:-}" ]; then            # the checkout's venv (scripts/setup.sh) when there is one
     if [ -x "$REPO_DIR/.venv/bin/python" ]; then PYTHON="$REPO_DIR/.venv/bin/python"; else PYTHON=python; fi
 fi
@@ -81,6 +84,9 @@ run_rlplat() {
     optional ROLLOUT_BATCH_SEQS rollout.hf.batch_size_seqs_per_worker
     optional ROLLOUT_MEM rollout.vllm.gpu_memory_utilization rollout.sglang.mem_fraction_static
     optional ROLLOUT_TP rollout.vllm.tensor_parallel_size rollout.sglang.tensor_parallel_size
+    optional ROLLOUT_MODE rollout.mode
+    optional ROLLOUT_WORKERS rollout.workers_per_node
+    optional ASYNC_STEPS trainer.async_steps
     set -x
     "$PYTHON" -m rlplat.trainer.main \
         "algorithm=$ALGO" \

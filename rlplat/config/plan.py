@@ -85,7 +85,7 @@ def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines:
 
     "update": one epoch over one mini-batch starts from the policy that sampled, so the update's own
     forward gives π_old exactly; unless a KL in the reward or the estimator (``needs_sum_pi_squared``)
-    reads the actor's log-probs before the update. "rollout": the rollout engine's log-probs, which skips
+    reads the actor's log-probs before the update, or ``trainer.async_steps`` > 0 (an older policy sampled). "rollout": the rollout engine's log-probs, which skips
     the actor's log-prob pass over the batch (verl's rollout-correction bypass mode). The PPO ratio is
     then taken against the policy that actually sampled. ``auto`` picks it only where those log-probs are
     the actor's own to float error: the rollout engine declares that it samples with the actor's model
@@ -94,7 +94,9 @@ def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines:
     """
     algo = cfg.algorithm
     reads_sum_sq = spec.needs_sum_pi_squared
-    if cfg.actor.ppo_epochs == 1 and mini_batches == 1 and not algo.use_kl_in_reward and not reads_sum_sq:
+    # with trainer.async_steps > 0 the batch was sampled by weights up to K updates older than the actor's
+    stale = cfg.trainer.async_steps > 0
+    if cfg.actor.ppo_epochs == 1 and mini_batches == 1 and not algo.use_kl_in_reward and not reads_sum_sq and not stale:
         return "update"
     if algo.old_log_probs == "rollout":
         check(algo.off_policy.correction == "none",

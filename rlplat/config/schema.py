@@ -180,7 +180,14 @@ class AgentConfig:
 @dataclass
 class RolloutConfig:
     name: str = "hf"  # rollout engine (registry): hf | vllm | sglang; settings in rollout.<name>.*
-    mode: str = "colocated"  # colocated = an engine inside each training worker | server = rollout.server.url (vllm)
+    # colocated = an engine inside each training worker | separate = rollout workers on a pool of their own
+    # (rollout.nnodes x rollout.workers_per_node; docs/async.md) | server = rollout.server.url (vllm)
+    mode: str = "colocated"
+    nnodes: int = count(1)  # rollout.mode=separate: Ray nodes of the rollout pool
+    workers_per_node: int = count(1)  # rollout.mode=separate: rollout workers (one device each) on each of them
+    # rollout.mode=separate: after a weight sync, compare a checksum of every tensor the rollout engine holds with
+    # the actor's (a mismatch stops the run naming the tensor): every | first (the first sync only) | off
+    verify_weights: str = "every"
     n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)
@@ -427,6 +434,10 @@ class TrainerConfig:
     # Your modules, imported (in the controller and every worker) before registered names are checked,
     # so their estimators / losses / rewards register without a copied main.py: [my_pkg.estimators]
     imports: list[str] = field(default_factory=list)
+    # steps the rollout pool generates ahead of the trainer (rollout.mode=separate): 0 = generate each step's
+    # batch with the newest weights, in turn with training | K = batches for steps s+1..s+K are generated while
+    # step s trains, with weights at most K updates old (docs/async.md)
+    async_steps: int = 0
 
 
 @dataclass

@@ -33,7 +33,8 @@ TOKEN_BUDGETS = ("actor.micro_batch_max_tokens_per_worker", "critic.micro_batch_
 ENUMS: dict[str, tuple[str, ...]] = {
     "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
     "algorithm.old_log_probs": OLD_LOG_PROBS,
-    "rollout.mode": ("colocated", "server"),
+    "rollout.mode": ("colocated", "separate", "server"),
+    "rollout.verify_weights": ("every", "first", "off"),
     "data.truncation": ("error", "left", "right", "filter"),
     "algorithm.norm_adv_scale": ADV_SCALES,
     "ref.placement": tuple(p for p in REFERENCE_PLACEMENTS if p != "none"),
@@ -229,6 +230,17 @@ def _check_placement(cfg: DictConfig, world: int) -> None:
     if cfg.trainer.ray_address == "inprocess":
         check(world == 1, f"trainer.ray_address=inprocess runs one worker; got {world} (nnodes x workers_per_node)")
         check(cfg.ref.placement == "colocated", "ref.placement=separate needs Ray (trainer.ray_address=inprocess)")
+        check(cfg.rollout.mode != "separate", "rollout.mode=separate starts a pool of rollout workers, which needs "
+                                              "Ray (trainer.ray_address=inprocess runs one worker in this process)")
+        check(cfg.trainer.async_steps == 0, f"trainer.async_steps={cfg.trainer.async_steps} generates while the actor "
+                                            f"trains, on rollout workers of their own, which needs Ray "
+                                            f"(trainer.ray_address=inprocess runs one worker in this process)")
+    async_steps = cfg.trainer.async_steps
+    check(async_steps >= 0, f"trainer.async_steps must be >= 0 (0 = synchronous), got {async_steps}")
+    check(async_steps == 0 or cfg.rollout.mode == "separate",
+          f"trainer.async_steps={async_steps} generates the next batches while the actor trains, which needs rollout "
+          f"workers of their own: set rollout.mode=separate (rollout.mode={cfg.rollout.mode} generates on the "
+          f"training workers)")
 
 
 def validate(cfg: DictConfig) -> None:

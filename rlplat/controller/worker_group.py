@@ -13,6 +13,7 @@ splits the arguments over the workers, runs them concurrently and collects the a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from rlplat.controller.dispatch import collect_results, split_arguments
@@ -20,6 +21,23 @@ from rlplat.controller.resource_pool import ResourcePool
 from rlplat.utils.errors import RunError
 from rlplat.engines import ParallelLayout
 from rlplat.workers.base import Dispatch, Worker, dispatch_mode
+
+
+#: the worker calls that (re)build a worker's engines, and with them its place among the replicas
+LAYOUT_SETTING_CALLS = frozenset({"init_model"})
+
+
+class Pending:
+    """A worker-group call under way (:meth:`WorkerGroup.submit`): :meth:`result` waits for it and returns what
+    :meth:`WorkerGroup.call` would have, raising the workers' errors the same way."""
+
+    def __init__(self, finish: Callable[[], Any]):
+        self._finish, self._value, self._done = finish, None, False
+
+    def result(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._finish(), True
+        return self._value
 
 
 class WorkerGroup(ABC):
@@ -32,22 +50,29 @@ class WorkerGroup(ABC):
     def world_size(self) -> int: ...
 
     @abstractmethod
-    def _run(self, name: str, per_rank: list[tuple[tuple, dict]]) -> list[Any]:
-        """Call ``name`` on ranks 0..len(per_rank)-1 concurrently and return their results in rank order."""
+    def _start(self, name: str, per_rank: list[tuple[tuple, dict]]) -> Pending:
+        """Start ``name`` on ranks 0..len(per_rank)-1 concurrently; the results come back in rank order."""
 
     def call(self, name: str, *args, **kwargs) -> Any:
+        return self.submit(name, *args, **kwargs).result()
+
+    def submit(self, name: str, *args, **kwargs) -> Pending:
+        """Start a call and return at once (Ray workers compute meanwhile; each worker runs its calls in the
+        order they were submitted). The arguments are split and the results collected as for :meth:`call`."""
         mode = dispatch_mode(self.worker_cls, name)
         if mode is Dispatch.ONE_TO_ALL:
-            self._layouts = None  # e.g. init_model: the engine it builds decides the layout
-            return self._run(name, [(args, kwargs)] * self.world_size)
+            if name in LAYOUT_SETTING_CALLS:
+                self._layouts = None  # the engine it builds decides the layout
+            return self._start(name, [(args, kwargs)] * self.world_size)
         layouts = self.layouts()
         per_worker, pad = split_arguments(mode, layouts, args, kwargs)
-        return collect_results(self._run(name, per_worker), pad, layouts)
+        started = self._start(name, per_worker)
+        return Pending(lambda: collect_results(started.result(), pad, layouts))
 
     def layouts(self) -> list[ParallelLayout]:
         """Each worker's place among the data-parallel replicas (asked once after each set-up call)."""
         if self._layouts is None:
-            self._layouts = self._run("parallel_layout", [((), {})] * self.world_size)
+            self._layouts = self._start("parallel_layout", [((), {})] * self.world_size).result()
         return self._layouts
 
     def __getattr__(self, name: str):
@@ -77,9 +102,10 @@ class InProcessWorkerGroup(WorkerGroup):
     def world_size(self) -> int:
         return 1
 
-    def _run(self, name, per_rank):
+    def _start(self, name, per_rank):
         args, kwargs = per_rank[0]
-        return [getattr(self.worker, name)(*args, **kwargs)]
+        value = [getattr(self.worker, name)(*args, **kwargs)]  # computed now: one process, nothing to overlap
+        return Pending(lambda: value)
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -122,12 +148,12 @@ class RayWorkerGroup(WorkerGroup):
     def world_size(self) -> int:
         return len(self.actors)
 
-    def _run(self, name, per_rank):
+    def _start(self, name, per_rank):
         if self._setup is not None:
             (setup, ranks), self._setup = self._setup, None
             self._results(setup, ranks, "set-up")
         refs = [getattr(actor, name).remote(*a, **k) for actor, (a, k) in zip(self.actors, per_rank)]
-        return self._results(refs, list(range(len(refs))), f"{name}()")
+        return Pending(lambda: self._results(refs, list(range(len(refs))), f"{name}()"))
 
     def _results(self, refs: list, ranks: list[int], what: str) -> list[Any]:
         """The values of ``refs`` in order; a worker's error or death is raised as soon as it happens."""

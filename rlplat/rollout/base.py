@@ -148,6 +148,12 @@ class RolloutEngine(ABC):
         engine cannot (it then receives copies through :meth:`load_weights`)."""
         return False
 
+    def weight_checksums(self) -> dict | None:
+        """:func:`rlplat.rollout.weight_sync.named_checksums` of the weights the engine holds, under the Hugging
+        Face names :meth:`load_weights` received them by, for ``rollout.verify_weights``; None when the
+        engine cannot show them so (it holds them fused, or in another process)."""
+        return None
+
     def sleep(self) -> None:
         """Free the engine's device memory (KV cache, and weights where supported) while training runs."""
 

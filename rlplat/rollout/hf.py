@@ -31,6 +31,7 @@ from rlplat.rollout.base import (
     NonFiniteLogitsError, RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout,
 )
 from rlplat.rollout.decoder import DenseForward, ModelForward, matches_model
+from rlplat.rollout.weight_sync import named_checksums
 from rlplat.sequence import position_ids_from_mask, response_log_probs, response_mask_from_ids
 
 
@@ -185,6 +186,9 @@ class HFRolloutEngine(RolloutEngine):
         missing = set(state) - seen
         if missing:
             raise KeyError(f"weight sync left {len(missing)} rollout weights untouched, e.g. {sorted(missing)[:3]}")
+
+    def weight_checksums(self) -> dict:
+        return named_checksums(self.model.state_dict().items())
 
 
 def choose_tokens(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -5,7 +5,8 @@ Layout under ``trainer.output_dir``::
     checkpoints/step_000010/actor/      sharded model + optimizer (torch.distributed.checkpoint),
                                         extra_rank<r>.pt (LR schedule, RNG state of worker r)
     checkpoints/step_000010/critic/     the same for the critic (PPO)
-    checkpoints/step_000010/trainer.json  step, sampler position, KL coefficient, uid counter, initial val
+    checkpoints/step_000010/trainer.json  step, sampler position, KL coefficient, uid counter, initial val,
+                                        prompt ledger (rlplat.trainer.ledger), prompts of batches in flight
     checkpoints/step_000010/manifest.json size and sha256 of every file above + the run-defining config
                                         (written last: a checkpoint without it is incomplete)
     checkpoints/latest                  name of the newest complete checkpoint (written after the manifest)

@@ -20,18 +20,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlplat.config.imports import import_user_modules
 from rlplat.config.plan import RunPlan
-from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
+from rlplat.controller import InProcessWorkerGroup, Pending, RayWorkerGroup, ResourcePool, WorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
 from rlplat.models.embedded import EMBEDDED
 from rlplat.protocol import Batch
 from rlplat.reward import ModelScores, RewardManager, RewardsFailing, ScoreResult, build_reward_manager
 from rlplat.reward.judge import ServerJudge, judge_prompts, parse_verdict
+from rlplat.rollout.weight_sync import corrupt_for_test
 from rlplat.trainer.sft import ensure_embedded_model
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
 from rlplat.rollout.agent_loop import prompt_tools
 from rlplat.workers.reward_model import JudgeWorker, RewardModelWorker
-from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker
+from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker, RolloutWorker
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,36 @@ class Components:
     pools: list[ResourcePool] = field(default_factory=list)
     reward_model: WorkerGroup | None = None  # RewardModelWorker group when reward.model.path is set
     judge: Any = None  # JudgeWorker group (reward.judge.model_path) or ServerJudge (reward.judge.url)
+    rollout: WorkerGroup | None = None  # RolloutWorker group on its own pool (rollout.mode=separate)
+    weight_syncs: list[tuple[int, Pending]] = field(default_factory=list)  # (version, receipt) not yet checked
+    verified_once: bool = False  # rollout.verify_weights=first: the first sync was checked
+
+    @property
+    def generator(self) -> WorkerGroup:
+        """The group whose rollout engines generate: the separate rollout pool, else the actor's workers."""
+        return self.rollout if self.rollout is not None else self.actor
+
+    def push_weights(self, version: int) -> None:
+        """``rollout.mode=separate``: send the actor's weights, numbered ``version``, to every rollout worker.
+        The actor's gathers happen now; the rollout workers load the weights after the generations already
+        submitted to them (each runs its calls in order), and :meth:`check_weight_syncs` reads their receipts."""
+        mode = self.cfg.rollout.verify_weights
+        verify = mode == "every" or (mode == "first" and not self.verified_once)
+        update = self.actor.weight_update(version, verify)[0]
+        corrupt_for_test(update)  # a test hook (RLPLAT_TEST_CORRUPT_WEIGHT): a bucket damaged on its way
+        self.weight_syncs.append((version, self.rollout.submit("receive_weights", update)))
+        self.verified_once = self.verified_once or verify
+
+    def check_weight_syncs(self) -> None:
+        """Wait for the weight syncs sent so far; a rollout worker that does not hold exactly what the actor
+        sent stops the run (:class:`RunError`, naming the tensor)."""
+        syncs, self.weight_syncs = self.weight_syncs, []
+        for version, receipt in syncs:
+            for rank, problem in enumerate(receipt.result()):
+                if problem:
+                    raise RunError(f"weight sync to rollout worker {rank}: {problem}; the run stops rather than "
+                                   f"sample from weights that are not the actor's (rollout.verify_weights="
+                                   f"{self.cfg.rollout.verify_weights})")
 
     def _batch(self, items: list[dict]) -> Batch:
         tensors, lists = collate(items, self.tokenizer.pad_token_id)
@@ -217,8 +248,8 @@ class Components:
         return Scores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
 
     def shutdown(self) -> None:
-        groups = (self.judge if isinstance(self.judge, WorkerGroup) else None, self.reward_model, self.critic,
-                  self.ref, self.actor)
+        groups = (self.judge if isinstance(self.judge, WorkerGroup) else None, self.reward_model, self.rollout,
+                  self.critic, self.ref, self.actor)
         for group in groups:  # the actor's group last: it owns an in-process process group
             if group is not None:
                 group.shutdown()
@@ -251,12 +282,12 @@ def _in_process_groups(cfg: DictConfig, plan: RunPlan):
     critic = InProcessWorkerGroup(CriticWorker, plan.device, **kwargs) if plan.needs_critic else None
     reward_model = InProcessWorkerGroup(RewardModelWorker, plan.device, **kwargs) if cfg.reward.model.path else None
     judge = InProcessWorkerGroup(JudgeWorker, plan.device, **kwargs) if cfg.reward.judge.model_path else None
-    return actor, None, critic, (reward_model, judge), []
+    return actor, None, critic, None, (reward_model, judge), []
 
 
 def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
-    """The Ray worker groups: colocated actor+rollout(+ref), then optional critic, separate ref and reward
-    model and judge (on the actor's pool, or their own: ``reward.model.placement``,
+    """The Ray worker groups: colocated actor+rollout(+ref), then optional critic, separate ref, separate
+    rollout workers (``rollout.mode=separate``), and reward model and judge (on the actor's pool, or their own: ``reward.model.placement``,
     ``reward.judge.placement``). Nothing here waits for the workers: their processes start (and import torch) while the controller reads the
     data; the models are loaded by :func:`_load_models` afterwards."""
     kwargs = {"cfg": cfg, "plan": plan, "imports": import_user_modules(cfg.trainer.imports)}
@@ -273,6 +304,11 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
         ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device).create()
         pools.append(ref_pool)
         ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
+    rollout = None
+    if cfg.rollout.mode == "separate":
+        rollout_pool = ResourcePool(cfg.rollout.nnodes, cfg.rollout.workers_per_node, plan.device).create()
+        pools.append(rollout_pool)
+        rollout = RayWorkerGroup(RolloutWorker, rollout_pool, **kwargs)
     model_groups = []
     for scorer in scorers:
         if scorer is None:
@@ -283,13 +319,13 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
             own = ResourcePool(1, scorer[1].workers_per_node, plan.device).create()
             pools.append(own)
             model_groups.append(RayWorkerGroup(scorer[0], own, **kwargs))
-    return actor, ref, critic, tuple(model_groups), pools
+    return actor, ref, critic, rollout, tuple(model_groups), pools
 
 
-def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic, scorers) -> None:
+def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic, rollout, scorers) -> None:
     """Each group loads its model (in-process or Ray), once the data has been checked."""
-    actor.init_model(model_path, with_ref=plan.reference == "colocated")
-    for group in (critic, ref):
+    actor.init_model(model_path, with_ref=plan.reference == "colocated", with_rollout=rollout is None)
+    for group in (critic, ref, rollout):
         if group is not None:
             group.init_model(model_path)
     for group in scorers:  # the reward model and the judge: their own model paths
@@ -321,13 +357,13 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
                                       or any((Path(cfg.trainer.output_dir) / "checkpoints").glob("step_*")))
     tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg),
                       project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name, resume=resuming)
-    actor, ref, critic, scorers, pools = _in_process_groups(cfg, plan) if in_process else launched
-    _load_models(cfg, plan, model_path, actor, ref, critic, scorers)
+    actor, ref, critic, rollout, scorers, pools = _in_process_groups(cfg, plan) if in_process else launched
+    _load_models(cfg, plan, model_path, actor, ref, critic, rollout, scorers)
     reward_model, judge = scorers
     if cfg.reward.judge.url:
         judge = ServerJudge(cfg.reward.judge)
     return Components(
         cfg=cfg, plan=plan, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
         val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,
-        model_path=model_path, pools=pools, reward_model=reward_model, judge=judge,
+        model_path=model_path, pools=pools, reward_model=reward_model, judge=judge, rollout=rollout,
     )

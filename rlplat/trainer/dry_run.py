@@ -285,8 +285,13 @@ def phases(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory:
                                    role="critic")
         critic = {k: v for k, v in critic_state.items() if "gradients" not in k}
     response_share = led.max_response / (led.max_prompt + led.max_response)
-    rollout, rollout_knob = rollout_parts(shape, cfg, plan, lay, led.sequences_per_replica, led.length, device_memory)
-    if plan.rollout_sleeps:  # vLLM / SGLang release their memory outside the rollout
+    separate = cfg.rollout.mode == "separate"  # the rollout engines have devices of their own
+    rollout_workers = cfg.rollout.nnodes * cfg.rollout.workers_per_node
+    rollout_layout = Layout("none", 1, 1, 1) if separate else lay  # a rollout worker holds no actor weights
+    rollout, rollout_knob = rollout_parts(shape, cfg, plan, rollout_layout,
+                                          -(-led.sequences // rollout_workers) if separate else led.sequences_per_replica,
+                                          led.length, device_memory)
+    if plan.rollout_sleeps or separate:  # vLLM / SGLang release their memory outside the rollout
         between_rollouts = {}
     else:
         between_rollouts = {k: v for k, v in rollout.items() if not k.startswith("KV cache")}
@@ -299,7 +304,8 @@ def phases(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory:
                    "actor.megatron.recompute_activations=true, a larger tensor/pipeline parallel size or a "
                    "smaller micro-batch")
     out = [
-        Phase("rollout", {**between, **ref, **critic, **rollout}, rollout_knob),
+        Phase("rollout, on each rollout worker's device (rollout.mode=separate)", rollout, rollout_knob) if separate
+        else Phase("rollout", {**between, **ref, **critic, **rollout}, rollout_knob),
         Phase("log-prob passes", {**between, **ref, **critic, **between_rollouts, **logprob},
               "actor.log_prob_micro_batch_size_seqs_per_worker (or a token budget)"),
         Phase("update", {**resident, **ref, **critic, **between_rollouts, **update}, knob_update),
@@ -451,8 +457,11 @@ def check_inputs(cfg: DictConfig, plan) -> tuple[ModelShape, object]:
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
     shape = ModelShape.from_config(config)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+    rollout = cfg.rollout
+    pool = (f" on {rollout.nnodes * rollout.workers_per_node} worker(s) of its own, "
+            f"{cfg.trainer.async_steps} step(s) ahead" if rollout.mode == "separate" else "")
     say(f"rlplat plan: {cfg.algorithm.adv_estimator} on {plan.world_size} worker(s) ({plan.device}), "
-        f"actor {cfg.actor.strategy}, rollout {cfg.rollout.name}; model {cfg.model.path} "
+        f"actor {cfg.actor.strategy}, rollout {rollout.name}{pool}; model {cfg.model.path} "
         f"({shape.params / 1e6:.1f}M parameters, {shape.layers} layers, hidden {shape.hidden}, vocabulary {shape.vocab})")
     say("config, reward functions and imports: ok")
     for problem in missing_packages(cfg, plan):

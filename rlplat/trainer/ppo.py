@@ -18,6 +18,8 @@
     update_critic critic group: clipped value loss
     update_actor  actor group: policy loss + aggregation + KL loss; marks the rollout's weights stale
                   (they are sent actor -> rollout engine, in buckets, when the next generate starts)
+    sync_rollout  (rollout.mode=separate only) send the new weights to the rollout pool, numbered; with
+                  trainer.async_steps=K it generates the next K batches meanwhile (rlplat.trainer.rollout_queue)
     sync_reference (ref.sync_steps > 0 only) every N steps: reference <- alpha actor + (1 - alpha) reference
     dynamic_prompts (data.dynamic_prompts_fn only) the user's hook picks the next prompts
     then: validate every trainer.test_freq steps, checkpoint every trainer.save_freq, log metrics.
@@ -46,14 +48,17 @@ from rlplat.algorithms import (
     pf_ppo_resample,
 )
 from rlplat.config.plan import RunPlan
+from rlplat.controller import Pending
 from rlplat.controller.dispatch import balanced_order
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.trainer.advantage_input import advantage_input
 from rlplat.trainer.checkpoint import Checkpointer
 from rlplat.trainer.components import Components, Scores
+from rlplat.trainer.ledger import PromptLedger
 from rlplat.trainer.metrics import agent_metrics, data_metrics, explained_variance, throughput_metrics, timed
 from rlplat.trainer.prompt_hook import PromptHook
+from rlplat.trainer.rollout_queue import RolloutQueue
 from rlplat.trainer.signals import stop_on_signals
 from rlplat.trainer.summary import WallClock, write_summary
 from rlplat.trainer.validation import Validator
@@ -86,24 +91,33 @@ class PPOTrainer:
         self.step = 0
         self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
         self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes
+        self.ledger = PromptLedger()  # the prompt groups trained on (kept in checkpoints)
         self.initial_val: dict[str, float] = {}  # validation before the first step (kept across resumes)
         hook = cfg.data.dynamic_prompts_fn
         self.prompt_hook = PromptHook(hook) if hook else None
         self.queued_prompts: list[int | dict] = []  # the hook's picks, served before the dataset's order
         self.stages = self.build_stages()
+        # rollout.mode=separate: the batches generated on the rollout pool (trainer.async_steps ahead)
+        self.rollouts = RolloutQueue(self) if cfg.rollout.mode == "separate" else None
         self._scoring = None  # reward_start's pending scores
         self.progress = Progress("off", cfg.trainer.total_steps)  # fit() replaces it with trainer.progress's
 
     def state_dict(self) -> dict:
         """Controller-side state a checkpoint needs for an exact resume."""
-        return {"kl_coef": self.kl_ctrl.value, "prompts_seen": self.prompts_seen, "initial_val": self.initial_val,
-                "queued_prompts": self.queued_prompts}
+        state = {"kl_coef": self.kl_ctrl.value, "prompts_seen": self.prompts_seen, "initial_val": self.initial_val,
+                 "queued_prompts": self.queued_prompts, "ledger": self.ledger.state()}
+        if self.rollouts is not None:
+            state["in_flight"] = self.rollouts.state()  # generated again after a resume
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.kl_ctrl.value = state["kl_coef"]
         self.prompts_seen = state["prompts_seen"]
         self.initial_val = state.get("initial_val") or {}
         self.queued_prompts = state.get("queued_prompts") or []
+        self.ledger = PromptLedger(state.get("ledger") or [])
+        if self.rollouts is not None:
+            self.rollouts.restore(state.get("in_flight") or [])
 
     def save_checkpoint(self) -> None:
         self.checkpoints.save(self.step, self.components, self.state_dict())
@@ -116,9 +130,11 @@ class PPOTrainer:
         self.load_state_dict(state)
         return int(state["step"])
 
-    def tag_groups(self, prompts: Batch) -> Batch:
-        """Give each prompt a uid; its n responses share it (the group of group estimators)."""
-        start, self.prompts_seen = self.prompts_seen, self.prompts_seen + len(prompts)
+    def tag_groups(self, prompts: Batch, start: int | None = None) -> Batch:
+        """Give each prompt a uid; its n responses share it (the group of group estimators). The uids count on
+        from the prompts seen so far, or from ``start`` (a batch drawn before a resume, drawn again)."""
+        if start is None:
+            start, self.prompts_seen = self.prompts_seen, self.prompts_seen + len(prompts)
         uids = np.array([f"p{i}" for i in range(start, start + len(prompts))], dtype=object)
         return prompts.union(Batch.from_dict(non_tensors={"uid": uids}))
 
@@ -127,7 +143,8 @@ class PPOTrainer:
     # (or replaces the tuple); optional stages drop out at start-up when the config does not need them.
     stage_order: tuple[str, ...] = (
         "generate", "reward", "filter_groups", "balance_batch", "old_log_probs", "reference", "values", "advantages",
-        "mask_truncated", "pf_ppo", "update_critic", "update_actor", "sync_reference", "dynamic_prompts",
+        "mask_truncated", "pf_ppo", "update_critic", "update_actor", "sync_rollout", "sync_reference",
+        "dynamic_prompts",
     )
 
     @classmethod
@@ -147,6 +164,7 @@ class PPOTrainer:
             "mask_truncated": cfg.algorithm.truncated_responses == "mask",
             "pf_ppo": cfg.algorithm.pf_ppo.enable,
             "sync_reference": plan.needs_ref and cfg.ref.sync_steps > 0,
+            "sync_rollout": cfg.rollout.mode == "separate",
             "dynamic_prompts": cfg.data.dynamic_prompts_fn is not None,
             "old_log_probs": plan.old_policy == "recompute",
             "reference": plan.needs_ref,
@@ -188,6 +206,7 @@ class PPOTrainer:
             if self._scoring is not None:  # a stage failed while scoring ran: it ends before anything shuts down
                 wait([self._scoring])
                 self._scoring = None
+        self.ledger.record(batch.non_tensors["uid"], self.step)
         metrics.update(data_metrics(batch, self.cfg.data.max_response_length))
         metrics["timing/step_s"] = time.perf_counter() - start
         metrics.update(throughput_metrics(batch, metrics))
@@ -219,6 +238,8 @@ class PPOTrainer:
         """Steps until ``trainer.total_steps`` or a signal; returns the last validation and the last saved step."""
         cfg, tracker = self.cfg, self.components.tracker
         saved = 0
+        if self.rollouts is not None:
+            self.rollouts.start(self.step)
         if self.step == 0:
             self.initial_val = self.validate()
             tracker.log(self.initial_val, self.step)
@@ -254,30 +275,56 @@ class PPOTrainer:
                              list(self.components.reward_train.names))
 
     # ---------------------------------------------------------------- stages
-    def next_prompts(self, num_prompts: int) -> Batch:
+    def next_prompt_entries(self, num_prompts: int) -> list[int | dict]:
+        """The next prompts: the queued picks of ``data.dynamic_prompts_fn`` (rows or dataset indices) first,
+        then the sampler's dataset indices."""
         queued, self.queued_prompts = self.queued_prompts[:num_prompts], self.queued_prompts[num_prompts:]
-        prompts = self.tag_groups(self.components.train_prompts(num_prompts, queued))
+        return queued + self.components.sampler.next_batch(num_prompts - len(queued)) if len(queued) < num_prompts else queued
+
+    def next_prompts(self, entries: list[int | dict], uid_start: int | None = None) -> Batch:
+        """The prompt batch of ``entries``, each prompt a group with its uid (:meth:`tag_groups`)."""
+        prompts = self.tag_groups(self.components.train_prompts(len(entries), entries), uid_start)
         prompts.meta.update(step=self.step, temperature=self.cfg.rollout.temperature)
         return prompts
 
     def generate(self, batch: Batch | None, metrics: dict) -> Batch:
-        prompts = self.next_prompts(self.cfg.data.train_batch_size_prompts)
-        out = self._rollout(prompts)
-        metrics["timing/weight_sync_s"] = out.meta.pop("weight_sync_s", 0.0)
+        """This step's responses: generated now by the actor's workers (colocated), or the oldest batch the
+        rollout pool generated (``rollout.mode=separate``; :class:`~rlplat.trainer.rollout_queue.RolloutQueue`)."""
+        if self.rollouts is not None:
+            out = self.rollouts.take(metrics)
+        else:
+            prompts = self.next_prompts(self.next_prompt_entries(self.cfg.data.train_batch_size_prompts))
+            out = self.finish_rollout(prompts, self.start_rollout(prompts))
+        sync_s = out.meta.pop("weight_sync_s", 0.0)
+        if self.rollouts is None:  # a separate rollout pool's sync is its own stage (timing/sync_rollout_s)
+            metrics["timing/weight_sync_s"] = sync_s
         metrics.update(agent_metrics(out))
         if "truncated" in out.tensors.keys():  # an agent loop knows which trajectories ended inside a turn
             return out
         return out.union(Batch.from_dict({"truncated": self.components.truncated(out)}))
 
-    def _rollout(self, prompts: Batch) -> Batch:
+    def start_rollout(self, prompts: Batch) -> tuple[Pending, Pending | None]:
+        """Submit the generation of ``prompts`` (``rollout.n`` responses each) to the generating workers, and of
+        one greedy response each when the estimator needs a baseline (ReMax), right after it (the same weights)."""
         repeated = prompts.repeat(self.cfg.rollout.n, interleave=True)
-        if self.cfg.rollout.agent.name == "single_turn":
-            out = self.components.actor.generate_sequences(tensors_only(repeated)).union(repeated.select(tensor_keys=[]))
-        else:  # an agent loop reads the rows (its environments do) and returns them with the conversations
-            out = self.components.actor.generate_sequences(repeated)
-        if self.plan.estimator.needs_baseline:  # ReMax: the greedy response's score
+        generator = self.components.generator
+        # an agent loop reads the rows (its environments do); the single-turn loop needs the tensors only
+        sent = tensors_only(repeated) if self.cfg.rollout.agent.name == "single_turn" else repeated
+        sampled = generator.submit("generate_sequences", sent)
+        greedy = None
+        if self.plan.estimator.needs_baseline:
             greedy = Batch.from_dict(dict(prompts.tensors), prompts.non_tensors, {**prompts.meta, "temperature": 0.0})
-            scored = self.reward(self.components.actor.generate_sequences(greedy), {})
+            greedy = generator.submit("generate_sequences", greedy)
+        return sampled, greedy
+
+    def finish_rollout(self, prompts: Batch, started: tuple[Pending, Pending | None]) -> Batch:
+        """The responses :meth:`start_rollout` submitted, with the prompts' columns (and the baseline scores)."""
+        sampled, greedy = started
+        out = sampled.result()
+        if self.cfg.rollout.agent.name == "single_turn":
+            out = out.union(prompts.repeat(self.cfg.rollout.n, interleave=True).select(tensor_keys=[]))
+        if greedy is not None:  # ReMax: the greedy response's score
+            scored = self.reward(greedy.result(), {})
             baseline = scored.tensors["token_level_scores"].sum(-1).repeat_interleave(self.cfg.rollout.n)
             out = out.union(Batch.from_dict({"baseline_scores": baseline}))
         out.meta.update(prompts.meta, temperature=out.meta["temperature"])
@@ -416,6 +463,12 @@ class PPOTrainer:
         self.check_finite(actor_metrics)
         return batch
 
+    def sync_rollout(self, batch: Batch, metrics: dict) -> Batch:
+        """``rollout.mode=separate``: send the updated weights, numbered with this step, to the rollout pool;
+        its workers load them after the generations already submitted to them (:mod:`rlplat.trainer.rollout_queue`)."""
+        self.components.push_weights(self.step)
+        return batch
+
     def sync_reference(self, batch: Batch, metrics: dict) -> Batch:
         """Every ``ref.sync_steps`` steps: reference <- alpha * actor + (1 - alpha) * reference with alpha =
         ``ref.sync_alpha`` (1 = copy: open-instruct's reference refresh; < 1 = Polyak mixing, TRL's
@@ -459,4 +512,7 @@ class PPOTrainer:
     def validate(self) -> dict[str, float]:
         """Generate for every validation prompt (``rollout.val_n`` samples at ``rollout.val_temperature``):
         :class:`~rlplat.trainer.validation.Validator`."""
-        return self.validator.run(self.step, self.progress)
+        metrics = self.validator.run(self.step, self.progress)
+        if self.rollouts is not None:  # the syncs before it were loaded: were they exact?
+            self.components.check_weight_syncs()
+        return metrics

@@ -30,13 +30,16 @@ class Validator:
         start = time.perf_counter()
         sources, pids, answers, scores, correct, errors, rules = [], [], [], [], [], 0, set()
         shown: list[dict] = []  # the first trainer.val_samples prompts' responses, for val_samples.jsonl
+        versions: set[int] = set()
         keep = cfg.trainer.val_samples * cfg.rollout.val_n
         batches = -(-len(components.val_data) // cfg.data.val_batch_size_prompts)
         for done, prompts in enumerate(components.val_prompts(), start=1):
             pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
             prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
             prompts.meta.update(step=step, temperature=cfg.rollout.val_temperature, validation=True)
-            out = components.actor.generate_sequences(prompts.repeat(cfg.rollout.val_n, interleave=True))
+            out = components.generator.generate_sequences(prompts.repeat(cfg.rollout.val_n, interleave=True))
+            if "policy_version" in out.tensors.keys():  # a separate rollout pool: the weights it scored
+                versions.update(out.tensors["policy_version"].tolist())
             result = components.score_result(out, validation=True)
             sources += list(out.non_tensors["data_source"])
             pids += list(out.non_tensors["uid"])
@@ -51,6 +54,8 @@ class Validator:
         metrics = validation_metrics(sources, pids, answers, scores, correct)
         self.write_samples(step, shown[:keep])
         metrics["val/reward_num_errors"] = float(errors)
+        if versions:
+            metrics["val/policy_version"] = float(max(versions))
         self.accuracy_source = rules.pop() if len(rules) == 1 else "mixed"
         metrics["timing/validate_s"] = time.perf_counter() - start
         print(f"[validate step {step}] accuracy={metrics['val/accuracy']:.3f} on {len(scores)} responses", flush=True)

@@ -64,6 +64,10 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
         engine_cls.check_config(cfg, role, world, device)  # the separate reference pool is one node
     if cfg.rollout.mode != "server":
         rollout_cls.check_config(rollout_section, f"rollout.{cfg.rollout.name}", device)
+    separate, verify = cfg.rollout.mode == "separate", cfg.rollout.verify_weights
+    if separate and verify != "off" and rollout_cls.weight_checksums is RolloutEngine.weight_checksums:
+        raise ConfigError(f"rollout.verify_weights={verify} compares the checksums of the weights the rollout "
+                          f"engine holds, which the {cfg.rollout.name} engine cannot show; set rollout.verify_weights=off")
     check_agent_config(cfg.rollout.agent)
     return plan
 

@@ -2,6 +2,7 @@
 
 * :class:`ActorRolloutRefWorker`: a training engine (the actor), a rollout engine and, when the
   reference policy is colocated, a frozen reference engine, all on one device.
+* :class:`RolloutWorker`: a rollout engine alone, for ``rollout.mode=separate`` (its own pool).
 * :class:`RefWorker`: the reference policy alone, for ``ref.placement=separate`` (its own pool).
 * :class:`CriticWorker`: the value model for PPO.
 * :class:`SFTWorker`: the training engine alone, for supervised fine-tuning (the embedded warm start).
@@ -23,7 +24,9 @@ from rlplat.config.plan import RunPlan
 from rlplat.engines import MicroBatching, ParallelLayout, TrainingEngine
 from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
-from rlplat.rollout.base import NonFiniteLogitsError
+from rlplat.rollout.agent_loop import AgentLoop
+from rlplat.rollout.base import NonFiniteLogitsError, RolloutEngine
+from rlplat.rollout.weight_sync import WeightUpdate, weight_mismatch
 from rlplat.utils.errors import RunError
 from rlplat.utils.files import plain_modes
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
@@ -143,7 +146,53 @@ class _Role(Worker):
             export_hf_model(weights, path, model_path, self.cfg.model)
 
 
-class ActorRolloutRefWorker(_Role):
+class _Generates(_Role):
+    """A role with a rollout engine (``self.rollout``) and the agent loop that drives it (``self.agent``)."""
+
+    rollout: RolloutEngine | None
+    agent: AgentLoop | None
+
+    def rollout_mode(self) -> contextlib.AbstractContextManager[dict]:
+        """Around each generation: makes the engine ready; yields a dict that receives ``weight_sync_s``."""
+        return contextlib.nullcontext({"weight_sync_s": 0.0})
+
+    @register(Dispatch.DP_SPLIT)
+    def generate_sequences(self, prompts: Batch) -> Batch:
+        """Sample responses; ``prompts.meta`` may carry ``temperature``/``top_p``/``top_k`` (validation).
+
+        Validation samples with a fixed seed per rank, so it never changes the training run's randomness
+        (a resumed run and an uninterrupted one stay identical whatever the validation schedule)."""
+        r = self.cfg.rollout
+        validation = bool(prompts.meta.get("validation"))
+        params = SamplingParams(
+            max_new_tokens=self.cfg.data.max_response_length,
+            temperature=prompts.meta.get("temperature", r.temperature),
+            top_p=prompts.meta.get("top_p", r.top_p),
+            top_k=prompts.meta.get("top_k", r.top_k),
+            stop_token_ids=tuple(r.stop_token_ids),
+            ignore_eos=r.ignore_eos and not validation,
+            seed=self.cfg.trainer.seed + 7919 * (1 + self.rank) if validation else None,
+        )
+        with self.rollout_mode() as timings:
+            try:
+                out = self.agent.run(self.rollout, prompts, params)
+            except NonFiniteLogitsError as err:
+                step = prompts.meta.get("step", "?")
+                what = f"validation at step {step}" if validation else f"step {step}"
+                raise RunError(f"{what}: the rollout engine ({r.name}) found NaN/inf logits ({err}): the policy's "
+                               f"weights or activations are not finite (a diverged update, or a float16 overflow); "
+                               f"check model.path, lower actor.optim.lr, or resume from the last checkpoint") from None
+        out.meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
+        out.meta["weight_sync_s"] = timings["weight_sync_s"]
+        return out
+
+    def close(self) -> None:
+        if self.rollout is not None:
+            self.rollout.close()
+        super().close()
+
+
+class ActorRolloutRefWorker(_Generates):
     """Actor (trained), rollout engine and (colocated) reference policy on one device."""
 
     trains = "actor"
@@ -154,25 +203,24 @@ class ActorRolloutRefWorker(_Role):
         self.weights_stale = False  # the actor changed since the rollout engine last received its weights
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self, model_path: str, with_ref: bool) -> None:
+    def init_model(self, model_path: str, with_ref: bool, with_rollout: bool = True) -> None:
+        """Build the actor, the colocated reference (``with_ref``) and the rollout engine (``with_rollout``;
+        False when the rollout workers have a pool of their own: ``rollout.mode=separate``)."""
         from transformers import AutoTokenizer
 
         cfg, ctx = self.cfg, self.dist
         torch.manual_seed(cfg.trainer.seed + self.rank)
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
         total = cfg.trainer.total_steps * self.plan.mini_batches_per_step * cfg.actor.ppo_epochs
         self.actor = build_training_engine(cfg, "actor", model_path, ctx, cfg.actor.optim, total)
         if with_ref:
             self.ref = build_training_engine(cfg, "ref", model_path, ctx)
+        if not with_rollout:
+            return
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
         self.rollout = build_rollout_engine(cfg, self.plan, model_path, tokenizer, ctx)
         self.agent = build_agent_loop(cfg, self.plan, tokenizer)
         # the rollout engine read the same model from disk, unless it starts from a dummy initialisation
         self.weights_stale = not self._share_actor_weights() and self.rollout.needs_initial_weights
-
-    def close(self) -> None:
-        if self.rollout is not None:
-            self.rollout.close()
-        super().close()
 
     def _share_actor_weights(self) -> bool:
         """Give the rollout engine the actor's live tensors when it can use them as they are (one model in
@@ -207,36 +255,6 @@ class ActorRolloutRefWorker(_Role):
         finally:
             if sleeps:
                 engine.sleep()
-
-    @register(Dispatch.DP_SPLIT)
-    def generate_sequences(self, prompts: Batch) -> Batch:
-        """Sample responses; ``prompts.meta`` may carry ``temperature``/``top_p``/``top_k`` (validation).
-
-        Validation samples with a fixed seed per rank, so it never changes the training run's randomness
-        (a resumed run and an uninterrupted one stay identical whatever the validation schedule)."""
-        r = self.cfg.rollout
-        validation = bool(prompts.meta.get("validation"))
-        params = SamplingParams(
-            max_new_tokens=self.cfg.data.max_response_length,
-            temperature=prompts.meta.get("temperature", r.temperature),
-            top_p=prompts.meta.get("top_p", r.top_p),
-            top_k=prompts.meta.get("top_k", r.top_k),
-            stop_token_ids=tuple(r.stop_token_ids),
-            ignore_eos=r.ignore_eos and not validation,
-            seed=self.cfg.trainer.seed + 7919 * (1 + self.rank) if validation else None,
-        )
-        with self.rollout_mode() as timings:
-            try:
-                out = self.agent.run(self.rollout, prompts, params)
-            except NonFiniteLogitsError as err:
-                step = prompts.meta.get("step", "?")
-                what = f"validation at step {step}" if validation else f"step {step}"
-                raise RunError(f"{what}: the rollout engine ({r.name}) found NaN/inf logits ({err}): the policy's "
-                               f"weights or activations are not finite (a diverged update, or a float16 overflow); "
-                               f"check model.path, lower actor.optim.lr, or resume from the last checkpoint") from None
-        out.meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
-        out.meta["weight_sync_s"] = timings["weight_sync_s"]
-        return out
 
     @register(Dispatch.DP_SPLIT)
     def compute_log_probs(self, batch: Batch, entropy: bool = False) -> Batch:
@@ -296,10 +314,63 @@ class ActorRolloutRefWorker(_Role):
         return {name: tensor.detach().cpu().clone() for bucket in buckets for name, tensor in bucket}
 
     @register(Dispatch.ONE_TO_ALL)
+    def weight_update(self, version: int, verify: bool) -> WeightUpdate | None:
+        """The actor's full weights in the rollout's dtype as one numbered :class:`WeightUpdate` for a separate
+        rollout pool, with each tensor's checksum when ``verify``; rank 0 returns it, the other ranks take
+        part in the gathers and return None."""
+        bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
+        buckets = self.actor.export_weights(getattr(torch, self.plan.rollout_dtype), bucket_bytes)
+        if self.rank != 0:
+            for _ in buckets:  # the gathers are collective: take part, keep nothing
+                pass
+            return None
+        return WeightUpdate.of(version, buckets, verify)
+
+    @register(Dispatch.ONE_TO_ALL)
     def sync_reference(self, alpha: float) -> None:
         """The colocated reference <- alpha * actor + (1 - alpha) * reference, one bucket at a time."""
         bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
         self.ref.blend_weights(self.actor.export_weights(bucket_bytes=bucket_bytes), alpha)
+
+
+class RolloutWorker(_Generates):
+    """A rollout engine alone, on a pool of its own (``rollout.mode=separate``): it holds no training copy of
+    the model and no optimizer, receives the actor's weights as numbered :class:`WeightUpdate` s, and
+    tags every sample with the ``policy_version`` that generated it."""
+
+    def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
+        super().__init__(rank, world_size, device, cfg, plan)
+        self.rollout = self.agent = None
+        self.version = 0  # the actor update whose weights the engine holds (0 = the model it loaded)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, model_path: str) -> None:
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.trainer.seed + self.rank)  # the stream a colocated worker samples from
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+        self.rollout = build_rollout_engine(cfg, self.plan, model_path, tokenizer, self.dist)
+        self.agent = build_agent_loop(cfg, self.plan, tokenizer)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def receive_weights(self, update: WeightUpdate) -> str | None:
+        """Load ``update`` into the engine; with checksums in it, compare them with what the engine then holds.
+        Returns what differs (one line naming the tensor), or None."""
+        self.rollout.load_weights(update.buckets)
+        self.version = update.version
+        if not update.checksums:
+            return None
+        held = self.rollout.weight_checksums()
+        if held is None:
+            return (f"rollout.verify_weights: the {self.cfg.rollout.name} engine cannot show the weights it holds; "
+                    f"set rollout.verify_weights=off")
+        return weight_mismatch(update, held)
+
+    @register(Dispatch.DP_SPLIT)
+    def generate_sequences(self, prompts: Batch) -> Batch:
+        out = super().generate_sequences(prompts)
+        return out.union(Batch.from_dict({"policy_version": torch.full((len(out),), self.version, dtype=torch.long)}))
 
 
 class RefWorker(_Role):

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 CPU_SCRIPTS = sorted((EXAMPLES / "cpu").glob("*.sh"))
 AGENT_SCRIPTS = [EXAMPLES / "cpu" / "grpo_tools.sh"]  # the multi-turn tool loop (docs/agents.md)
-PRESET_SCRIPTS = [script for script in CPU_SCRIPTS if script not in AGENT_SCRIPTS]  # one per algorithm preset
+ASYNC_SCRIPT = EXAMPLES / "cpu" / "grpo_async.sh"  # a separate rollout pool generating ahead (docs/async.md): Ray only
+PRESET_SCRIPTS = [script for script in CPU_SCRIPTS if script not in [*AGENT_SCRIPTS, ASYNC_SCRIPT]]  # one per preset
 GPU_SCRIPTS = sorted((EXAMPLES / "gpu").glob("*.sh")) + sorted((EXAMPLES / "multinode").glob("*.sh"))
 REWARD_SCRIPTS = sorted((EXAMPLES / "rewards").glob("*.sh"))  # model-based rewards on CPU
 TINY = {  # knobs a test sets: 2 steps of 2 prompts x 2 responses, validation on a small file
@@ -86,7 +87,7 @@ def trained_scripts(tmp_path_factory, embedded_cache, small_val, tiny_reward_mod
         return script_env(**TINY, **knobs, VAL_FILES=small_val, OUTPUT_DIR=str(tmp / script.stem),
                           RAY_ADDRESS="inprocess")
 
-    runs = {script.stem: (script, env_for(script)) for script in [*CPU_SCRIPTS, *REWARD_SCRIPTS]}
+    runs = {script.stem: (script, env_for(script)) for script in [*CPU_SCRIPTS, *REWARD_SCRIPTS] if script != ASYNC_SCRIPT}
     commands = recorded_commands(runs, tmp, "trainer.seed=3")
     done = subprocess.run([sys.executable, "-c", TRAIN_ALL], capture_output=True, text=True, cwd=ROOT,
                           input=json.dumps({name: argv for name, (argv, _) in commands.items()}))
@@ -134,11 +135,13 @@ def test_reward_script_runs_to_completion(script, trained_scripts):
 
 @pytest.mark.slow
 def test_cpu_script_default_runs_on_ray(embedded_cache, small_val, tmp_path):
-    """Without RAY_ADDRESS the scripts start a local Ray cluster (rlplat's default), as a user gets it."""
+    """Without RAY_ADDRESS the scripts start a local Ray cluster (rlplat's default), as a user gets it: the
+    asynchronous script, whose actor and rollout workers are two pools on it."""
     env = script_env(**TINY, VAL_FILES=small_val, OUTPUT_DIR=str(tmp_path))
-    done = bash(EXAMPLES / "cpu" / "grpo.sh", env)
+    done = bash(ASYNC_SCRIPT, env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
+    assert [m["off_policy/staleness_max"] for m in trained_steps(tmp_path)] == [0, 1]
 
 
 MISSING = re.compile(r"needs the package '([\w.]+)', which is not installed")

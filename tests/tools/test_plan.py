@@ -43,6 +43,19 @@ def test_a_phase_that_does_not_fit_names_the_knob(capsys):
     assert "update: " in out and "DOES NOT FIT: model.gradient_checkpointing=true" in out
 
 
+def test_a_separate_rollout_pool_is_planned_on_its_own_devices(capsys):
+    # the actor's devices no longer hold the rollout engine's KV cache; the rollout worker holds its own
+    # copy of the weights (the colocated one-worker float32 engine shares the actor's)
+    assert plan_tool.main(["algorithm=grpo", "rollout.mode=separate", "rollout.workers_per_node=2",
+                           "trainer.async_steps=1"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout hf on 2 worker(s) of its own, 1 step(s) ahead" in out.splitlines()[0]
+    phase = out.split("  rollout, on each rollout worker's device (rollout.mode=separate): ")[1].split("\n  log-prob")[0]
+    assert "rollout weights (float32)" in phase and "KV cache (256 sequences x 17 tokens)" in phase
+    assert "actor" not in phase
+    assert "KV cache" not in out.split("  update: ")[1]
+
+
 @pytest.fixture(scope="module")
 def model_25m(tmp_path_factory) -> str:
     from rlplat.models.tiny import TinyModelSpec, build_tiny_model

@@ -1,0 +1,89 @@
+"""Weights sent from the actor to a pool of rollout workers (``rollout.mode=separate``), numbered and checked.
+
+Every update carries the actor's version (the number of updates it has applied) and, when
+``rollout.verify_weights`` asks for it, an exact checksum of every tensor as the actor sent it. The rollout
+worker loads the update into its engine and compares the checksums of what the engine then holds
+(:meth:`~rlplat.rollout.base.RolloutEngine.weight_checksums`) with the sent ones: a tensor that was
+dropped, cast, transposed or corrupted on the way is named, and the run stops before it trains on a sample of it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from rlplat.rollout.base import WeightBucket
+
+_MODULUS = 2**61 - 1  # a Mersenne prime: the running sum stays an exact Python int of bounded size
+_CHUNK = 1 << 24  # bytes weighed at once (the int64 copy of a chunk is 8x its size)
+
+#: test hook: the name of a tensor that the controller perturbs in an update on its way to the rollout workers,
+#: so a test can show that a corrupted bucket stops the run
+CORRUPT_ENV = "RLPLAT_TEST_CORRUPT_WEIGHT"
+
+
+def tensor_checksum(tensor: torch.Tensor) -> int:
+    """An exact fingerprint of a tensor's bits, computed where the tensor lives: the sum of its bytes, each
+    weighted by its position (mod 65521, + 1), modulo 2**61 - 1. Equal bits give equal checksums; a changed,
+    swapped or missing byte changes it (except with negligible chance). The dtype is part of the bits:
+    the same values in another dtype differ."""
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    total = 0
+    for start in range(0, data.numel(), _CHUNK):
+        chunk = data[start:start + _CHUNK].to(torch.int64)
+        weights = torch.arange(start, start + chunk.numel(), device=chunk.device, dtype=torch.int64) % 65521 + 1
+        total = (total + int((chunk * weights).sum())) % _MODULUS
+    return total
+
+
+Checksum = tuple[int, str, tuple[int, ...]]  # the bits' checksum, the dtype, the shape
+
+
+def named_checksums(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Checksum]:
+    """Each tensor's :func:`tensor_checksum` with its dtype and shape (equal bytes cast or reshaped differ)."""
+    return {name: (tensor_checksum(t), str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in named}
+
+
+@dataclass
+class WeightUpdate:
+    """The actor's full weights at one version, in the rollout's dtype, as the rollout pool receives them."""
+
+    version: int  # the actor's optimizer updates so far (0 = the initial model)
+    buckets: list[WeightBucket]
+    checksums: dict[str, Checksum] = field(default_factory=dict)  # empty: not verified (rollout.verify_weights)
+
+    @classmethod
+    def of(cls, version: int, buckets: Iterable[WeightBucket], verify: bool) -> WeightUpdate:
+        kept = [[(name, tensor.detach().cpu().clone()) for name, tensor in bucket] for bucket in buckets]
+        checksums = named_checksums((name, t) for bucket in kept for name, t in bucket) if verify else {}
+        return cls(version, kept, checksums)
+
+    def num_tensors(self) -> int:
+        return sum(len(bucket) for bucket in self.buckets)
+
+
+def weight_mismatch(update: WeightUpdate, held: Mapping[str, Checksum]) -> str | None:
+    """What differs between the update's checksums and those of what the engine holds after loading it (one
+    line naming the first tensor and how many differ), or None when every sent tensor is held bit for bit."""
+    missing = [name for name in update.checksums if name not in held]
+    changed = [name for name in update.checksums if name in held and held[name] != update.checksums[name]]
+    if not missing and not changed:
+        return None
+    first = (f"holds no tensor {missing[0]!r}" if missing else
+             f"holds {changed[0]!r} with other bits than the actor sent")
+    return (f"after the sync of weight version {update.version}, the rollout engine {first} "
+            f"({len(missing) + len(changed)} of {len(update.checksums)} tensors differ)")
+
+
+def corrupt_for_test(update: WeightUpdate) -> None:
+    """The :data:`CORRUPT_ENV` test hook: add 1 to the first element of the named tensor (nothing if unset)."""
+    name = os.environ.get(CORRUPT_ENV)
+    for bucket in update.buckets if name else []:
+        for index, (key, tensor) in enumerate(bucket):
+            if key == name:
+                changed = tensor.clone()
+                changed.view(-1)[0] += 1
+                bucket[index] = (key, changed)

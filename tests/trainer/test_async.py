@@ -1,0 +1,176 @@
+"""A separate rollout pool (rollout.mode=separate) and generation ahead of the trainer (trainer.async_steps):
+the checks of the config, the weight sync's checksums, the prompt ledger, and whole runs on Ray."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from rlplat.config import ConfigError
+from rlplat.rollout.weight_sync import CORRUPT_ENV, WeightUpdate, corrupt_for_test, tensor_checksum, weight_mismatch
+from rlplat.trainer.ledger import PromptLedger
+from rlplat.trainer.run import load_run_config, run
+from rlplat.utils.errors import RunError
+
+from .test_trainer import comparable, metrics, overrides
+
+SEPARATE = "rollout.mode=separate"
+
+
+# ------------------------------------------------------------------------------------------------ config
+@pytest.mark.parametrize("extra, message", [
+    (["trainer.async_steps=1"], r"trainer.async_steps=1 generates the next batches while the actor trains, which "
+                                r"needs rollout workers of their own: set rollout.mode=separate"),
+    ([SEPARATE, "trainer.async_steps=-1"], r"trainer.async_steps must be >= 0 \(0 = synchronous\), got -1"),
+    ([SEPARATE, "trainer.ray_address=inprocess"], r"rollout.mode=separate starts a pool of rollout workers, which needs Ray"),
+    (["trainer.async_steps=2", "trainer.ray_address=inprocess"], r"trainer.async_steps=2 generates while the actor trains, on rollout workers of their own, which needs Ray"),
+    ([SEPARATE, "rollout.verify_weights=sometimes"], r"rollout.verify_weights='sometimes' is not one of: every, first, off"),
+    ([SEPARATE, "rollout.workers_per_node=0"], r"rollout.workers_per_node must be >= 1, got 0"),
+])
+def test_async_settings_are_checked(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(extra)
+
+
+def test_an_engine_that_cannot_show_its_weights_needs_verification_off():
+    message = r"rollout.verify_weights=every compares the checksums .* which the vllm engine cannot show; set rollout.verify_weights=off"
+    with pytest.raises(ConfigError, match=message):
+        load_run_config([SEPARATE, "rollout.name=vllm"], require_installed=False)
+    load_run_config([SEPARATE, "rollout.name=vllm", "rollout.verify_weights=off"], require_installed=False)
+
+
+def test_an_older_policy_sampled_so_the_update_does_not_take_pi_old_from_its_own_forward():
+    # one epoch over one mini-batch: synchronously pi_old is the update's first forward; K >= 1 sampled with
+    # weights up to K updates old, so pi_old is the rollout's log-probs (float32 HF: the actor's own) or recomputed
+    one = [SEPARATE, "data.train_batch_size_prompts=8", "actor.mini_batch_size_prompts=8"]
+    assert load_run_config(one)[1].old_policy == "update"
+    assert load_run_config([*one, "trainer.async_steps=1"])[1].old_policy == "rollout"
+    assert load_run_config([*one, "trainer.async_steps=1", "rollout.dtype=bfloat16"])[1].old_policy == "recompute"
+
+
+# ------------------------------------------------------------------------------------- weight checksums
+def test_a_checksum_sees_every_bit_and_where_it_is():
+    t = torch.randn(64, 32)
+    assert tensor_checksum(t) == tensor_checksum(t.clone())
+    flipped = t.clone()
+    flipped.view(torch.int32)[7, 3] ^= 1  # the lowest mantissa bit of one element
+    assert tensor_checksum(flipped) != tensor_checksum(t)
+    swapped = t.clone()
+    swapped[[0, 1]] = swapped[[1, 0]]  # the same bytes in another order
+    assert tensor_checksum(swapped) != tensor_checksum(t)
+    assert tensor_checksum(t.to(torch.bfloat16)) != tensor_checksum(t)
+
+
+def test_a_mismatch_names_the_first_tensor_and_counts_the_others(monkeypatch):
+    buckets = [[("a", torch.ones(3)), ("b", torch.zeros(2))], [("c", torch.arange(4.0))]]
+    update = WeightUpdate.of(5, buckets, verify=True)
+    held = dict(update.checksums)
+    assert weight_mismatch(update, held) is None
+    monkeypatch.setenv(CORRUPT_ENV, "b")
+    corrupt_for_test(update)
+    assert update.buckets[0][1][1].tolist() == [1.0, 0.0] and buckets[0][1][1].tolist() == [0.0, 0.0]
+    damaged = WeightUpdate.of(5, update.buckets, verify=True).checksums
+    assert weight_mismatch(update, damaged) == ("after the sync of weight version 5, the rollout engine holds 'b' "
+                                                "with other bits than the actor sent (1 of 3 tensors differ)")
+    del held["c"]
+    assert weight_mismatch(update, held) == ("after the sync of weight version 5, the rollout engine holds no "
+                                             "tensor 'c' (1 of 3 tensors differ)")
+    assert WeightUpdate.of(0, buckets, verify=False).checksums == {}
+
+
+# ----------------------------------------------------------------------------------------- prompt ledger
+def test_the_ledger_keeps_ranges_and_refuses_a_group_trained_twice():
+    ledger = PromptLedger()
+    ledger.record(["p0", "p0", "p1"], step=1)
+    ledger.record(["p4", "p3"], step=2)
+    assert ledger.state() == [[0, 2], [3, 5]] and ledger.count() == 4
+    ledger.record(["p2"], step=3)  # closes the gap
+    assert ledger.state() == [[0, 5]]
+    resumed = PromptLedger(json.loads(json.dumps(ledger.state())))
+    with pytest.raises(RunError, match=r"step 4 would train prompt group p3 again \(1 groups trained on before\)"):
+        resumed.record(["p5", "p3"], step=4)
+
+
+# ------------------------------------------------------------------------------------------ whole runs
+def _train(out, steps, val, *extra):
+    cfg, plan = load_run_config(overrides(out, steps, val, *extra))
+    return run(cfg, plan)
+
+
+def _ledger(out):
+    latest = (out / "checkpoints" / "latest").read_text()
+    return json.loads((out / "checkpoints" / latest / "trainer.json").read_text())["ledger"]
+
+
+@pytest.mark.slow
+def test_a_separate_rollout_pool_without_generating_ahead_is_the_colocated_run(embedded_cache, small_val, tmp_path, ray_cluster):
+    # the rollout worker samples from the stream a colocated worker does, with the weights of the update
+    # just before: the same samples, rewards and validation, and the same losses to float error (the two
+    # layouts put other processes on the cores, so a threaded reduction may round differently: alone on
+    # 2 cores the runs agree bit for bit); plus where the samples came from.
+    _train(tmp_path / "colocated", 2, small_val)
+    _train(tmp_path / "separate", 2, small_val, SEPARATE)
+    colocated, separate = metrics(tmp_path / "colocated"), metrics(tmp_path / "separate")
+    for step in (0, 1, 2):
+        extra = {k: v for k, v in separate[step].items() if k not in colocated[step]}
+        same = {k: v for k, v in comparable(separate[step]).items() if k not in extra}
+        assert same.keys() == comparable(colocated[step]).keys()
+        for key, value in comparable(colocated[step]).items():
+            assert same[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+        expected = {"val/policy_version": step} if step != 1 else {}
+        if step > 0:
+            expected.update({"off_policy/staleness_mean": 0.0, "off_policy/staleness_max": 0.0})
+        assert {k: v for k, v in extra.items() if not k.startswith("timing/")} == expected, step
+    assert _ledger(tmp_path / "separate") == [[0, 16]]
+
+
+@pytest.mark.slow
+def test_generating_two_steps_ahead_never_trains_on_older_samples(embedded_cache, small_val, tmp_path, ray_cluster):
+    out = tmp_path / "ahead"
+    _train(out, 4, small_val, SEPARATE, "trainer.async_steps=2", "trainer.test_freq=2")
+    steps = metrics(out)
+    assert [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 2, 2]  # K = 2 reached, never passed
+    assert [steps[s]["val/policy_version"] for s in (0, 2, 4)] == [0, 2, 4]  # validation on the newest weights
+    assert _ledger(out) == [[0, 32]]  # every drawn prompt group trained once
+
+
+@pytest.mark.slow
+def test_a_corrupted_weight_bucket_stops_the_run_naming_the_tensor(embedded_cache, small_val, tmp_path, ray_cluster, monkeypatch):
+    monkeypatch.setenv(CORRUPT_ENV, "model.layers.0.mlp.up_proj.weight")
+    with pytest.raises(RunError, match=r"weight sync to rollout worker 0: after the sync of weight version 0, the "
+                                       r"rollout engine holds 'model.layers.0.mlp.up_proj.weight' with other bits "
+                                       r"than the actor sent \(1 of \d+ tensors differ\)"):
+        _train(tmp_path / "corrupt", 2, small_val, SEPARATE, "trainer.async_steps=1")
+
+
+@pytest.mark.slow
+def test_kill_9_of_an_async_run_then_resume_trains_every_prompt_once(embedded_cache, small_val, tmp_path):
+    # batches in flight at a checkpoint are generated again after the resume (with the resumed weights):
+    # the ledger of the finished run is every drawn prompt group exactly once, each step is logged once
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "rlplat.trainer.main",
+               *overrides(out, 5, small_val, SEPARATE, "trainer.async_steps=1", "trainer.save_freq=1")]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        latest = out / "checkpoints" / "latest"
+        deadline = time.monotonic() + 300
+        while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(random.Random(30).uniform(0.0, 0.3))  # somewhere in the next steps (each ~0.2 s)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the controller and the Ray cluster it started
+        proc.wait(timeout=60)
+    killed_at = int((out / "checkpoints" / "latest").read_text().removeprefix("step_"))
+    assert 1 <= killed_at < 5, killed_at
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _ledger(out) == [[0, 40]]
+    rows = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows == list(range(6))
