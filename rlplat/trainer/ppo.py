@@ -61,9 +61,11 @@ from rlplat.trainer.prompt_hook import PromptHook
 from rlplat.trainer.rollout_queue import RolloutQueue
 from rlplat.trainer.signals import stop_on_signals
 from rlplat.trainer.summary import WallClock, write_summary
+from rlplat.trainer.timeline import TRAINING_POOL_STAGES, Timeline
 from rlplat.trainer.validation import Validator
 from rlplat.utils.errors import Interrupted, RunError
 from rlplat.utils.progress import Progress
+from rlplat.utils.tracking import rewind_jsonl
 from rlplat.workers.actor_loss import old_log_probs_key
 
 
@@ -92,6 +94,7 @@ class PPOTrainer:
         self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
         self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes
         self.ledger = PromptLedger()  # the prompt groups trained on (kept in checkpoints)
+        self.timeline = Timeline(cfg.trainer.output_dir)
         self.initial_val: dict[str, float] = {}  # validation before the first step (kept across resumes)
         hook = cfg.data.dynamic_prompts_fn
         self.prompt_hook = PromptHook(hook) if hook else None
@@ -195,13 +198,15 @@ class PPOTrainer:
 
     def train_step(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         batch = None
         try:
             for name in self.stages:
                 self.progress.stage(name)
+                stage_start = time.time()
                 with timed(metrics, name):
                     batch = getattr(self, name)(batch, metrics)
+                self.timeline.add(self.stage_pool(name), name, stage_start, time.time())
         finally:
             if self._scoring is not None:  # a stage failed while scoring ran: it ends before anything shuts down
                 wait([self._scoring])
@@ -209,8 +214,15 @@ class PPOTrainer:
         self.ledger.record(batch.non_tensors["uid"], self.step)
         metrics.update(data_metrics(batch, self.cfg.data.max_response_length))
         metrics["timing/step_s"] = time.perf_counter() - start
+        metrics["timing/trainer_idle_frac"] = self.timeline.end_step(self.step, wall_start, time.time())
         metrics.update(throughput_metrics(batch, metrics))
         return metrics
+
+    def stage_pool(self, name: str) -> str:
+        """Where a stage's time goes in the timeline: the training workers' computing, or the controller's."""
+        if name in TRAINING_POOL_STAGES or (name == "generate" and self.rollouts is None):
+            return "trainer"
+        return "controller"
 
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.total_steps`` (from the resumed step), validating and saving on schedule; the
@@ -221,6 +233,7 @@ class PPOTrainer:
             # a run killed after its checkpoint logged later steps: each step is recorded once
             self.components.tracker.rewind(resumed or None)
             self.validator.rewind(resumed or None)
+            rewind_jsonl(self.timeline.path, resumed or None)
             self.clock = WallClock(cfg.trainer.output_dir, resumed=resumed > 0)
             self.progress = Progress(cfg.trainer.progress, cfg.trainer.total_steps, self.step)
             with self.progress:

@@ -34,6 +34,7 @@ class Trainer(Protocol):
 
     cfg: Any
     components: Any
+    timeline: Any
     step: int
     prompts_seen: int
 
@@ -78,6 +79,9 @@ class RolloutQueue:
         flight = self.in_flight.popleft()
         out = trainer.finish_rollout(flight.prompts, flight.started)
         trainer.components.check_weight_syncs()
+        spans = out.pop(["generated_from", "generated_until"]).tensors  # each rollout worker's call, for the timeline
+        for start, end in sorted(set(zip(spans["generated_from"].tolist(), spans["generated_until"].tolist()))):
+            trainer.timeline.add("rollout", "generate", start, end)
         staleness = (trainer.step - 1) - out.tensors["policy_version"]
         metrics["off_policy/staleness_mean"] = float(staleness.float().mean())
         metrics["off_policy/staleness_max"] = float(staleness.max())

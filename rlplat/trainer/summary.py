@@ -10,6 +10,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from rlplat.trainer.timeline import idle_fractions, read_timeline
+
 
 def write_summary(cfg: DictConfig, steps: int, initial: dict, final: dict, wall_time_s: float,
                   accuracy_source: str | None, reward_functions: list[str]) -> dict:
@@ -34,6 +36,8 @@ def write_summary(cfg: DictConfig, steps: int, initial: dict, final: dict, wall_
         "kl": {"in_reward": algo.kl_penalty if algo.use_kl_in_reward else None,
                "loss": algo.kl_loss_type if algo.use_kl_loss else None},
         "reward_functions": reward_functions,
+        # each pool's idle fraction over the steps (rlplat.trainer.timeline; "rollout" with a separate pool)
+        "idle_frac": idle_fractions(read_timeline(out_dir)),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

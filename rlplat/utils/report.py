@@ -3,6 +3,7 @@
 Reads what a run writes to its ``trainer.output_dir`` and writes ``RUN_DIR/report/``::
 
     metrics.jsonl      ─► <group>.png                     one figure per metric group, one panel per metric
+    timeline.jsonl     ─► timeline.png                    the last steps: which pool computed what, when
     segments.json      ─► the dotted lines in them        where a resumed run picked up
     val_samples.jsonl  ─► samples_{first,latest}.html     the first and the latest validation's samples
                           samples_{first,latest}.jsonl    (the same, one sample per line)
@@ -172,6 +173,44 @@ def write_plots(series: Series, out: Path, resumes: list[int] = ()) -> dict[str,
             for name, title, panels in group_panels(series)}
 
 
+TIMELINE_STEPS = 4  # the last steps the timeline figure shows
+TIMELINE_POOLS = ("trainer", "rollout", "controller")  # its rows, top to bottom
+
+
+def plot_timeline(rows: list[dict], path: Path) -> bool:
+    """``timeline.png``: the last :data:`TIMELINE_STEPS` steps of ``timeline.jsonl``, one row per pool, a bar
+    per span coloured by what it was (generate, update_actor, ...), the steps' boundaries dotted. False
+    (nothing drawn) without a timeline."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    rows = rows[-TIMELINE_STEPS:]
+    if not rows:
+        return False
+    origin = rows[0]["start"]
+    spans = [span for row in rows for span in row["spans"] if span[3] > origin]
+    pools = [pool for pool in TIMELINE_POOLS if any(span[0] == pool for span in spans)]
+    names = sorted({span[1] for span in spans})
+    colour = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    fig = Figure(figsize=(11, 1.2 + 0.6 * len(pools)), layout="constrained")
+    ax = fig.add_subplot()
+    for y, pool in enumerate(pools):
+        for _, name, start, end in (span for span in spans if span[0] == pool):
+            ax.broken_barh([(max(start, origin) - origin, end - max(start, origin))], (y - 0.35, 0.7),
+                           color=colour[name])
+    for row in rows:
+        ax.axvline(row["start"] - origin, color="grey", linestyle=":", linewidth=1)
+        ax.text(row["start"] - origin, len(pools) - 0.45, f" step {row['step']}", fontsize=8, va="bottom")
+    ax.set_yticks(range(len(pools)), pools)
+    ax.set_ylim(len(pools) - 0.5, -0.5)
+    ax.set_xlabel("seconds")
+    ax.set_title("Timeline: who computed what (rlplat.trainer.timeline)", fontsize=11)
+    ax.legend(handles=[Patch(color=colour[n], label=n) for n in names], fontsize=7, ncol=min(len(names), 6),
+              loc="upper center", bbox_to_anchor=(0.5, -0.35 if pools else -0.2))
+    fig.savefig(path, dpi=100, facecolor="white")
+    return True
+
+
 def samples_table(step: int, samples: list[dict]) -> str:
     """A validation's samples as an HTML page; every value is escaped (responses are model output)."""
     def cell(value) -> str:
@@ -256,6 +295,9 @@ def write_report(run_dir: str | Path) -> Path:
     except ValueError:  # a damaged segments.json costs the resume marks, not the report
         segments = []
     plots = write_plots(series, out, resume_steps(rows, segments))
+    timeline = run_dir / "timeline.jsonl"
+    if timeline.is_file() and plot_timeline(read_jsonl(timeline), out / "timeline.png"):
+        plots["timeline.png"] = 1
     val_path = run_dir / "val_samples.jsonl"
     samples = write_samples(read_jsonl(val_path) if val_path.is_file() else [], out)
     last_step = max((steps[-1] for steps, _ in series.values()), default=None)

@@ -369,8 +369,16 @@ class RolloutWorker(_Generates):
 
     @register(Dispatch.DP_SPLIT)
     def generate_sequences(self, prompts: Batch) -> Batch:
+        """Also per row: ``policy_version``, and when this worker generated it (``generated_from``,
+        ``generated_until``: wall-clock seconds of the call, for the run's timeline)."""
+        start = time.time()
         out = super().generate_sequences(prompts)
-        return out.union(Batch.from_dict({"policy_version": torch.full((len(out),), self.version, dtype=torch.long)}))
+        rows = len(out)
+        return out.union(Batch.from_dict({
+            "policy_version": torch.full((rows,), self.version, dtype=torch.long),
+            "generated_from": torch.full((rows,), start, dtype=torch.float64),
+            "generated_until": torch.full((rows,), time.time(), dtype=torch.float64),
+        }))
 
 
 class RefWorker(_Role):

@@ -15,6 +15,7 @@ import torch
 from rlplat.config import ConfigError
 from rlplat.rollout.weight_sync import CORRUPT_ENV, WeightUpdate, corrupt_for_test, tensor_checksum, weight_mismatch
 from rlplat.trainer.ledger import PromptLedger
+from rlplat.trainer.timeline import busy_seconds, idle_fractions, read_timeline
 from rlplat.trainer.run import load_run_config, run
 from rlplat.utils.errors import RunError
 
@@ -97,6 +98,15 @@ def test_the_ledger_keeps_ranges_and_refuses_a_group_trained_twice():
         resumed.record(["p5", "p3"], step=4)
 
 
+# ------------------------------------------------------------------------------------------------ timeline
+def test_busy_time_counts_overlapping_spans_once_and_only_inside_the_window():
+    spans = [["rollout", "generate", 0.0, 2.0], ["rollout", "generate", 1.0, 3.0], ["trainer", "update_actor", 2.0, 9.0],
+             ["rollout", "generate", 5.0, 12.0]]
+    assert busy_seconds(spans, "rollout", 1.0, 10.0) == pytest.approx(2.0 + 5.0)
+    rows = [{"step": 1, "start": 0.0, "end": 5.0, "spans": spans[:2]}, {"step": 2, "start": 5.0, "end": 10.0, "spans": spans[2:]}]
+    assert idle_fractions(rows) == pytest.approx({"trainer": 1 - 7 / 10, "rollout": 1 - 8 / 10})
+
+
 # ------------------------------------------------------------------------------------------ whole runs
 def _train(out, steps, val, *extra):
     cfg, plan = load_run_config(overrides(out, steps, val, *extra))
@@ -138,6 +148,15 @@ def test_generating_two_steps_ahead_never_trains_on_older_samples(embedded_cache
     assert [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 2, 2]  # K = 2 reached, never passed
     assert [steps[s]["val/policy_version"] for s in (0, 2, 4)] == [0, 2, 4]  # validation on the newest weights
     assert _ledger(out) == [[0, 32]]  # every drawn prompt group trained once
+    # the timeline: a line per step, the rollout pool's generations in it, idle fractions in the summary
+    timeline = read_timeline(out)
+    assert [row["step"] for row in timeline] == [1, 2, 3, 4]
+    pools = {span[0] for row in timeline for span in row["spans"]}
+    assert pools == {"trainer", "rollout", "controller"}
+    idle = json.loads((out / "summary.json").read_text())["idle_frac"]
+    assert idle.keys() == {"trainer", "rollout"} and all(0 <= v < 1 for v in idle.values())
+    assert all(0 <= steps[s]["timing/trainer_idle_frac"] < 1 for s in (1, 2, 3, 4))
+    assert (out / "report" / "timeline.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow
@@ -174,3 +193,4 @@ def test_kill_9_of_an_async_run_then_resume_trains_every_prompt_once(embedded_ca
     assert _ledger(out) == [[0, 40]]
     rows = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows == list(range(6))
+    assert [row["step"] for row in read_timeline(out)] == [1, 2, 3, 4, 5]  # cut back with metrics.jsonl
