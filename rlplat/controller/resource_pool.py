@@ -21,6 +21,9 @@ class ResourcePool:
     device: str  # "cpu" | "cuda"
     cpus_per_worker: float = 1.0
     exclude_nodes: tuple[str, ...] = ()  # node ids another pool already uses, when roles must not share
+    # CPU pools: the workers, of all pools, that compute on each node's cores at the same time (None = this
+    # pool's workers_per_node): a separate rollout pool generates while the actor trains
+    cores_shared_by: int | None = None
     placement_groups: list[Any] = field(default_factory=list, init=False)
     node_ids: list[str] = field(default_factory=list, init=False)
     threads_per_worker: int = field(default=1, init=False)  # CPU threads each worker computes with (CPU pools)
@@ -62,7 +65,7 @@ class ResourcePool:
         self.node_ids = self._pick_nodes()
         # a CPU worker reserves one core for scheduling, but computes with its node's cores split evenly
         cores = [int(node["Resources"].get("CPU", 1)) for node in ray.nodes() if node["NodeID"] in self.node_ids]
-        self.threads_per_worker = max(1, min(cores) // self.workers_per_node)
+        self.threads_per_worker = max(1, min(cores) // (self.cores_shared_by or self.workers_per_node))
         self.placement_groups = [
             placement_group(
                 [self._bundle()] * self.workers_per_node,

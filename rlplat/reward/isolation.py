@@ -372,9 +372,14 @@ class ProcessPool:
     def __init__(self, functions: Sequence[Callable], names: Sequence[str], timeout_s: float, workers: int):
         from concurrent.futures import ThreadPoolExecutor
 
+        import threading
+
         self.workers = [ProcessExecutor(functions, names, timeout_s) for _ in range(workers)]
         self.names = list(names)
         self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlplat-reward")
+        # one batch at a time: validation scores in the controller's thread while a rollout queue may score
+        # a training batch in its own (the processes' pipes carry one call each)
+        self._one_batch = threading.Lock()
 
     def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
             stop_after_errors: int | None = None, give_up: bool = True,
@@ -384,6 +389,11 @@ class ProcessPool:
         then end at their deadline. ``timings`` (one slot per row) gets each call's seconds (as the
         controller waited for it, from a running worker process: starting or restarting one, ~2 s, is not
         the function's time) and whether it timed out."""
+        with self._one_batch:
+            return self._run(fn_index, rows, first_index, stop_after_errors, give_up, timings)
+
+    def _run(self, fn_index: int, rows: Sequence[Row], first_index: int, stop_after_errors: int | None,
+             give_up: bool, timings: list[Timing | None] | None) -> list[Outcome]:
         import threading
         import time
 

@@ -291,7 +291,9 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
     ``reward.judge.placement``). Nothing here waits for the workers: their processes start (and import torch) while the controller reads the
     data; the models are loaded by :func:`_load_models` afterwards."""
     kwargs = {"cfg": cfg, "plan": plan, "imports": import_user_modules(cfg.trainer.imports)}
-    pool = ResourcePool(cfg.trainer.nnodes, cfg.trainer.workers_per_node, plan.device).create()
+    # a separate rollout pool computes at the same time as the training workers: on CPU they split the cores
+    computing = cfg.trainer.workers_per_node + (cfg.rollout.workers_per_node if cfg.rollout.mode == "separate" else 0)
+    pool = ResourcePool(cfg.trainer.nnodes, cfg.trainer.workers_per_node, plan.device, cores_shared_by=computing).create()
     pools = [pool]
     scorers = [(RewardModelWorker, cfg.reward.model) if cfg.reward.model.path else None,
                (JudgeWorker, cfg.reward.judge) if cfg.reward.judge.model_path else None]
@@ -306,7 +308,8 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
         ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
     rollout = None
     if cfg.rollout.mode == "separate":
-        rollout_pool = ResourcePool(cfg.rollout.nnodes, cfg.rollout.workers_per_node, plan.device).create()
+        rollout_pool = ResourcePool(cfg.rollout.nnodes, cfg.rollout.workers_per_node, plan.device,
+                                    cores_shared_by=computing).create()
         pools.append(rollout_pool)
         rollout = RayWorkerGroup(RolloutWorker, rollout_pool, **kwargs)
     model_groups = []

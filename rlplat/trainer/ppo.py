@@ -33,7 +33,7 @@ branches on an algorithm's name.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 import torch
@@ -101,7 +101,8 @@ class PPOTrainer:
         self.queued_prompts: list[int | dict] = []  # the hook's picks, served before the dataset's order
         self.stages = self.build_stages()
         # rollout.mode=separate: the batches generated on the rollout pool (trainer.async_steps ahead)
-        self.rollouts = RolloutQueue(self) if cfg.rollout.mode == "separate" else None
+        own_reward = type(self).reward is not PPOTrainer.reward
+        self.rollouts = RolloutQueue(self, score_ahead=not own_reward) if cfg.rollout.mode == "separate" else None
         self._scoring = None  # reward_start's pending scores
         self.progress = Progress("off", cfg.trainer.total_steps)  # fit() replaces it with trainer.progress's
 
@@ -236,8 +237,12 @@ class PPOTrainer:
             rewind_jsonl(self.timeline.path, resumed or None)
             self.clock = WallClock(cfg.trainer.output_dir, resumed=resumed > 0)
             self.progress = Progress(cfg.trainer.progress, cfg.trainer.total_steps, self.step)
-            with self.progress:
-                last_val, saved = self.train_loop(stop)
+            try:
+                with self.progress:
+                    last_val, saved = self.train_loop(stop)
+            finally:
+                if self.rollouts is not None:
+                    self.rollouts.close()
             if stop.requested and cfg.trainer.save_on_signal and self.step > max(saved, resumed):
                 self.save_checkpoint()
             if not stop.requested and not (cfg.trainer.export_every_save and saved == self.step):
@@ -344,11 +349,17 @@ class PPOTrainer:
         return out
 
     def reward(self, batch: Batch, metrics: dict) -> Batch:
-        return self._with_scores(batch, self.components.score_batch(batch), metrics)
+        """Add the scores: computed now, or already when the rollout queue scored the batch as it arrived."""
+        scored = batch.meta.pop("scores", None) or self.components.score_batch(batch)
+        return self._with_scores(batch, scored, metrics)
 
     def reward_start(self, batch: Batch, metrics: dict) -> Batch:
         """Start scoring ``batch`` in a background thread (the reward worker process computes); the worker
         passes run meanwhile, and :meth:`reward_wait` adds the scores."""
+        if (scored := batch.meta.pop("scores", None)) is not None:  # scored ahead by the rollout queue
+            self._scoring = Future()
+            self._scoring.set_result(scored)
+            return batch
         pool = ThreadPoolExecutor(1, thread_name_prefix="rlplat-reward")
         self._scoring = pool.submit(self.components.score_batch, batch)
         pool.shutdown(wait=False)  # its thread ends with the task

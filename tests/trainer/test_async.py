@@ -169,6 +169,19 @@ def test_a_corrupted_weight_bucket_stops_the_run_naming_the_tensor(embedded_cach
 
 
 @pytest.mark.slow
+def test_a_batch_scored_ahead_reports_its_reward_failure_in_the_step_that_needs_it(embedded_cache, small_val, tmp_path, ray_cluster):
+    # the queue scores each batch in its own thread as it arrives: a failing reward is still one line, naming
+    # the step the batch was for, raised when that step takes the batch (step 2: step 1's rewards are fine)
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return None if extra_info['split'] == 'train' and extra_info['index'] >= 8 else 0.0\n")
+    with pytest.raises(RunError, match=r"^step 2: 32 of 32 reward calls failed \(reward.fail_fraction_to_stop=1\)"):
+        _train(tmp_path / "out", 3, small_val, SEPARATE, "trainer.async_steps=1", f"reward.custom_fn.path={reward}",
+               "data.shuffle=false")
+    assert [json.loads(line)["step"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+
+
+@pytest.mark.slow
 def test_kill_9_of_an_async_run_then_resume_trains_every_prompt_once(embedded_cache, small_val, tmp_path):
     # batches in flight at a checkpoint are generated again after the resume (with the resumed weights):
     # the ledger of the finished run is every drawn prompt group exactly once, each step is logged once
