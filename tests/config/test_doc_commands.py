@@ -55,7 +55,7 @@ ALL += commands(f"```\n{USAGE}\n```", "--help")
 
 # How many trainer commands each document prints. Change it with the docs: a change to how blocks are read
 # that drops (or invents) a command fails here instead of quietly testing fewer commands.
-PRINTED = {"README.md": 4, "agents.md": 1, "async.md": 1, "concepts.md": 2, "megatron.md": 1, "migrating.md": 3, "options.md": 3,
+PRINTED = {"README.md": 4, "agents.md": 1, "async.md": 2, "concepts.md": 2, "megatron.md": 1, "migrating.md": 3, "options.md": 3,
            "performance.md": 1, "plan.md": 1, "report.md": 1, "rollout.md": 5, "troubleshooting.md": 7, "--help": 3}
 
 
@@ -124,6 +124,8 @@ def test_documented_vllm_command_runs(where, args, skip_missing, tiny_model_path
     if "rollout.mode=server" in args:
         return
     knobs = one_step_knobs(tiny_model_path, small_val, tmp_path)
+    if "rollout.mode=separate" in args:  # a pool of rollout workers of its own: on Ray (a local cluster)
+        knobs.remove("trainer.ray_address=inprocess")
     replaced = {key(k) for k in knobs}
     summary = run(*load_run_config([a for a in args if key(a) not in replaced] + knobs))
     assert summary["steps"] == 1
@@ -132,7 +134,8 @@ def test_documented_vllm_command_runs(where, args, skip_missing, tiny_model_path
 
 
 def test_the_docs_print_vllm_commands():
-    assert len(VLLM) == 5 and sum("rollout.mode=server" in args for _, args in VLLM) == 1
+    assert len(VLLM) == 6 and sum("rollout.mode=server" in args for _, args in VLLM) == 1
+    assert sum("rollout.mode=separate" in args for _, args in VLLM) == 1
 
 
 @pytest.mark.parametrize("knob", ["rollout.n=4", "rollout.n=2", "data.train_batch_size_prompts=8",

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlplat.controller import InProcessWorkerGroup
-from rlplat.workers.roles import ActorRolloutRefWorker
+from rlplat.workers.roles import ActorRolloutRefWorker, RolloutWorker
 from workers.helpers import (
     ECHO_ENVIRONMENT, agent_prompts, check_rollout_layout, check_trajectories, engine_config, prompt_batch,
     reference_log_probs, with_training_fields,
@@ -40,6 +40,28 @@ def test_generates_n_samples_per_prompt_with_the_trainers_log_probs(vllm_group, 
     mask = out.tensors["response_mask"].bool()
     recomputed = group.compute_log_probs(out).tensors["old_log_probs"]
     torch.testing.assert_close(recomputed[mask], out.tensors["rollout_log_probs"][mask], atol=1e-3, rtol=0)
+
+
+def test_a_rollout_worker_of_its_own_loads_a_numbered_update_and_samples_from_it(vllm_group, tiny_model_path):
+    # rollout.mode=separate's worker (here beside the actor in one process, without Ray): the actor's weights
+    # arrive as one WeightUpdate, go into vLLM by its own loader, and every sample says which version made it
+    actor, cfg = vllm_group
+    prompts = prompt_batch(tiny_model_path, temperature=1.0)
+    for _ in range(2):
+        actor.update_actor(with_training_fields(actor.generate_sequences(prompts)))
+    rollout = InProcessWorkerGroup(RolloutWorker, device="cpu", cfg=cfg, plan=actor.worker.plan)
+    try:
+        rollout.init_model(tiny_model_path)
+        update = actor.weight_update(7, False)[0]
+        assert update.version == 7 and update.checksums == {}  # vLLM cannot show its weights: verify_weights=off
+        assert rollout.receive_weights(update) == [None]
+        out = rollout.generate_sequences(prompts)
+        assert out.tensors["policy_version"].tolist() == [7] * len(prompts)
+        mask = out.tensors["response_mask"].bool()
+        trainer = actor.compute_log_probs(out).tensors["old_log_probs"]
+        torch.testing.assert_close(trainer[mask], out.tensors["rollout_log_probs"][mask], atol=1e-3, rtol=0)
+    finally:
+        rollout.shutdown()
 
 
 def test_after_an_update_vllm_samples_from_the_new_weights(vllm_group, tiny_model_path):
