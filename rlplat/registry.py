@@ -109,7 +109,8 @@ class Registry(Generic[T]):
             obj = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as err:
             raise RegistryError(f"{self.kind} {name!r} could not be imported from {entry.target}: {err}") from err
-        self._entries[name] = obj
+        if not problem:  # a class imported without its package stays lazy: the next get still says what is missing
+            self._entries[name] = obj
         return obj
 
     def remove(self, name: str) -> T:

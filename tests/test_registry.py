@@ -96,3 +96,16 @@ def test_lazy_entry_with_a_missing_package_names_the_install_command():
         reg.get("fancy")
     with pytest.raises(RegistryError, match="must be 'package.module:Attr'"):
         reg.add_lazy("bad", "no_colon")
+
+
+def test_an_entry_imported_without_its_package_still_says_what_is_missing(tmp_path, monkeypatch):
+    # planning a run for another machine imports the engine class without its package (require_installed=False);
+    # a later run in the same process must still be told the package is missing, not fail inside a worker
+    (tmp_path / "engine_without_pkg.py").write_text("class Engine:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry("rollout engine")
+    reg.add_lazy("fancy", "engine_without_pkg:Engine", requires=("fancy_engine_pkg",), install="pip install fancy")
+    assert reg.get("fancy", require_installed=False).__name__ == "Engine"
+    assert reg.missing_requirements("fancy").startswith("rollout engine 'fancy' needs the package 'fancy_engine_pkg'")
+    with pytest.raises(RegistryError, match="install it with: pip install fancy"):
+        reg.get("fancy")

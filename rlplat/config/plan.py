@@ -52,6 +52,9 @@ class RunPlan:
     actor_dtype: str  # the actor's compute dtype
     rollout_dtype: str  # the dtype the rollout engine generates in (the actor's weights are sent in it)
     rollout_sleeps: bool
+    # the rollout engine's log-probs are the actor's own to float error: it samples with the actor's model
+    # code, and both compute in float32
+    rollout_log_probs_exact: bool
     loss_scale_factor: float  # for seq-mean-token-sum-norm
     # tokens after the prompt (R of the batch): data.max_response_length, or the agent loop's total budget
     response_length: int
@@ -107,8 +110,12 @@ def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines:
         return "rollout"
     if algo.old_log_probs == "recompute" or algo.off_policy.correction != "none" or algo.use_kl_in_reward or reads_sum_sq:
         return "recompute"
-    exact = engines.rollout.actor_log_probs and rollout_dtype == engines.actor_dtype == "float32"
-    return "rollout" if exact else "recompute"
+    return "rollout" if log_probs_exact(engines, rollout_dtype) else "recompute"
+
+
+def log_probs_exact(engines: EngineDeclarations, rollout_dtype: str) -> bool:
+    """:attr:`RunPlan.rollout_log_probs_exact`."""
+    return engines.rollout.actor_log_probs and rollout_dtype == engines.actor_dtype == "float32"
 
 
 def response_length(cfg: DictConfig) -> int:
@@ -141,6 +148,7 @@ def make_plan(cfg: DictConfig, device: str, engines: EngineDeclarations) -> RunP
         actor_dtype=engines.actor_dtype,
         rollout_dtype=rollout_dtype,
         rollout_sleeps=engines.rollout.sleeps,
+        rollout_log_probs_exact=log_probs_exact(engines, rollout_dtype),
         loss_scale_factor=float(algo.loss_scale_factor or response_length(cfg)),
         response_length=response_length(cfg),
         train_files=as_paths(cfg, "data.train_files"),

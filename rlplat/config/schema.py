@@ -186,8 +186,12 @@ class RolloutConfig:
     nnodes: int = count(1)  # rollout.mode=separate: Ray nodes of the rollout pool
     workers_per_node: int = count(1)  # rollout.mode=separate: rollout workers (one device each) on each of them
     # rollout.mode=separate: after a weight sync, compare a checksum of every tensor the rollout engine holds with
-    # the actor's (a mismatch stops the run naming the tensor): every | first (the first sync only) | off
+    # the actor's (a mismatch stops the run naming the tensor), and its log-probs of a fixed sequence with the
+    # actor's: every | first (the first sync only) | off
     verify_weights: str = "every"
+    # the probe's largest allowed |difference| of one token's log-prob; None = 1e-5 where the rollout's log-probs
+    # are the actor's own (HF engine, float32), else 0.5 (other kernels or 16 bits: catches misplaced weights)
+    verify_log_prob_tol: Optional[float] = None
     n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)

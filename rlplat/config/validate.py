@@ -102,6 +102,9 @@ def _check_values(cfg: DictConfig) -> None:
           f"{rollout.val_n} times; set rollout.val_n=1, or rollout.val_temperature > 0 (e.g. 1.0) for mean@N / pass@k")
     check(0 < rollout.top_p <= 1, f"rollout.top_p must be in (0, 1], got {rollout.top_p}")
     check(rollout.top_k == -1 or rollout.top_k > 0, f"rollout.top_k must be -1 or > 0, got {rollout.top_k}")
+    tolerance = rollout.verify_log_prob_tol
+    check(tolerance is None or tolerance > 0,
+          f"rollout.verify_log_prob_tol must be > 0 (or null: by rollout.dtype), got {tolerance}")
     off = algo.off_policy
     check(off.cap > 0, f"algorithm.off_policy.cap must be > 0, got {off.cap}")
     check(0 <= off.low < 1 < off.high, f"algorithm.off_policy.low and .high must satisfy 0 <= low < 1 < high, got "

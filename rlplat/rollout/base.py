@@ -154,6 +154,12 @@ class RolloutEngine(ABC):
         engine cannot show them so (it holds them fused, or in another process)."""
         return None
 
+    def sequence_log_probs(self, ids: list[int]) -> list[float] | None:
+        """The log-prob at temperature 1 of each of ``ids[1:]`` given the tokens before it, computed as the
+        engine computes when it samples: the weight sync's probe (``rollout.verify_weights``). None when the
+        engine cannot score a given sequence."""
+        return None
+
     def sleep(self) -> None:
         """Free the engine's device memory (KV cache, and weights where supported) while training runs."""
 

@@ -190,6 +190,12 @@ class HFRolloutEngine(RolloutEngine):
     def weight_checksums(self) -> dict:
         return named_checksums(self.model.state_dict().items())
 
+    @torch.no_grad()
+    def sequence_log_probs(self, ids: list[int]) -> list[float]:
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=x).logits[0, :-1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:, None]).squeeze(-1).cpu().tolist()
+
 
 def choose_tokens(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """One token per row from logits already divided by the temperature: the argmax when greedy, else a

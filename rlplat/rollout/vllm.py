@@ -134,6 +134,15 @@ class VLLMRolloutEngine(RolloutEngine):
         responses, mask, lps = pad_responses(token_ids, log_probs, params.max_new_tokens, self.setup.pad_token_id)
         return assemble_rollout(batch, responses, mask, lps)
 
+    def sequence_log_probs(self, ids: list[int]) -> list[float]:
+        """vLLM's prompt log-probs (``prompt_logprobs=0``: each prompt token's own) of ``ids``."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = VLLMSamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)[0]
+        return [step[token].logprob for token, step in zip(ids[1:], out.prompt_logprobs[1:])]
+
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
         self.llm.collective_rpc("rlplat_start_weight_update")
         for bucket in buckets:

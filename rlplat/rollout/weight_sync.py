@@ -1,10 +1,17 @@
 """Weights sent from the actor to a pool of rollout workers (``rollout.mode=separate``), numbered and checked.
 
 Every update carries the actor's version (the number of updates it has applied) and, when
-``rollout.verify_weights`` asks for it, an exact checksum of every tensor as the actor sent it. The rollout
-worker loads the update into its engine and compares the checksums of what the engine then holds
-(:meth:`~rlplat.rollout.base.RolloutEngine.weight_checksums`) with the sent ones: a tensor that was
-dropped, cast, transposed or corrupted on the way is named, and the run stops before it trains on a sample of it.
+``rollout.verify_weights`` asks for it, two checks the rollout worker makes after loading it into its engine:
+
+* **checksums**: an exact checksum of every tensor as the actor sent it, against those of what the engine
+  then holds (:meth:`~rlplat.rollout.base.RolloutEngine.weight_checksums`): a tensor dropped, cast,
+  transposed or corrupted on the way is named;
+* **a log-prob probe**: the actor's log-probs of a fixed token sequence (the first validation prompt), against
+  the engine's own (:meth:`~rlplat.rollout.base.RolloutEngine.sequence_log_probs`): weights that load
+  without error into the wrong places (a fused projection split the wrong way) show here, also in engines
+  that cannot show their tensors (vLLM).
+
+Either failing stops the run before it trains on a sample of those weights.
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ class WeightUpdate:
     version: int  # the actor's optimizer updates so far (0 = the initial model)
     buckets: list[WeightBucket]
     checksums: dict[str, Checksum] = field(default_factory=dict)  # empty: not verified (rollout.verify_weights)
+    probe_ids: list[int] = field(default_factory=list)  # the probe's tokens (empty: no probe)
+    probe_log_probs: list[float] = field(default_factory=list)  # the actor's log-probs of probe_ids[1:]
+    probe_tolerance: float = 0.0  # the largest |difference| of one token's log-prob allowed
 
     @classmethod
     def of(cls, version: int, buckets: Iterable[WeightBucket], verify: bool) -> WeightUpdate:
@@ -76,6 +86,36 @@ def weight_mismatch(update: WeightUpdate, held: Mapping[str, Checksum]) -> str |
              f"holds {changed[0]!r} with other bits than the actor sent")
     return (f"after the sync of weight version {update.version}, the rollout engine {first} "
             f"({len(missing) + len(changed)} of {len(update.checksums)} tensors differ)")
+
+
+#: the probe's default tolerance for an engine whose log-probs are not the actor's own (another engine's
+#: kernels, 16-bit weights): a loose bound that weights loaded into the wrong places still break (they move
+#: log-probs by nats), which kernel and rounding differences (up to ~1e-1 in bfloat16) do not
+LOOSE_PROBE_TOLERANCE = 0.5
+
+
+def probe_tolerance(exact: bool, configured: float | None) -> float:
+    """``rollout.verify_log_prob_tol``, or by default 1e-5 where the rollout's log-probs are the actor's own
+    to float error (the HF engine in float32: :attr:`~rlplat.config.plan.RunPlan.rollout_log_probs_exact`),
+    else :data:`LOOSE_PROBE_TOLERANCE`."""
+    if configured is not None:
+        return configured
+    return 1e-5 if exact else LOOSE_PROBE_TOLERANCE
+
+
+def probe_mismatch(update: WeightUpdate, rollout_log_probs: list[float]) -> str | None:
+    """One line when the engine's log-probs of the probe differ from the actor's by more than the update's
+    tolerance at some token (the largest difference and where), else None."""
+    gaps = [abs(a - b) for a, b in zip(update.probe_log_probs, rollout_log_probs)]
+    if len(rollout_log_probs) != len(update.probe_log_probs):
+        return (f"after the sync of weight version {update.version}, the rollout engine scored "
+                f"{len(rollout_log_probs)} tokens of the {len(update.probe_log_probs)}-token probe")
+    worst = max(range(len(gaps)), key=gaps.__getitem__, default=None)
+    if worst is None or gaps[worst] <= update.probe_tolerance:
+        return None
+    return (f"after the sync of weight version {update.version}, the rollout engine's log-probs of the probe "
+            f"sequence differ from the actor's by {gaps[worst]:.2e} at token {worst + 1} (tolerance "
+            f"{update.probe_tolerance:g}: rollout.verify_log_prob_tol)")
 
 
 def corrupt_for_test(update: WeightUpdate) -> None:

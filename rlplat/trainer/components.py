@@ -26,7 +26,7 @@ from rlplat.models.embedded import EMBEDDED
 from rlplat.protocol import Batch
 from rlplat.reward import ModelScores, RewardManager, RewardsFailing, ScoreResult, build_reward_manager
 from rlplat.reward.judge import ServerJudge, judge_prompts, parse_verdict
-from rlplat.rollout.weight_sync import corrupt_for_test
+from rlplat.rollout.weight_sync import corrupt_for_test, probe_tolerance
 from rlplat.trainer.sft import ensure_embedded_model
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
@@ -80,7 +80,9 @@ class Components:
         submitted to them (each runs its calls in order), and :meth:`check_weight_syncs` reads their receipts."""
         mode = self.cfg.rollout.verify_weights
         verify = mode == "every" or (mode == "first" and not self.verified_once)
-        update = self.actor.weight_update(version, verify)[0]
+        tolerance = probe_tolerance(self.plan.rollout_log_probs_exact, self.cfg.rollout.verify_log_prob_tol)
+        probe = list(self.val_data[0]["prompt_ids"])  # a fixed sequence: the first validation prompt
+        update = self.actor.weight_update(version, verify, probe if len(probe) > 1 else None, tolerance)[0]
         corrupt_for_test(update)  # a test hook (RLPLAT_TEST_CORRUPT_WEIGHT): a bucket damaged on its way
         self.weight_syncs.append((version, self.rollout.submit("receive_weights", update)))
         self.verified_once = self.verified_once or verify
@@ -93,7 +95,7 @@ class Components:
             for rank, problem in enumerate(receipt.result()):
                 if problem:
                     raise RunError(f"weight sync to rollout worker {rank}: {problem}; the run stops rather than "
-                                   f"sample from weights that are not the actor's (rollout.verify_weights="
+                                   f"train on samples of weights that are not the actor's (rollout.verify_weights="
                                    f"{self.cfg.rollout.verify_weights})")
 
     def _batch(self, items: list[dict]) -> Batch:

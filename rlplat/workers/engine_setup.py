@@ -65,9 +65,12 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
     if cfg.rollout.mode != "server":
         rollout_cls.check_config(rollout_section, f"rollout.{cfg.rollout.name}", device)
     separate, verify = cfg.rollout.mode == "separate", cfg.rollout.verify_weights
-    if separate and verify != "off" and rollout_cls.weight_checksums is RolloutEngine.weight_checksums:
+    shows = rollout_cls.weight_checksums is not RolloutEngine.weight_checksums
+    scores = rollout_cls.sequence_log_probs is not RolloutEngine.sequence_log_probs
+    if separate and verify != "off" and not (shows or scores):
         raise ConfigError(f"rollout.verify_weights={verify} compares the checksums of the weights the rollout "
-                          f"engine holds, which the {cfg.rollout.name} engine cannot show; set rollout.verify_weights=off")
+                          f"engine holds and its log-probs of a probe with the actor's, and the {cfg.rollout.name} "
+                          f"engine can do neither; set rollout.verify_weights=off")
     check_agent_config(cfg.rollout.agent)
     return plan
 

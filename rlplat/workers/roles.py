@@ -25,8 +25,8 @@ from rlplat.engines import MicroBatching, ParallelLayout, TrainingEngine
 from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
 from rlplat.rollout.agent_loop import AgentLoop
-from rlplat.rollout.base import NonFiniteLogitsError, RolloutEngine
-from rlplat.rollout.weight_sync import WeightUpdate, weight_mismatch
+from rlplat.rollout.base import NonFiniteLogitsError, RolloutEngine, assemble_rollout
+from rlplat.rollout.weight_sync import WeightUpdate, probe_mismatch, weight_mismatch
 from rlplat.utils.errors import RunError
 from rlplat.utils.files import plain_modes
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
@@ -314,17 +314,32 @@ class ActorRolloutRefWorker(_Generates):
         return {name: tensor.detach().cpu().clone() for bucket in buckets for name, tensor in bucket}
 
     @register(Dispatch.ONE_TO_ALL)
-    def weight_update(self, version: int, verify: bool) -> WeightUpdate | None:
+    def weight_update(self, version: int, verify: bool, probe_ids: list[int] | None = None,
+                      probe_tolerance: float = 0.0) -> WeightUpdate | None:
         """The actor's full weights in the rollout's dtype as one numbered :class:`WeightUpdate` for a separate
-        rollout pool, with each tensor's checksum when ``verify``; rank 0 returns it, the other ranks take
-        part in the gathers and return None."""
+        rollout pool; when ``verify``, with each tensor's checksum and the actor's log-probs of ``probe_ids``.
+        Rank 0 returns it; the other ranks take part in the gathers (and the probe's forward) and return None."""
         bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
         buckets = self.actor.export_weights(getattr(torch, self.plan.rollout_dtype), bucket_bytes)
         if self.rank != 0:
             for _ in buckets:  # the gathers are collective: take part, keep nothing
                 pass
-            return None
-        return WeightUpdate.of(version, buckets, verify)
+            update = None
+        else:
+            update = WeightUpdate.of(version, buckets, verify)
+        if verify and probe_ids:
+            log_probs = self._sequence_log_probs(probe_ids)  # a forward every rank takes part in
+            if update is not None:
+                update.probe_ids, update.probe_log_probs, update.probe_tolerance = list(probe_ids), log_probs, probe_tolerance
+        return update
+
+    def _sequence_log_probs(self, ids: list[int]) -> list[float]:
+        """The actor's log-prob of each of ``ids[1:]`` given the tokens before it (temperature 1)."""
+        tokens = torch.tensor([ids], dtype=torch.long)
+        one = torch.ones(1, len(ids) - 1, dtype=torch.long)
+        prompt = Batch.from_dict({"prompts": tokens[:, :1], "prompt_mask": torch.ones(1, 1, dtype=torch.long)})
+        batch = assemble_rollout(prompt, tokens[:, 1:], one, torch.zeros(one.shape))
+        return self.actor.infer(batch, split=MicroBatching(1))["log_probs"][0].tolist()
 
     @register(Dispatch.ONE_TO_ALL)
     def sync_reference(self, alpha: float) -> None:
@@ -355,17 +370,15 @@ class RolloutWorker(_Generates):
 
     @register(Dispatch.ONE_TO_ALL)
     def receive_weights(self, update: WeightUpdate) -> str | None:
-        """Load ``update`` into the engine; with checksums in it, compare them with what the engine then holds.
-        Returns what differs (one line naming the tensor), or None."""
+        """Load ``update`` into the engine, then make the checks it carries (those the engine can: checksums
+        of the tensors it holds, its log-probs of the probe). Returns what differs in one line, or None."""
         self.rollout.load_weights(update.buckets)
         self.version = update.version
-        if not update.checksums:
-            return None
-        held = self.rollout.weight_checksums()
-        if held is None:
-            return (f"rollout.verify_weights: the {self.cfg.rollout.name} engine cannot show the weights it holds; "
-                    f"set rollout.verify_weights=off")
-        return weight_mismatch(update, held)
+        held = self.rollout.weight_checksums() if update.checksums else None
+        if held is not None and (problem := weight_mismatch(update, held)):
+            return problem
+        scored = self.rollout.sequence_log_probs(update.probe_ids) if update.probe_ids else None
+        return probe_mismatch(update, scored) if scored is not None else None
 
     @register(Dispatch.DP_SPLIT)
     def generate_sequences(self, prompts: Batch) -> Batch:

@@ -52,9 +52,12 @@ def test_a_rollout_worker_of_its_own_loads_a_numbered_update_and_samples_from_it
     rollout = InProcessWorkerGroup(RolloutWorker, device="cpu", cfg=cfg, plan=actor.worker.plan)
     try:
         rollout.init_model(tiny_model_path)
-        update = actor.weight_update(7, False)[0]
-        assert update.version == 7 and update.checksums == {}  # vLLM cannot show its weights: verify_weights=off
-        assert rollout.receive_weights(update) == [None]
+        probe = list(range(5, 25))
+        update = actor.weight_update(7, True, probe, 1e-3)[0]
+        assert update.version == 7 and len(update.probe_log_probs) == 19
+        assert rollout.receive_weights(update) == [None]  # vLLM's probe log-probs agree (no checksums: fused tensors)
+        update.probe_log_probs[4] += 0.01
+        assert "at token 5 (tolerance 0.001: rollout.verify_log_prob_tol)" in rollout.receive_weights(update)[0]
         out = rollout.generate_sequences(prompts)
         assert out.tensors["policy_version"].tolist() == [7] * len(prompts)
         mask = out.tensors["response_mask"].bool()

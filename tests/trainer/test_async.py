@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from rlplat.config import ConfigError
-from rlplat.rollout.weight_sync import CORRUPT_ENV, WeightUpdate, corrupt_for_test, tensor_checksum, weight_mismatch
+from rlplat.rollout.weight_sync import (
+    CORRUPT_ENV, WeightUpdate, corrupt_for_test, probe_mismatch, probe_tolerance, tensor_checksum, weight_mismatch,
+)
 from rlplat.trainer.ledger import PromptLedger
 from rlplat.trainer.timeline import busy_seconds, idle_fractions, read_timeline
 from rlplat.trainer.run import load_run_config, run
@@ -39,11 +41,15 @@ def test_async_settings_are_checked(extra, message):
         load_run_config(extra)
 
 
-def test_an_engine_that_cannot_show_its_weights_needs_verification_off():
-    message = r"rollout.verify_weights=every compares the checksums .* which the vllm engine cannot show; set rollout.verify_weights=off"
+def test_an_engine_that_can_neither_show_its_weights_nor_score_a_probe_needs_verification_off():
+    message = (r"rollout.verify_weights=every compares .* and the sglang engine can do neither; set "
+               r"rollout.verify_weights=off")
     with pytest.raises(ConfigError, match=message):
-        load_run_config([SEPARATE, "rollout.name=vllm"], require_installed=False)
-    load_run_config([SEPARATE, "rollout.name=vllm", "rollout.verify_weights=off"], require_installed=False)
+        load_run_config([SEPARATE, "rollout.name=sglang"], require_installed=False, device="cuda")
+    load_run_config([SEPARATE, "rollout.name=sglang", "rollout.verify_weights=off"], require_installed=False, device="cuda")
+    load_run_config([SEPARATE, "rollout.name=vllm"], require_installed=False)  # the probe only: vLLM fuses its tensors
+    with pytest.raises(ConfigError, match=r"rollout.verify_log_prob_tol must be > 0 \(or null: by rollout.dtype\), got 0"):
+        load_run_config([SEPARATE, "rollout.verify_log_prob_tol=0"])
 
 
 def test_an_older_policy_sampled_so_the_update_does_not_take_pi_old_from_its_own_forward():
@@ -83,6 +89,16 @@ def test_a_mismatch_names_the_first_tensor_and_counts_the_others(monkeypatch):
     assert weight_mismatch(update, held) == ("after the sync of weight version 5, the rollout engine holds no "
                                              "tensor 'c' (1 of 3 tensors differ)")
     assert WeightUpdate.of(0, buckets, verify=False).checksums == {}
+
+
+def test_the_probe_names_the_worst_token_against_its_tolerance():
+    update = WeightUpdate(3, [], probe_ids=[5, 6, 7, 8], probe_log_probs=[-1.0, -2.0, -3.0], probe_tolerance=1e-5)
+    assert probe_mismatch(update, [-1.0, -2.000001, -3.0]) is None
+    assert probe_mismatch(update, [-1.0, -2.0, -3.5]) == (
+        "after the sync of weight version 3, the rollout engine's log-probs of the probe sequence differ from "
+        "the actor's by 5.00e-01 at token 3 (tolerance 1e-05: rollout.verify_log_prob_tol)")
+    assert "scored 2 tokens of the 3-token probe" in probe_mismatch(update, [-1.0, -2.0])
+    assert probe_tolerance(True, None) == 1e-5 and probe_tolerance(False, None) == 0.5 and probe_tolerance(True, 0.2) == 0.2
 
 
 # ----------------------------------------------------------------------------------------- prompt ledger
@@ -166,6 +182,16 @@ def test_a_corrupted_weight_bucket_stops_the_run_naming_the_tensor(embedded_cach
                                        r"rollout engine holds 'model.layers.0.mlp.up_proj.weight' with other bits "
                                        r"than the actor sent \(1 of \d+ tensors differ\)"):
         _train(tmp_path / "corrupt", 2, small_val, SEPARATE, "trainer.async_steps=1")
+
+
+@pytest.mark.slow
+def test_the_log_prob_probe_stops_a_run_whose_rollout_scores_otherwise(embedded_cache, small_val, tmp_path, ray_cluster):
+    # every separate run above passed the probe at 1e-5 (HF engine, float32); the gap is float error (~5e-7),
+    # which a tolerance of 1e-12 does not allow: the probe's own failure line, before any step
+    with pytest.raises(RunError, match=r"weight sync to rollout worker 0: after the sync of weight version 0, the "
+                                       r"rollout engine's log-probs of the probe sequence differ from the actor's by "
+                                       r"\d\.\d\de-0[6-8] at token \d+ \(tolerance 1e-12"):
+        _train(tmp_path / "probe", 2, small_val, SEPARATE, "rollout.verify_log_prob_tol=1e-12")
 
 
 @pytest.mark.slow
