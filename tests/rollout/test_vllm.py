@@ -42,31 +42,6 @@ def test_generates_n_samples_per_prompt_with_the_trainers_log_probs(vllm_group, 
     torch.testing.assert_close(recomputed[mask], out.tensors["rollout_log_probs"][mask], atol=1e-3, rtol=0)
 
 
-def test_a_rollout_worker_of_its_own_loads_a_numbered_update_and_samples_from_it(vllm_group, tiny_model_path):
-    # rollout.mode=separate's worker (here beside the actor in one process, without Ray): the actor's weights
-    # arrive as one WeightUpdate, go into vLLM by its own loader, and every sample says which version made it
-    actor, cfg = vllm_group
-    prompts = prompt_batch(tiny_model_path, temperature=1.0)
-    for _ in range(2):
-        actor.update_actor(with_training_fields(actor.generate_sequences(prompts)))
-    rollout = InProcessWorkerGroup(RolloutWorker, device="cpu", cfg=cfg, plan=actor.worker.plan)
-    try:
-        rollout.init_model(tiny_model_path)
-        probe = list(range(5, 25))
-        update = actor.weight_update(7, True, probe, 1e-3)[0]
-        assert update.version == 7 and len(update.probe_log_probs) == 19
-        assert rollout.receive_weights(update) == [None]  # vLLM's probe log-probs agree (no checksums: fused tensors)
-        update.probe_log_probs[4] += 0.01
-        assert "at token 5 (tolerance 0.001: rollout.verify_log_prob_tol)" in rollout.receive_weights(update)[0]
-        out = rollout.generate_sequences(prompts)
-        assert out.tensors["policy_version"].tolist() == [7] * len(prompts)
-        mask = out.tensors["response_mask"].bool()
-        trainer = actor.compute_log_probs(out).tensors["old_log_probs"]
-        torch.testing.assert_close(trainer[mask], out.tensors["rollout_log_probs"][mask], atol=1e-3, rtol=0)
-    finally:
-        rollout.shutdown()
-
-
 def test_after_an_update_vllm_samples_from_the_new_weights(vllm_group, tiny_model_path):
     group, _ = vllm_group
     worker = group.worker
@@ -97,6 +72,32 @@ def test_validation_sampling_is_reproducible_and_leaves_training_randomness_alon
     prompts.meta["validation"] = True
     first, second = group.generate_sequences(prompts), group.generate_sequences(prompts)
     assert torch.equal(first.tensors["responses"], second.tensors["responses"])
+
+
+def test_a_rollout_worker_of_its_own_loads_a_numbered_update_and_samples_from_it(vllm_group, tiny_model_path):
+    # rollout.mode=separate's worker (here beside the actor in one process, without Ray): the actor's weights
+    # arrive as one WeightUpdate, go into vLLM by its own loader, and every sample says which version made it.
+    # After the other tests on vllm_group: shutting an engine down ends vLLM's process-wide parallel state
+    actor, cfg = vllm_group
+    prompts = prompt_batch(tiny_model_path, temperature=1.0)
+    for _ in range(2):
+        actor.update_actor(with_training_fields(actor.generate_sequences(prompts)))
+    rollout = InProcessWorkerGroup(RolloutWorker, device="cpu", cfg=cfg, plan=actor.worker.plan)
+    try:
+        rollout.init_model(tiny_model_path)
+        probe = list(range(5, 25))
+        update = actor.weight_update(7, True, probe, 1e-3)[0]
+        assert update.version == 7 and len(update.probe_log_probs) == 19
+        assert rollout.receive_weights(update) == [None]  # vLLM's probe log-probs agree (no checksums: fused tensors)
+        update.probe_log_probs[4] += 0.01
+        assert "at token 5 (tolerance 0.001: rollout.verify_log_prob_tol)" in rollout.receive_weights(update)[0]
+        out = rollout.generate_sequences(prompts)
+        assert out.tensors["policy_version"].tolist() == [7] * len(prompts)
+        mask = out.tensors["response_mask"].bool()
+        trainer = actor.compute_log_probs(out).tensors["old_log_probs"]
+        torch.testing.assert_close(trainer[mask], out.tensors["rollout_log_probs"][mask], atol=1e-3, rtol=0)
+    finally:
+        rollout.shutdown()
 
 
 def test_multi_turn_trajectories_are_token_exact_with_the_trainers_log_probs(tiny_model_path, tmp_path):
