@@ -66,7 +66,7 @@ class Components:
     reward_model: WorkerGroup | None = None  # RewardModelWorker group when reward.model.path is set
     judge: Any = None  # JudgeWorker group (reward.judge.model_path) or ServerJudge (reward.judge.url)
     rollout: WorkerGroup | None = None  # RolloutWorker group on its own pool (rollout.mode=separate)
-    weight_syncs: list[tuple[int, Pending]] = field(default_factory=list)  # (version, receipt) not yet checked
+    weight_syncs: list[Pending] = field(default_factory=list)  # the rollout workers' receipts not yet checked
     verified_once: bool = False  # rollout.verify_weights=first: the first sync was checked
 
     @property
@@ -84,14 +84,14 @@ class Components:
         probe = list(self.val_data[0]["prompt_ids"])  # a fixed sequence: the first validation prompt
         update = self.actor.weight_update(version, verify, probe if len(probe) > 1 else None, tolerance)[0]
         corrupt_for_test(update)  # a test hook (RLPLAT_TEST_CORRUPT_WEIGHT): a bucket damaged on its way
-        self.weight_syncs.append((version, self.rollout.submit("receive_weights", update)))
+        self.weight_syncs.append(self.rollout.submit("receive_weights", update))
         self.verified_once = self.verified_once or verify
 
     def check_weight_syncs(self) -> None:
         """Wait for the weight syncs sent so far; a rollout worker that does not hold exactly what the actor
         sent stops the run (:class:`RunError`, naming the tensor)."""
         syncs, self.weight_syncs = self.weight_syncs, []
-        for version, receipt in syncs:
+        for receipt in syncs:
             for rank, problem in enumerate(receipt.result()):
                 if problem:
                     raise RunError(f"weight sync to rollout worker {rank}: {problem}; the run stops rather than "
