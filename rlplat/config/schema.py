@@ -192,6 +192,10 @@ class RolloutConfig:
     # the probe's largest allowed |difference| of one token's log-prob; None = 1e-5 where the rollout's log-probs
     # are the actor's own (HF engine, float32), else 0.5 (other kernels or 16 bits: catches misplaced weights)
     verify_log_prob_tol: Optional[float] = None
+    # rollout.mode=separate: how the weights travel from the actor to the rollout workers: distributed = a
+    # torch.distributed group of the actor's rank 0 and the rollout workers (gloo on CPU, NCCL on GPU) |
+    # object_store = through Ray's object store and the controller
+    weight_transport: str = "distributed"
     n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)

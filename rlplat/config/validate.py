@@ -35,6 +35,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "algorithm.old_log_probs": OLD_LOG_PROBS,
     "rollout.mode": ("colocated", "separate", "server"),
     "rollout.verify_weights": ("every", "first", "off"),
+    "rollout.weight_transport": ("distributed", "object_store"),
     "data.truncation": ("error", "left", "right", "filter"),
     "algorithm.norm_adv_scale": ADV_SCALES,
     "ref.placement": tuple(p for p in REFERENCE_PLACEMENTS if p != "none"),

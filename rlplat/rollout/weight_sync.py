@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from rlplat.rollout.base import WeightBucket
+from rlplat.rollout.weight_channel import BucketLayout, bucket_layout
 
 _MODULUS = 2**61 - 1  # a Mersenne prime: the running sum stays an exact Python int of bounded size
 _CHUNK = 1 << 24  # bytes weighed at once (the int64 copy of a chunk is 8x its size)
 
-#: test hook: the name of a tensor that the controller perturbs in an update on its way to the rollout workers,
-#: so a test can show that a corrupted bucket stops the run
+#: test hook: the name of a tensor that the actor perturbs in an update on its way to the rollout workers, so a
+#: test can show that a corrupted bucket stops the run (read by the controller, passed to the actor)
 CORRUPT_ENV = "RLPLAT_TEST_CORRUPT_WEIGHT"
 
 
@@ -64,6 +65,9 @@ class WeightUpdate:
     probe_ids: list[int] = field(default_factory=list)  # the probe's tokens (empty: no probe)
     probe_log_probs: list[float] = field(default_factory=list)  # the actor's log-probs of probe_ids[1:]
     probe_tolerance: float = 0.0  # the largest |difference| of one token's log-prob allowed
+    # rollout.weight_transport=distributed: the buckets travel over a WeightChannel (buckets is then empty), in
+    # these layouts
+    layouts: list[BucketLayout] = field(default_factory=list)
 
     @classmethod
     def of(cls, version: int, buckets: Iterable[WeightBucket], verify: bool) -> WeightUpdate:
@@ -71,8 +75,10 @@ class WeightUpdate:
         checksums = named_checksums((name, t) for bucket in kept for name, t in bucket) if verify else {}
         return cls(version, kept, checksums)
 
-    def num_tensors(self) -> int:
-        return sum(len(bucket) for bucket in self.buckets)
+    def header(self) -> WeightUpdate:
+        """This update without its tensors, which go over a :class:`~rlplat.rollout.weight_channel.WeightChannel`:
+        their layouts instead."""
+        return replace(self, buckets=[], layouts=[bucket_layout(bucket) for bucket in self.buckets])
 
 
 def weight_mismatch(update: WeightUpdate, held: Mapping[str, Checksum]) -> str | None:
@@ -118,9 +124,14 @@ def probe_mismatch(update: WeightUpdate, rollout_log_probs: list[float]) -> str 
             f"{update.probe_tolerance:g}: rollout.verify_log_prob_tol)")
 
 
-def corrupt_for_test(update: WeightUpdate) -> None:
-    """The :data:`CORRUPT_ENV` test hook: add 1 to the first element of the named tensor (nothing if unset)."""
-    name = os.environ.get(CORRUPT_ENV)
+def corruption_for_test() -> str | None:
+    """The :data:`CORRUPT_ENV` test hook, read where the run starts: the tensor to damage (None: unset)."""
+    return os.environ.get(CORRUPT_ENV) or None
+
+
+def corrupt_for_test(update: WeightUpdate, name: str | None) -> None:
+    """Add 1 to the first element of the tensor ``name`` (:func:`corruption_for_test`; nothing if None), after
+    its checksum was taken: the update arrives with other bits than the actor sent."""
     for bucket in update.buckets if name else []:
         for index, (key, tensor) in enumerate(bucket):
             if key == name:

@@ -26,7 +26,7 @@ from rlplat.models.embedded import EMBEDDED
 from rlplat.protocol import Batch
 from rlplat.reward import ModelScores, RewardManager, RewardsFailing, ScoreResult, build_reward_manager
 from rlplat.reward.judge import ServerJudge, judge_prompts, parse_verdict
-from rlplat.rollout.weight_sync import corrupt_for_test, probe_tolerance
+from rlplat.rollout.weight_sync import corruption_for_test, probe_tolerance
 from rlplat.trainer.sft import ensure_embedded_model
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
@@ -82,8 +82,8 @@ class Components:
         verify = mode == "every" or (mode == "first" and not self.verified_once)
         tolerance = probe_tolerance(self.plan.rollout_log_probs_exact, self.cfg.rollout.verify_log_prob_tol)
         probe = list(self.val_data[0]["prompt_ids"])  # a fixed sequence: the first validation prompt
-        update = self.actor.weight_update(version, verify, probe if len(probe) > 1 else None, tolerance)[0]
-        corrupt_for_test(update)  # a test hook (RLPLAT_TEST_CORRUPT_WEIGHT): a bucket damaged on its way
+        update = self.actor.weight_update(version, verify, probe if len(probe) > 1 else None, tolerance,
+                                          corruption_for_test())[0]
         self.weight_syncs.append(self.rollout.submit("receive_weights", update))
         self.verified_once = self.verified_once or verify
 
@@ -336,6 +336,18 @@ def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, cr
     for group in scorers:  # the reward model and the judge: their own model paths
         if group is not None:
             group.init_model()
+    if rollout is not None and cfg.rollout.weight_transport == "distributed":
+        open_weight_channel(actor, rollout)
+
+
+def open_weight_channel(actor: WorkerGroup, rollout: WorkerGroup) -> None:
+    """The torch.distributed group that carries weight updates from the actor's rank 0 to the rollout workers
+    (``rollout.weight_transport=distributed``): every member joins at once, at an address rank 0 chose."""
+    host, port = actor.weight_channel_address()[0]
+    size = 1 + rollout.world_size
+    joining = [group.submit("join_weight_channel", host, port, size) for group in (actor, rollout)]
+    for pending in joining:
+        pending.result()
 
 
 def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Components:

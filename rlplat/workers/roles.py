@@ -26,7 +26,8 @@ from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
 from rlplat.rollout.agent_loop import AgentLoop
 from rlplat.rollout.base import NonFiniteLogitsError, RolloutEngine, assemble_rollout
-from rlplat.rollout.weight_sync import WeightUpdate, probe_mismatch, weight_mismatch
+from rlplat.rollout.weight_channel import WeightChannel
+from rlplat.rollout.weight_sync import WeightUpdate, corrupt_for_test, probe_mismatch, weight_mismatch
 from rlplat.utils.errors import RunError
 from rlplat.utils.files import plain_modes
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
@@ -201,6 +202,7 @@ class ActorRolloutRefWorker(_Generates):
         super().__init__(rank, world_size, device, cfg, plan)
         self.actor = self.rollout = self.ref = self.agent = None
         self.weights_stale = False  # the actor changed since the rollout engine last received its weights
+        self.weight_channel: WeightChannel | None = None  # rank 0, rollout.weight_transport=distributed
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str, with_ref: bool, with_rollout: bool = True) -> None:
@@ -315,10 +317,12 @@ class ActorRolloutRefWorker(_Generates):
 
     @register(Dispatch.ONE_TO_ALL)
     def weight_update(self, version: int, verify: bool, probe_ids: list[int] | None = None,
-                      probe_tolerance: float = 0.0) -> WeightUpdate | None:
+                      probe_tolerance: float = 0.0, corrupt: str | None = None) -> WeightUpdate | None:
         """The actor's full weights in the rollout's dtype as one numbered :class:`WeightUpdate` for a separate
         rollout pool; when ``verify``, with each tensor's checksum and the actor's log-probs of ``probe_ids``.
-        Rank 0 returns it; the other ranks take part in the gathers (and the probe's forward) and return None."""
+        Rank 0 returns it; the other ranks take part in the gathers (and the probe's forward) and return None.
+        With a weight channel (:meth:`join_weight_channel`) the tensors go over it, from a thread of their own,
+        and the update comes back without them (:meth:`WeightUpdate.header`)."""
         bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
         buckets = self.actor.export_weights(getattr(torch, self.plan.rollout_dtype), bucket_bytes)
         if self.rank != 0:
@@ -327,11 +331,27 @@ class ActorRolloutRefWorker(_Generates):
             update = None
         else:
             update = WeightUpdate.of(version, buckets, verify)
+            corrupt_for_test(update, corrupt)  # a test hook (corruption_for_test): a bucket damaged on its way
+            if self.weight_channel is not None:
+                self.weight_channel.send(update.buckets)
+                update = update.header()
         if verify and probe_ids:
             log_probs = self._sequence_log_probs(probe_ids)  # a forward every rank takes part in
             if update is not None:
                 update.probe_ids, update.probe_log_probs, update.probe_tolerance = list(probe_ids), log_probs, probe_tolerance
         return update
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weight_channel_address(self) -> tuple[str, int]:
+        """Where the weight channel's store will listen: this node and a free port (rank 0's answer is used)."""
+        return self.master_address()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def join_weight_channel(self, host: str, port: int, size: int) -> None:
+        """Rank 0 opens the weight channel to the ``size - 1`` rollout workers (``rollout.weight_transport=
+        distributed``) and is its sender; the other ranks have no part in it."""
+        if self.rank == 0:
+            self.weight_channel = WeightChannel(host, port, 0, size, self.device_type)
 
     def _sequence_log_probs(self, ids: list[int]) -> list[float]:
         """The actor's log-prob of each of ``ids[1:]`` given the tokens before it (temperature 1)."""
@@ -357,6 +377,7 @@ class RolloutWorker(_Generates):
         super().__init__(rank, world_size, device, cfg, plan)
         self.rollout = self.agent = None
         self.version = 0  # the actor update whose weights the engine holds (0 = the model it loaded)
+        self.weight_channel: WeightChannel | None = None  # rollout.weight_transport=distributed
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str) -> None:
@@ -369,10 +390,24 @@ class RolloutWorker(_Generates):
         self.agent = build_agent_loop(cfg, self.plan, tokenizer)
 
     @register(Dispatch.ONE_TO_ALL)
+    def join_weight_channel(self, host: str, port: int, size: int) -> None:
+        """Join the actor's rank 0 in the weight channel, as its rank ``1 + rank``."""
+        self.weight_channel = WeightChannel(host, port, 1 + self.rank, size, self.device_type)
+
+    @register(Dispatch.ONE_TO_ALL)
     def receive_weights(self, update: WeightUpdate) -> str | None:
-        """Load ``update`` into the engine, then make the checks it carries (those the engine can: checksums
-        of the tensors it holds, its log-probs of the probe). Returns what differs in one line, or None."""
-        self.rollout.load_weights(update.buckets)
+        """Load ``update`` into the engine (its buckets, or those arriving over the weight channel, one at a
+        time), then make the checks it carries (those the engine can: checksums of the tensors it holds, its
+        log-probs of the probe). Returns what differs in one line, or None."""
+        if update.layouts:
+            arriving = self.weight_channel.receive(update.layouts)
+            try:
+                self.rollout.load_weights(arriving)
+            finally:  # an engine that stopped reading still takes the rest: the sender must not wait forever
+                for _ in arriving:
+                    pass
+        else:
+            self.rollout.load_weights(update.buckets)
         self.version = update.version
         held = self.rollout.weight_checksums() if update.checksums else None
         if held is not None and (problem := weight_mismatch(update, held)):

@@ -7,14 +7,17 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import torch
 
 from rlplat.config import ConfigError
+from rlplat.engines.dist import free_port
+from rlplat.rollout.weight_channel import WeightChannel
 from rlplat.rollout.weight_sync import (
-    CORRUPT_ENV, WeightUpdate, corrupt_for_test, probe_mismatch, probe_tolerance, tensor_checksum, weight_mismatch,
+    CORRUPT_ENV, WeightUpdate, corrupt_for_test, corruption_for_test, named_checksums, probe_mismatch, probe_tolerance, tensor_checksum, weight_mismatch,
 )
 from rlplat.trainer.ledger import PromptLedger
 from rlplat.trainer.timeline import busy_seconds, idle_fractions, read_timeline
@@ -35,6 +38,7 @@ SEPARATE = "rollout.mode=separate"
     (["trainer.async_steps=2", "trainer.ray_address=inprocess"], r"trainer.async_steps=2 generates while the actor trains, on rollout workers of their own, which needs Ray"),
     ([SEPARATE, "rollout.verify_weights=sometimes"], r"rollout.verify_weights='sometimes' is not one of: every, first, off"),
     ([SEPARATE, "rollout.workers_per_node=0"], r"rollout.workers_per_node must be >= 1, got 0"),
+    ([SEPARATE, "rollout.weight_transport=nccl"], r"rollout.weight_transport='nccl' is not one of: distributed, object_store"),
 ])
 def test_async_settings_are_checked(extra, message):
     with pytest.raises(ConfigError, match=message):
@@ -80,7 +84,7 @@ def test_a_mismatch_names_the_first_tensor_and_counts_the_others(monkeypatch):
     held = dict(update.checksums)
     assert weight_mismatch(update, held) is None
     monkeypatch.setenv(CORRUPT_ENV, "b")
-    corrupt_for_test(update)
+    corrupt_for_test(update, corruption_for_test())
     assert update.buckets[0][1][1].tolist() == [1.0, 0.0] and buckets[0][1][1].tolist() == [0.0, 0.0]
     damaged = WeightUpdate.of(5, update.buckets, verify=True).checksums
     assert weight_mismatch(update, damaged) == ("after the sync of weight version 5, the rollout engine holds 'b' "
@@ -89,6 +93,32 @@ def test_a_mismatch_names_the_first_tensor_and_counts_the_others(monkeypatch):
     assert weight_mismatch(update, held) == ("after the sync of weight version 5, the rollout engine holds no "
                                              "tensor 'c' (1 of 3 tensors differ)")
     assert WeightUpdate.of(0, buckets, verify=False).checksums == {}
+
+
+def test_the_weight_channel_delivers_every_bucket_bit_for_bit_to_every_receiver():
+    # the actor's rank 0 and two rollout workers (threads here, processes in a run) on gloo: tensors of every
+    # dtype and of sizes that are no multiple of the packing's alignment, in two buckets
+    buckets = [[("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.arange(11))],
+               [("d", torch.randn(2, 2, 3, dtype=torch.float64)), ("e", torch.tensor([True, False, True]))]]
+    layouts = WeightUpdate.of(1, buckets, verify=False).header().layouts
+    assert layouts[0][1] == ("b", "bfloat16", (7,))
+    port, received = free_port(), {}
+
+    def receive(rank):
+        channel = WeightChannel("127.0.0.1", port, rank, 3, "cpu", timeout_s=60)
+        received[rank] = [[(name, t.clone()) for name, t in bucket] for bucket in channel.receive(layouts)]
+
+    receivers = [threading.Thread(target=receive, args=(rank,)) for rank in (1, 2)]
+    for thread in receivers:
+        thread.start()
+    sender = WeightChannel("127.0.0.1", port, 0, 3, "cpu", timeout_s=60)
+    sender.send(buckets)  # returns at once: the broadcasts go on in the sender's thread
+    sender.wait()
+    for thread in receivers:
+        thread.join(timeout=60)
+    for rank in (1, 2):
+        assert named_checksums(t for bucket in received[rank] for t in bucket) == \
+            named_checksums(t for bucket in buckets for t in bucket)
 
 
 def test_the_probe_names_the_worst_token_against_its_tolerance():
@@ -140,9 +170,15 @@ def test_a_separate_rollout_pool_without_generating_ahead_is_the_colocated_run(e
     # just before: the same samples, rewards and validation, and the same losses to float error (the two
     # layouts put other processes on the cores, so a threaded reduction may round differently: alone on
     # 2 cores the runs agree bit for bit); plus where the samples came from.
+    # The weights reach the rollout worker over a torch.distributed group (the default) or Ray's object store:
+    # the same bits, so the same run.
     _train(tmp_path / "colocated", 2, small_val)
     _train(tmp_path / "separate", 2, small_val, SEPARATE)
+    _train(tmp_path / "object_store", 2, small_val, SEPARATE, "rollout.weight_transport=object_store")
     colocated, separate = metrics(tmp_path / "colocated"), metrics(tmp_path / "separate")
+    through_store = metrics(tmp_path / "object_store")
+    for step in (0, 1, 2):
+        assert comparable(through_store[step]) == comparable(separate[step]), step
     for step in (0, 1, 2):
         extra = {k: v for k, v in separate[step].items() if k not in colocated[step]}
         same = {k: v for k, v in comparable(separate[step]).items() if k not in extra}
