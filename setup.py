@@ -30,6 +30,7 @@ setup(
         # the math rewards' symbolic answer comparison (sympy comes with torch; the ANTLR runtime it parses
         # LaTeX with is the 4.9.3 that hydra-core pins)
         "math-verify[antlr4_9_3]>=0.9,<0.10",
+        "peft>=0.15",  # LoRA adapters (model.lora): inject_adapter_in_model
     ],
     extras_require={
         "test": ["pytest>=8.0"],

@@ -45,7 +45,9 @@ class RunPlan:
     world_size: int  # actor/rollout workers over all nodes
     mini_batches_per_step: int
     estimator: EstimatorSpec  # what algorithm.adv_estimator needs of the run
-    reference: str  # where the reference policy lives: "none" | "colocated" (in the actor's worker) | "separate"
+    # where the reference policy lives: "none" | "colocated" (a copy in the actor's worker) | "separate" |
+    # "adapters" (LoRA: the actor's own model with its adapters off)
+    reference: str
     # where the PPO ratio's pi_old comes from: "update" (the update's own forward: it starts on the policy
     # that sampled) | "rollout" (the rollout engine's log-probs) | "recompute" (the old_log_probs stage)
     old_policy: str
@@ -79,7 +81,15 @@ def reference_placement(cfg: DictConfig) -> str:
     check(not (needs_kl and not wanted), "a KL term is enabled (algorithm.use_kl_*) but ref.enable=false")
     check(not cfg.ref.sync_steps or wanted, f"ref.sync_steps={cfg.ref.sync_steps} syncs a reference policy, but "
                                             f"this run has none (no KL term; set ref.enable=true to keep one)")
-    return cfg.ref.placement if wanted else "none"
+    if not wanted:
+        return "none"
+    if cfg.model.lora.rank:
+        check(not cfg.ref.sync_steps, f"ref.sync_steps={cfg.ref.sync_steps} with LoRA (model.lora.rank="
+                                      f"{cfg.model.lora.rank}) is not supported yet: the reference is the actor's "
+                                      f"base model (its adapters off); set ref.sync_steps=0")
+        if cfg.ref.placement == "colocated":
+            return "adapters"  # the actor's own model with its adapters off: no copy (docs/lora.md)
+    return cfg.ref.placement
 
 
 def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines: EngineDeclarations,

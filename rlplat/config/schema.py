@@ -41,12 +41,21 @@ def count_keys(cls: type | None = None, prefix: str = "") -> list[str]:
 
 
 @dataclass
+class LoRAConfig:
+    rank: int = 0  # LoRA adapters of this rank on the actor's linear layers (0 = off: every weight is trained; docs/lora.md)
+    alpha: float = 16.0  # the adapters' output is scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapters' input (0 keeps the update's log-probs the rollout's)
+    target_modules: list[str] = field(default_factory=list)  # layer names to adapt, e.g. [q_proj, v_proj]; [] = every linear layer of the decoder
+
+
+@dataclass
 class ModelConfig:
     path: str = "embedded"  # HF hub id or local directory; "embedded" = rlplat's locally built tiny model
     tokenizer_path: Optional[str] = None  # defaults to model.path
     trust_remote_code: bool = False  # allow model code from the hub/model directory
     gradient_checkpointing: bool = False  # recompute activations in backward (saves memory)
     attn_implementation: str = "sdpa"  # passed to from_pretrained (eager | sdpa | flash_attention_2)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
 
 @dataclass

@@ -103,6 +103,10 @@ def _check_values(cfg: DictConfig) -> None:
           f"{rollout.val_n} times; set rollout.val_n=1, or rollout.val_temperature > 0 (e.g. 1.0) for mean@N / pass@k")
     check(0 < rollout.top_p <= 1, f"rollout.top_p must be in (0, 1], got {rollout.top_p}")
     check(rollout.top_k == -1 or rollout.top_k > 0, f"rollout.top_k must be -1 or > 0, got {rollout.top_k}")
+    lora = cfg.model.lora
+    check(lora.rank >= 0, f"model.lora.rank must be >= 0 (0 = off), got {lora.rank}")
+    check(lora.alpha > 0, f"model.lora.alpha must be > 0, got {lora.alpha}")
+    check(0 <= lora.dropout < 1, f"model.lora.dropout must be in [0, 1), got {lora.dropout}")
     tolerance = rollout.verify_log_prob_tol
     check(tolerance is None or tolerance > 0,
           f"rollout.verify_log_prob_tol must be > 0 (or null: by rollout.dtype), got {tolerance}")

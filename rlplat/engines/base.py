@@ -12,6 +12,8 @@ rank, replicates them across the model-parallel ranks of one replica, and collec
 
 from __future__ import annotations
 
+import contextlib
+
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -178,6 +180,11 @@ class TrainingEngine(ABC):
         """Every weight <- alpha * given + (1 - alpha) * weight (alpha = 1 copies), from full tensors in
         Hugging Face naming as :meth:`export_weights` yields them (e.g. the actor's, into the reference).
         Each rank updates its own shard; every weight of this model must be given."""
+
+    def adapters_disabled(self) -> contextlib.AbstractContextManager:
+        """A context in which the model runs without its LoRA adapters (the base model: the reference policy
+        of a LoRA run). An engine without adapters has no such context."""
+        raise TypeError(f"{type(self).__name__} has no LoRA adapters to disable (model.lora.rank=0)")
 
     def live_weights(self) -> dict[str, torch.Tensor] | None:
         """The full weights under Hugging Face names as the live tensors the optimizer updates in place,

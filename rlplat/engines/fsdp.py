@@ -30,6 +30,7 @@ from rlplat.engines.base import (
 )
 from rlplat.engines.dist import DistContext
 from rlplat.engines.gated_mlp import install_gated_mlp
+from rlplat.engines.lora import adapters_disabled, inject_lora, merged, owner
 from rlplat.engines.optim import Optimizer
 from rlplat.engines.packing import PackedBatch
 from rlplat.engines.token_head import TokenOutputLM
@@ -77,9 +78,14 @@ class FSDPEngine(TrainingEngine):
         optim_cfg: DictConfig | None = None,
         total_optimizer_steps: int = 1,
         value_head: bool = False,
+        lora: DictConfig | None = None,
+        seed: int = 0,
     ):
         self.ctx, self.value_head = dist_ctx, value_head
         module = load_hf_model(model_path, model_cfg, value_head)
+        # LoRA adapters (model.lora, the actor only; initialised from ``seed`` alike on every rank): the scaling
+        # of each adapted layer by its name
+        self.lora_scalings = inject_lora(module, lora, seed) if lora is not None and lora.rank else {}
         if model_cfg.gradient_checkpointing and optim_cfg is not None:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             module.train()  # transformers recomputes only in training mode ...
@@ -195,12 +201,22 @@ class FSDPEngine(TrainingEngine):
         # must be summed over ranks instead.
         (loss * self.ctx.world_size).backward()
 
+    def _state_options(self):
+        """With LoRA a checkpoint holds the adapters (and their optimizer state), not the frozen base weights,
+        which the model path gives again (so loading is not strict about them: :meth:`load_checkpoint` checks
+        the adapters itself)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        lora = bool(self.lora_scalings)
+        return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
     def save_checkpoint(self, path: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optim_state = get_state_dict(self._model, [self.optim.optimizer] if self.optim else [])
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+        model_state, optim_state = get_state_dict(self._model, [self.optim.optimizer] if self.optim else [],
+                                                  options=self._state_options())
+        dcp.save({"model": self._trained_only(model_state), "optim": optim_state}, checkpoint_id=path)
         save_rank_state(path, self.ctx.rank, self.optim)
 
     def load_checkpoint(self, path: str) -> None:
@@ -208,35 +224,64 @@ class FSDPEngine(TrainingEngine):
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         optimizers = [self.optim.optimizer] if self.optim else []
-        model_state, optim_state = get_state_dict(self._model, optimizers)
-        state = {"model": model_state, "optim": optim_state}
+        options = self._state_options()
+        model_state, optim_state = get_state_dict(self._model, optimizers, options=options)
+        state = {"model": self._trained_only(model_state), "optim": optim_state}
         dcp.load(state, checkpoint_id=path)
-        set_state_dict(self._model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        loaded = set_state_dict(self._model, optimizers, model_state_dict=state["model"],
+                                optim_state_dict=state["optim"], options=options)
+        trained = {name for name, p in self._model.named_parameters() if p.requires_grad}
+        if missing := sorted(trained & set(loaded.missing_keys)):
+            raise RuntimeError(f"{path}: the checkpoint has no {missing[0]!r} ({len(missing)} trained weights missing)")
         load_rank_state(path, self.ctx.rank, self.optim)
+
+    def _trained_only(self, model_state: dict) -> dict:
+        """With LoRA, the adapters' entries alone (a frozen weight tied to another, the output layer tied to the
+        embedding, is kept by torch's ``ignore_frozen_params``)."""
+        if not self.lora_scalings:
+            return model_state
+        frozen = {name for name, p in self._model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        return {name: value for name, value in model_state.items() if name not in frozen}
+
+    def adapters_disabled(self):
+        if not self.lora_scalings:
+            return super().adapters_disabled()
+        return adapters_disabled(self._model)
 
     def live_weights(self):
         from torch.distributed.tensor import DTensor
 
-        if self.ctx.world_size != 1 or self.offloaded:
-            return None  # sharded (or offloaded to the host): only gathered copies are whole
+        if self.ctx.world_size != 1 or self.offloaded or self.lora_scalings:
+            return None  # sharded (or offloaded to the host, or LoRA's merged weights): only copies are whole
         return {name: tensor.to_local() if isinstance(tensor, DTensor) else tensor
                 for name, tensor in self._model.state_dict(keep_vars=True).items()}
 
     def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):
-        bucket, size = [], 0
+        bucket, size, layer = [], 0, None
         for name, tensor in self._model.state_dict().items():
             nbytes = tensor.numel() * (dtype or tensor.dtype).itemsize
-            if bucket and size + nbytes > bucket_bytes:
-                yield gather_bucket(bucket, dtype, self.ctx)
+            # an adapted layer's base weight and adapters stay in one bucket: they are merged there
+            part_of = owner(name) if self.lora_scalings else None
+            if bucket and size + nbytes > bucket_bytes and (part_of is None or part_of != layer):
+                yield self._gathered(bucket, dtype)
                 bucket, size = [], 0
             bucket.append((name, tensor))
             size += nbytes
+            layer = part_of
         if bucket:
-            yield gather_bucket(bucket, dtype, self.ctx)
+            yield self._gathered(bucket, dtype)
 
+    def _gathered(self, bucket, dtype):
+        """A bucket's full tensors in ``dtype``; with LoRA under Hugging Face names, merged (gathered in float32)."""
+        if not self.lora_scalings:
+            return gather_bucket(bucket, dtype, self.ctx)
+        return merged(gather_bucket(bucket, None, self.ctx), self.lora_scalings, dtype)
 
     def blend_weights(self, buckets, alpha):
         from torch.distributed.tensor import DTensor, Shard
+
+        if self.lora_scalings:
+            raise TypeError("blend_weights: an engine with LoRA adapters is the reference with its adapters off")
 
         params = self._model.state_dict()  # name -> this rank's Shard(0) piece (tied weights share one)
         given, blended = set(), set()

@@ -18,13 +18,16 @@ state dict, checkpoints, export and weight sync stay as they are. Replacing the 
 instance's ``forward`` or ``__class__``, keeps every object what it says it is: the model simply holds a
 different, ordinary module there, visible in ``print(model)``, and the block that was replaced is not
 altered. It is installed only for model types whose MLP is exactly this block, and only where the block
-holds nothing else.
+holds nothing else. With LoRA adapters on its layers (:mod:`rlplat.engines.lora`, without dropout on the
+down projection's), :class:`_SiluMulDownLoRA` adds the down projection's adapter in the same way.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from rlplat.engines.lora import ADAPTER, adapted
 
 #: model types whose decoder MLP is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
 GATED_MLP_MODELS = frozenset({"llama", "qwen2", "qwen3", "mistral", "olmo2", "smollm3"})
@@ -54,6 +57,48 @@ class _SiluMulDown(torch.autograd.Function):
         return grad_gate, grad_up, grad_weight
 
 
+class _SiluMulDownLoRA(torch.autograd.Function):
+    """``(g, u, W, A, B, s) -> p @ W.T + s (p @ A.T) @ B.T`` with ``p = silu(g) * u``: the down projection with a
+    LoRA adapter (:mod:`rlplat.engines.lora`), keeping ``g`` and ``u`` as :class:`_SiluMulDown` does (and not
+    ``p @ A.T`` either: recomputed, [tokens, r])."""
+
+    @staticmethod
+    def forward(ctx, gate, up, weight, lora_a, lora_b, scaling: float):
+        ctx.save_for_backward(gate, up, weight, lora_a, lora_b)
+        ctx.scaling = scaling
+        product = F.silu(gate) * up
+        return F.linear(product, weight) + scaling * F.linear(F.linear(product, lora_a), lora_b)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        gate, up, weight, lora_a, lora_b = ctx.saved_tensors
+        s = ctx.scaling
+        act = F.silu(gate)
+        product = act * up
+        flat_grad, flat_product = grad_out.reshape(-1, grad_out.shape[-1]), product.reshape(-1, product.shape[-1])
+        grad_low = grad_out @ lora_b  # [..., r]: the gradient of (p @ A.T), over s
+        grad_weight = flat_grad.T @ flat_product if ctx.needs_input_grad[2] else None
+        grad_a = s * grad_low.reshape(-1, grad_low.shape[-1]).T @ flat_product if ctx.needs_input_grad[3] else None
+        grad_b = s * flat_grad.T @ (flat_product @ lora_a.T) if ctx.needs_input_grad[4] else None
+        del product, flat_product
+        grad_product = grad_out @ weight + s * (grad_low @ lora_a)
+        grad_up = grad_product * act if ctx.needs_input_grad[1] else None
+        del act
+        grad_gate = torch.ops.aten.silu_backward(grad_product * up, gate) if ctx.needs_input_grad[0] else None
+        return grad_gate, grad_up, grad_weight, grad_a, grad_b, None
+
+
+def _linear(part) -> bool:
+    """A plain linear layer, or one with a LoRA adapter (:mod:`rlplat.engines.lora`) over a plain one."""
+    return type(part) is torch.nn.Linear or (hasattr(part, "lora_A") and type(getattr(part, "base_layer", None)) is torch.nn.Linear)
+
+
+def _without_dropout(part) -> bool:
+    """No dropout before a LoRA adapter (the fused down projection reads the product once for both paths)."""
+    dropout = getattr(part, "lora_dropout", {})
+    return all(isinstance(d, torch.nn.Identity) for d in dropout.values())
+
+
 class GatedMLP(torch.nn.Module):
     """``down_proj(silu(gate_proj(x)) * up_proj(x))`` through :class:`_SiluMulDown`, with the layers of the block
     it replaces."""
@@ -73,7 +118,7 @@ class GatedMLP(torch.nn.Module):
         """Whether ``module`` is exactly this block: three linear layers (``down_proj`` without bias) and SiLU,
         and nothing else that holds a tensor (so the replacement's state dict is the block's)."""
         parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
-        return (all(type(part) is torch.nn.Linear for part in parts) and parts[2].bias is None
+        return (all(_linear(part) for part in parts) and _without_dropout(parts[2]) and parts[2].bias is None
                 and type(getattr(module, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
                 and set(dict(module.named_children())) == {"gate_proj", "up_proj", "down_proj", "act_fn"}
                 and not any(True for _ in module.act_fn.parameters())
@@ -81,7 +126,11 @@ class GatedMLP(torch.nn.Module):
                 and not any(True for _ in module.named_buffers(recurse=False)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SiluMulDown.apply(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)
+        down = self.down_proj
+        if adapted(down):
+            return _SiluMulDownLoRA.apply(self.gate_proj(x), self.up_proj(x), down.weight, down.lora_A[ADAPTER].weight,
+                                          down.lora_B[ADAPTER].weight, down.scaling[ADAPTER])
+        return _SiluMulDown.apply(self.gate_proj(x), self.up_proj(x), down.weight)
 
 
 def install_gated_mlp(model: torch.nn.Module) -> int:

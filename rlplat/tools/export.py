@@ -1,5 +1,9 @@
-"""``python -m rlplat.tools.export CHECKPOINT_DIR --out DIR [--dtype bfloat16]``: any checkpoint to a Hugging
-Face model directory (safetensors, config, tokenizer) that ``AutoModelForCausalLM.from_pretrained`` loads.
+"""``python -m rlplat.tools.export CHECKPOINT_DIR --out DIR [--dtype bfloat16] [--adapter]``: any checkpoint to a
+Hugging Face model directory (safetensors, config, tokenizer) that ``AutoModelForCausalLM.from_pretrained`` loads.
+
+A LoRA run's checkpoint (``model.lora.rank > 0``) holds the adapters only: the export merges them into the
+run's base model (``W + alpha/r B A``), or with ``--adapter`` writes them as a PEFT adapter directory
+(``PeftModel.from_pretrained(base_model, DIR)`` loads it).
 
 A checkpoint (``<output_dir>/checkpoints/step_NNNNNN``) is checked against its manifest first. Its
 ``config.yaml`` (the run's resolved config; older checkpoints: the run directory's) says how the actor was
@@ -19,11 +23,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
+from rlplat.engines.lora import ADAPTER, merge_adapters, peft_config
 from rlplat.models.embedded import is_embedded
 from rlplat.trainer.checkpoint import MANIFEST, STEP_DIR, verify
 from rlplat.trainer.preflight import check_model_path
 from rlplat.trainer.run import resolve_model_path
 from rlplat.utils.errors import RunError, debug_traceback
+from rlplat.utils.files import plain_modes
 from rlplat.utils.quiet import quiet_third_party
 from rlplat.workers.roles import export_hf_model
 
@@ -104,8 +110,9 @@ def checkpoint_weights(actor_dir: Path, tied_embeddings: bool) -> dict[str, torc
     return weights
 
 
-def export(ckpt: Path, out: Path, dtype: str = "float32") -> Path:
-    """Write the checkpoint's actor to ``out`` as a Hugging Face model; return ``out``."""
+def export(ckpt: Path, out: Path, dtype: str = "float32", adapter: bool = False) -> Path:
+    """Write the checkpoint's actor to ``out`` as a Hugging Face model (``adapter``: a LoRA run's adapters as a
+    PEFT adapter directory); return ``out``."""
     check_checkpoint(ckpt)
     check_out(out, ckpt)
     cfg = checkpoint_config(ckpt)
@@ -114,9 +121,52 @@ def export(ckpt: Path, out: Path, dtype: str = "float32") -> Path:
                           f"{', '.join(ENGINES)}")
     model_path = base_model(cfg)
     hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
-    weights = checkpoint_weights(ckpt / "actor", bool(getattr(hf_config, "tie_word_embeddings", False)))
+    lora = OmegaConf.select(cfg, "model.lora")
+    if lora is not None and lora.rank:
+        adapters = checkpoint_weights(ckpt / "actor", tied_embeddings=False)
+        if adapter:
+            export_adapter(adapters, out, model_path, cfg.model)
+            return out
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                    trust_remote_code=cfg.model.trust_remote_code).state_dict()
+        weights = merge_adapters(base, adapters, lora)
+    elif adapter:
+        raise ExportError(f"{ckpt}: --adapter writes LoRA adapters, and this run trained every weight "
+                          f"(model.lora.rank=0); export it without --adapter")
+    else:
+        weights = checkpoint_weights(ckpt / "actor", bool(getattr(hf_config, "tie_word_embeddings", False)))
     export_hf_model(weights, str(out), model_path, cfg.model, getattr(torch, dtype))
     return out
+
+
+def export_adapter(adapters: dict[str, torch.Tensor], out: Path, model_path: str, model_cfg: DictConfig) -> None:
+    """Write a checkpoint's LoRA adapters as a PEFT adapter directory (adapter_config.json and
+    adapter_model.safetensors, through peft's own writer), atomically."""
+    import shutil
+    import tempfile
+
+    from peft import get_peft_model, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                 trust_remote_code=model_cfg.trust_remote_code)
+    model = get_peft_model(model, peft_config(model_cfg.lora), adapter_name=ADAPTER)
+    # the checkpoint's names are those of the adapted model; peft's state dicts name the adapter implicitly
+    state = {"base_model.model." + name.replace(f".{ADAPTER}.", "."): t for name, t in adapters.items()}
+    result = set_peft_model_state_dict(model, state, adapter_name=ADAPTER)
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing or result.unexpected_keys:
+        raise ExportError(f"the checkpoint's adapters do not fit the model: missing {missing[:2]}, unexpected "
+                          f"{list(result.unexpected_keys)[:2]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".rlplat-adapter-", dir=out.parent))
+    model.save_pretrained(str(tmp))
+    plain_modes(str(tmp))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.replace(out)
 
 
 def _one_line(err: BaseException) -> str:
@@ -130,14 +180,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="a checkpoint directory, e.g. outputs/run/checkpoints/step_000100")
     parser.add_argument("--out", type=Path, required=True, help="directory to write the Hugging Face model into")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the saved floating weights")
+    parser.add_argument("--adapter", action="store_true",
+                        help="a LoRA run: write its adapters as a PEFT adapter directory, not the merged model")
     args = parser.parse_args(argv)
     quiet_third_party(verbose=False)
     try:
-        out = export(args.checkpoint, args.out, args.dtype)
+        out = export(args.checkpoint, args.out, args.dtype, args.adapter)
     except (ExportError, OSError, RuntimeError, KeyError) as err:  # torch/transformers read errors too
         debug_traceback()
         print(f"rlplat: export: {_one_line(err)}", file=sys.stderr)
         return 2
+    if args.adapter:
+        print(f"rlplat: exported the LoRA adapters of {args.checkpoint} to {out}; load them with "
+              f"PeftModel.from_pretrained(base_model, {str(out)!r})", flush=True)
+        return 0
     print(f"rlplat: exported {args.checkpoint} to {out} ({args.dtype}); load it with "
           f"AutoModelForCausalLM.from_pretrained({str(out)!r})", flush=True)
     return 0

@@ -141,8 +141,9 @@ class Components:
     @property
     def reference(self) -> WorkerGroup | None:
         """The group that computes the reference log-probs (:attr:`RunPlan.reference`): the actor's workers
-        when the reference is colocated, its own group when separate, None without a reference."""
-        return {"colocated": self.actor, "separate": self.ref}.get(self.plan.reference)
+        when the reference is colocated (or the actor's base model: LoRA), its own group when separate, None
+        without a reference."""
+        return {"colocated": self.actor, "adapters": self.actor, "separate": self.ref}.get(self.plan.reference)
 
     def checkpointed(self) -> list[WorkerGroup]:
         """The groups a checkpoint saves: the actor (with a colocated reference once it is synced), the

@@ -108,4 +108,6 @@ def build_training_engine(cfg: DictConfig, role: str, model_path: str, ctx, opti
     engine_cls, engine_cfg = TRAINING_ENGINES.get(strategy), cfg[role].get(strategy)
     if optim is None:
         return engine_cls(model_path, cfg.model, engine_cfg, ctx)
-    return engine_cls(model_path, cfg.model, engine_cfg, ctx, optim, total_steps, value_head=value_head)
+    # the actor's LoRA adapters, initialised alike on every rank
+    lora = {"lora": cfg.model.lora, "seed": cfg.trainer.seed} if role == "actor" and cfg.model.lora.rank else {}
+    return engine_cls(model_path, cfg.model, engine_cfg, ctx, optim, total_steps, value_head=value_head, **lora)

@@ -272,6 +272,11 @@ class ActorRolloutRefWorker(_Generates):
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        """The colocated reference's log-probs; with LoRA (reference "adapters") the actor's own model without
+        its adapters: no copy of the model."""
+        if self.plan.reference == "adapters":
+            with self.actor.adapters_disabled():
+                return reference_log_probs(self.actor, batch, self.cfg)
         return reference_log_probs(self.ref, batch, self.cfg)
 
     @register(Dispatch.DP_SPLIT_EXACT)

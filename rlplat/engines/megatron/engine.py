@@ -113,6 +113,9 @@ class MegatronEngine(TrainingEngine):
     def check_config(cls, cfg, role, world_size, device):
         super().check_config(cfg, role, world_size, device)
         engine_cfg, key = cfg[role].megatron, f"{role}.megatron"
+        if role == "actor" and cfg.model.lora.rank:
+            raise ConfigError(f"model.lora.rank={cfg.model.lora.rank}: LoRA is not supported on the Megatron engine "
+                              f"yet; use actor.strategy=fsdp")
         tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
         try:  # for a hub id the model's side is checked when it loads
             data_parallel_size(world_size, tp, pp, model_shape(cfg.model))

@@ -1,0 +1,126 @@
+"""LoRA adapters on the training engine's model (``model.lora.rank > 0``), through ``peft``.
+
+LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXiv:2106.09685) trains, beside
+each frozen linear weight ``W`` [out, in], two small matrices ``A`` [r, in] and ``B`` [out, r] (``B`` starts at
+zero), and the layer computes ``W x + s B A x`` with ``s = alpha / r``. The adapters are put into the loaded
+Hugging Face model in place by ``peft.inject_adapter_in_model`` (the model stays the model it was: the
+token head and the gated MLP of :mod:`rlplat.engines` still find their layers), under peft's names:
+``<layer>.base_layer.weight`` for ``W``, ``<layer>.lora_A.default.weight`` and ``<layer>.lora_B.default.weight``.
+
+Everything that leaves the engine under Hugging Face names (weight sync, export, the reference's blend) gets
+the **merged** weight ``W + s B A`` under ``<layer>.weight`` (:func:`merged`), computed from the full tensors
+in float32, so ``W`` itself never changes. :func:`adapters_disabled` runs the model without its adapters:
+the base model, bit for bit (the reference policy for free).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from omegaconf import DictConfig
+
+from rlplat.config.errors import ConfigError
+
+ADAPTER = "default"  # peft's name of the one adapter rlplat trains
+
+
+def inject_lora(module: torch.nn.Module, lora_cfg: DictConfig, seed: int = 0) -> dict[str, float]:
+    """Put LoRA adapters of ``model.lora`` into ``module`` (its base weights frozen; ``A`` drawn from ``seed``, the
+    same on every rank, ``B`` zero); returns each adapted layer's scaling ``s`` by the layer's name."""
+    config = peft_config(lora_cfg)  # first: one line if peft is missing
+    from peft import inject_adapter_in_model
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            inject_adapter_in_model(config, module, adapter_name=ADAPTER)
+    except ValueError as err:  # e.g. target modules not found in the model
+        raise ConfigError(f"model.lora.target_modules={list(lora_cfg.target_modules)}: {err}") from None
+    return {name: float(layer.scaling[ADAPTER]) for name, layer in lora_layers(module)}
+
+
+def peft_config(lora_cfg: DictConfig):
+    """``model.lora`` as peft's ``LoraConfig``."""
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise ConfigError("model.lora.rank > 0 needs the peft package (pip install peft)") from None
+    targets = list(lora_cfg.target_modules) or "all-linear"  # peft: every linear layer but the output layer
+    return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                      target_modules=targets, bias="none")
+
+
+def scaling(lora_cfg: DictConfig) -> float:
+    """The adapters' ``s = alpha / r`` (peft's LoRA scaling without rank stabilisation)."""
+    return lora_cfg.alpha / lora_cfg.rank
+
+
+def merge_adapters(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor],
+                   lora_cfg: DictConfig) -> dict[str, torch.Tensor]:
+    """Hugging Face weights ``base`` with the adapters of a checkpoint (peft's names) merged into them."""
+    out = dict(base)
+    for name, a in adapters.items():
+        layer, marker, _ = name.partition(f".lora_A.{ADAPTER}.")
+        if marker:
+            b = adapters[f"{layer}.lora_B.{ADAPTER}.weight"]
+            out[f"{layer}.weight"] = base[f"{layer}.weight"].float() + scaling(lora_cfg) * (b.float() @ a.float())
+    return out
+
+
+def lora_layers(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """The adapted layers of ``module`` (peft's LoRA layers), by name."""
+    for name, sub in module.named_modules():
+        if hasattr(sub, "lora_A") and hasattr(sub, "base_layer"):
+            yield name, sub
+
+
+def adapted(layer: torch.nn.Module) -> bool:
+    """Whether ``layer``'s forward adds its adapter now (a LoRA layer with adapters enabled and unmerged)."""
+    return (hasattr(layer, "lora_A") and ADAPTER in layer.lora_A and not layer.disable_adapters
+            and not layer.merged)
+
+
+@contextlib.contextmanager
+def adapters_disabled(module: torch.nn.Module) -> Iterator[None]:
+    """Run ``module`` without its adapters (its base weights only) inside the block."""
+    # peft's flag behind BaseTunerLayer.disable_adapters, set directly: its enable_adapters() also flips the
+    # adapters' requires_grad, which FSDP2 reads from its parameters and the optimizer relies on
+    layers = [layer for _, layer in lora_layers(module)]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
+
+
+def owner(name: str) -> str | None:
+    """The adapted layer a state-dict entry belongs to (its base weight, bias or adapter), else None: the
+    entries of one layer must be exported together."""
+    for marker in (".base_layer.", ".lora_A.", ".lora_B."):
+        if marker in name:
+            return name.split(marker)[0]
+    return None
+
+
+def merged(items: list[tuple[str, torch.Tensor]], scalings: dict[str, float],
+           dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
+    """Full tensors under peft's names -> under Hugging Face names, each adapted layer's weight merged:
+    ``W + s B A`` in float32, then cast to ``dtype``; the adapters themselves are not among them."""
+    tensors = dict(items)
+    out = []
+    for name, tensor in items:
+        if ".lora_A." in name or ".lora_B." in name:
+            continue
+        layer, base, attr = name.rpartition(".base_layer.")
+        if base:
+            name = f"{layer}.{attr}"
+            if attr == "weight" and layer in scalings:
+                a = tensors[f"{layer}.lora_A.{ADAPTER}.weight"].float()
+                b = tensors[f"{layer}.lora_B.{ADAPTER}.weight"].float()
+                tensor = tensor.float() + scalings[layer] * (b @ a)
+        out.append((name, tensor.to(dtype) if dtype is not None else tensor))
+    return out

@@ -1,0 +1,183 @@
+"""LoRA on the FSDP engine (model.lora): only the adapters train, the base model is the reference with no copy,
+the rollout engine and the export get the merged weights, checkpoints hold the adapters, and the gated MLP's
+lean backward pass computes the adapters' gradients as peft's own layers do."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rlplat.config import ConfigError
+from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool
+from rlplat.engines import MicroBatching
+from rlplat.engines.gated_mlp import GatedMLP, install_gated_mlp
+from rlplat.engines.lora import adapters_disabled, inject_lora, merged
+from rlplat.trainer.run import load_run_config
+from rlplat.workers.engine_setup import build_training_engine
+from rlplat.workers.roles import ActorRolloutRefWorker
+
+from workers.helpers import engine_config, prompt_batch, reference_log_probs, with_training_fields
+
+LORA = ["model.lora.rank=4", "model.lora.alpha=8", "algorithm.use_kl_loss=true"]
+
+
+def _lora_cfg(rank=4, alpha=8.0, dropout=0.0, targets=()):
+    cfg, _ = load_run_config(["trainer.ray_address=inprocess", f"model.lora.rank={rank}", f"model.lora.alpha={alpha}",
+                              f"model.lora.dropout={dropout}", f"model.lora.target_modules=[{','.join(targets)}]"])
+    return cfg.model.lora
+
+
+def _qwen2_with_adapters() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = Qwen2ForCausalLM(config).float()
+    inject_lora(model, _lora_cfg())
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero: give the adapters something to add
+            torch.nn.init.normal_(param, std=0.1)
+    return model
+
+
+def test_the_gated_mlp_computes_the_adapters_gradients_as_peft_does():
+    plain = _qwen2_with_adapters()
+    lean = copy.deepcopy(plain)
+    assert install_gated_mlp(lean) == 2 and isinstance(lean.model.layers[0].mlp, GatedMLP)
+    ids = torch.arange(22).reshape(2, 11) % 40
+    outputs = []
+    for model in (plain, lean):
+        logits = model(input_ids=ids).logits
+        logits.log_softmax(-1).gather(-1, ids[..., None]).sum().backward()
+        outputs.append((logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
+    (logits, grads), (lean_logits, lean_grads) = outputs
+    torch.testing.assert_close(lean_logits, logits, rtol=0, atol=1e-6)
+    assert grads.keys() == lean_grads.keys() and any("down_proj.lora_A" in n for n in grads)
+    for name in grads:
+        torch.testing.assert_close(lean_grads[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
+    # without its adapters the block is the base model's
+    base = copy.deepcopy(plain)
+    with adapters_disabled(lean), adapters_disabled(base), torch.no_grad():
+        torch.testing.assert_close(lean(input_ids=ids).logits, base(input_ids=ids).logits, rtol=0, atol=1e-6)
+
+
+def test_dropout_on_the_down_projections_adapter_keeps_the_models_own_mlp():
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=96, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    inject_lora(model, _lora_cfg(dropout=0.1))
+    assert install_gated_mlp(model) == 0
+
+
+def test_merging_gives_hugging_face_names_and_w_plus_scaled_b_a():
+    w, a, b = torch.randn(6, 5), torch.randn(2, 5), torch.randn(6, 2)
+    items = [("x.q.base_layer.weight", w), ("x.q.base_layer.bias", torch.ones(6)), ("x.q.lora_A.default.weight", a),
+             ("x.q.lora_B.default.weight", b), ("x.norm.weight", torch.ones(5))]
+    out = merged(items, {"x.q": 0.5}, torch.bfloat16)
+    assert [name for name, _ in out] == ["x.q.weight", "x.q.bias", "x.norm.weight"]
+    assert all(t.dtype == torch.bfloat16 for _, t in out)
+    torch.testing.assert_close(out[0][1], (w + 0.5 * b @ a).to(torch.bfloat16))
+
+
+def test_unknown_target_modules_are_one_config_error(tiny_model_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with pytest.raises(ConfigError, match=r"model.lora.target_modules=\['qkv_fused'\]: .*qkv_fused"):
+        inject_lora(model, _lora_cfg(targets=["qkv_fused"]))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["model.lora.rank=-1"], r"model.lora.rank must be >= 0 \(0 = off\), got -1"),
+    (["model.lora.rank=8", "model.lora.dropout=1.0"], r"model.lora.dropout must be in \[0, 1\), got 1.0"),
+    (["model.lora.rank=8", "model.lora.alpha=0"], r"model.lora.alpha must be > 0, got 0"),
+    (["model.lora.rank=8", "actor.strategy=megatron"],
+     r"model.lora.rank=8: LoRA is not supported on the Megatron engine yet; use actor.strategy=fsdp"),
+    (["model.lora.rank=8", "algorithm.use_kl_loss=true", "ref.sync_steps=5"],
+     r"ref.sync_steps=5 with LoRA \(model.lora.rank=8\) is not supported yet"),
+])
+def test_lora_settings_are_checked(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(["trainer.ray_address=inprocess", *extra])
+
+
+def test_the_reference_of_a_lora_run_is_the_actors_base_model_and_needs_no_copy(tiny_model_path):
+    cfg, plan = engine_config(tiny_model_path, extra=LORA)
+    assert plan.reference == "adapters"
+    # an explicit reference copy stays possible (on Ray)
+    separate = load_run_config([f"model.path={tiny_model_path}", *LORA, "ref.placement=separate"])[1]
+    assert separate.reference == "separate"
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=plan.reference == "colocated")
+        worker = group.worker
+        assert worker.ref is None  # no reference model was built
+        prompts = prompt_batch(tiny_model_path)
+        for seed in range(2):
+            out = group.generate_sequences(prompts)
+            metrics = group.update_actor(with_training_fields(out, seed))[0]
+            assert metrics["grad_norm"] > 0
+        weights = dict(worker.actor.model.named_parameters())
+        base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).named_parameters())
+        # the base weights are bit for bit the model's; only the adapters moved
+        frozen = {name.replace(".base_layer", ""): p for name, p in weights.items() if "lora_" not in name}
+        assert frozen.keys() == base.keys()
+        for name, param in frozen.items():
+            assert torch.equal(param, base[name]) and not param.requires_grad, name
+        adapters = {name: p for name, p in weights.items() if "lora_" in name}
+        assert adapters and all(p.requires_grad for p in adapters.values())
+        assert all(p.abs().sum() > 0 for n, p in adapters.items() if "lora_B" in n)  # B started at zero
+        assert [id(p) for p in worker.actor.optim.params] == [id(p) for p in adapters.values()]
+
+        # the reference log-probs: the actor's model with its adapters off = a separate frozen copy of the base
+        out = group.generate_sequences(prompts)
+        out.meta["temperature"] = 1.0
+        ref = group.compute_ref_log_probs(out).tensors["ref_log_probs"]
+        copy_engine = build_training_engine(cfg, "ref", tiny_model_path, worker.dist)
+        expected = copy_engine.infer(out, split=MicroBatching(3), temperature=1.0)["log_probs"]
+        assert torch.equal(ref, expected)
+        policy = group.compute_log_probs(out).tensors["old_log_probs"]
+        mask = out.tensors["response_mask"].bool()
+        assert (policy - ref)[mask].abs().max() > 1e-3  # the adapters do change the policy
+        # the rollout engine samples with the merged weights: its log-probs are the trainer's
+        torch.testing.assert_close(out.tensors["rollout_log_probs"][mask], policy[mask], atol=1e-5, rtol=0)
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.slow
+def test_lora_on_two_fsdp_workers_is_the_one_worker_update_and_checkpoint(ray_cluster, tiny_model_path, tmp_path):
+    # FSDP2 shards base weights (frozen) and adapters (trained) together; the adapters start alike on every
+    # rank; the merged weights gathered from two shards are one worker's after the same update, and a
+    # checkpoint (adapters only) written by two workers restores one
+    cfg2, plan2 = engine_config(tiny_model_path, workers=2, extra=LORA)
+    cfg1, plan1 = engine_config(tiny_model_path, extra=LORA)
+    pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
+    sharded = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg2, plan=plan2)
+    single = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg1, plan=plan1)
+    try:
+        sharded.init_model(tiny_model_path, with_ref=False)
+        single.init_model(tiny_model_path, with_ref=False)
+        out = single.generate_sequences(prompt_batch(tiny_model_path))
+        train = with_training_fields(out)
+        sharded.update_actor(train)
+        single.update_actor(train)
+        merged_sharded, merged_single = sharded.actor_weights()[0], dict(single.worker.actor.full_weights())
+        assert merged_sharded.keys() == merged_single.keys()
+        for name, tensor in merged_single.items():
+            torch.testing.assert_close(merged_sharded[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
+        out.meta["temperature"] = 1.0
+        mask = out.tensors["response_mask"].bool()
+        ref = sharded.compute_ref_log_probs(out).tensors["ref_log_probs"]
+        plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        with torch.no_grad():
+            expected = reference_log_probs(plain, out, 1.0)
+        torch.testing.assert_close(ref[mask], expected[mask], atol=1e-5, rtol=0)  # the base model's
+        sharded.save_checkpoint(str(tmp_path / "ckpt"))
+        single.load_checkpoint(str(tmp_path / "ckpt"))
+        restored = dict(single.worker.actor.full_weights())
+        for name, tensor in merged_sharded.items():
+            torch.testing.assert_close(restored[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
+    finally:
+        sharded.shutdown()
+        single.shutdown()
+        pool.release()
