@@ -36,6 +36,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "rollout.mode": ("colocated", "separate", "server"),
     "rollout.verify_weights": ("every", "first", "off"),
     "rollout.weight_transport": ("distributed", "object_store"),
+    "rollout.lora_sync": ("merged", "adapter"),
     "data.truncation": ("error", "left", "right", "filter"),
     "algorithm.norm_adv_scale": ADV_SCALES,
     "ref.placement": tuple(p for p in REFERENCE_PLACEMENTS if p != "none"),
@@ -107,6 +108,8 @@ def _check_values(cfg: DictConfig) -> None:
     check(lora.rank >= 0, f"model.lora.rank must be >= 0 (0 = off), got {lora.rank}")
     check(lora.alpha > 0, f"model.lora.alpha must be > 0, got {lora.alpha}")
     check(0 <= lora.dropout < 1, f"model.lora.dropout must be in [0, 1), got {lora.dropout}")
+    check(rollout.lora_sync == "merged" or lora.rank, f"rollout.lora_sync={rollout.lora_sync} sends LoRA adapters, "
+                                                      f"and model.lora.rank=0 trains without them")
     tolerance = rollout.verify_log_prob_tol
     check(tolerance is None or tolerance > 0,
           f"rollout.verify_log_prob_tol must be > 0 (or null: by rollout.dtype), got {tolerance}")

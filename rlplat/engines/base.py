@@ -181,6 +181,12 @@ class TrainingEngine(ABC):
         Hugging Face naming as :meth:`export_weights` yields them (e.g. the actor's, into the reference).
         Each rank updates its own shard; every weight of this model must be given."""
 
+    def export_adapters(self, dtype: torch.dtype | None = None,
+                        bucket_bytes: int = 512 * 2**20) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The LoRA adapters alone (full tensors, peft's names) in buckets, for ``rollout.lora_sync=adapter``.
+        Collective, like :meth:`export_weights`."""
+        raise TypeError(f"{type(self).__name__} has no LoRA adapters to export (model.lora.rank=0)")
+
     def adapters_disabled(self) -> contextlib.AbstractContextManager:
         """A context in which the model runs without its LoRA adapters (the base model: the reference policy
         of a LoRA run). An engine without adapters has no such context."""

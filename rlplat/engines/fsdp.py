@@ -271,6 +271,23 @@ class FSDPEngine(TrainingEngine):
         if bucket:
             yield self._gathered(bucket, dtype)
 
+    def export_adapters(self, dtype=None, bucket_bytes=512 * 2**20):
+        if not self.lora_scalings:
+            yield from super().export_adapters(dtype, bucket_bytes)
+            return
+        bucket, size = [], 0
+        for name, tensor in self._model.state_dict().items():
+            if ".lora_A." not in name and ".lora_B." not in name:
+                continue
+            nbytes = tensor.numel() * (dtype or tensor.dtype).itemsize
+            if bucket and size + nbytes > bucket_bytes:
+                yield gather_bucket(bucket, dtype, self.ctx)
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            yield gather_bucket(bucket, dtype, self.ctx)
+
     def _gathered(self, bucket, dtype):
         """A bucket's full tensors in ``dtype``; with LoRA under Hugging Face names, merged (gathered in float32)."""
         if not self.lora_scalings:

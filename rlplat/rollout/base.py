@@ -148,6 +148,12 @@ class RolloutEngine(ABC):
         engine cannot (it then receives copies through :meth:`load_weights`)."""
         return False
 
+    def load_adapters(self, buckets: Iterable[WeightBucket], lora_cfg) -> None:
+        """Apply the actor's LoRA adapters (``rollout.lora_sync=adapter``): ``buckets`` hold only the adapter
+        tensors (peft's names, e.g. ``...q_proj.lora_A.default.weight``) of ``model.lora``; the engine keeps its
+        base weights. Engines that cannot override nothing: :func:`applies_adapters` is then False."""
+        raise NotImplementedError(f"{type(self).__name__} cannot apply LoRA adapters")
+
     def weight_checksums(self) -> dict | None:
         """:func:`rlplat.rollout.weight_sync.named_checksums` of the weights the engine holds, under the Hugging
         Face names :meth:`load_weights` received them by, for ``rollout.verify_weights``; None when the
@@ -235,3 +241,8 @@ def prompt_token_lists(prompts: Batch) -> list[list[int]]:
     """The prompts without their left padding, as lists of ids (the input of token-level engine APIs)."""
     ids, mask = prompts.tensors["prompts"], prompts.tensors["prompt_mask"].bool()
     return [row[m].tolist() for row, m in zip(ids, mask)]
+
+
+def applies_adapters(engine_cls: type[RolloutEngine]) -> bool:
+    """Whether the engine applies LoRA adapters itself (``rollout.lora_sync=adapter``)."""
+    return engine_cls.load_adapters is not RolloutEngine.load_adapters

@@ -173,19 +173,22 @@ class HFRolloutEngine(RolloutEngine):
             self.model.get_submodule(module_name)._parameters[attr] = torch.nn.Parameter(weights[name], requires_grad=False)
         return True
 
-    @torch.no_grad()
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
-        state = self.model.state_dict()
-        seen = set()
-        for bucket in buckets:
-            for name, tensor in bucket:
-                if name not in state:
-                    raise KeyError(f"rollout model has no weight {name!r} (training and rollout models differ?)")
-                state[name].copy_(tensor.to(state[name].device, state[name].dtype))
-                seen.add(name)
-        missing = set(state) - seen
-        if missing:
-            raise KeyError(f"weight sync left {len(missing)} rollout weights untouched, e.g. {sorted(missing)[:3]}")
+        _copy_in(self.model.state_dict(), buckets, "weight", "training and rollout models differ?")
+
+    @torch.no_grad()
+    def load_adapters(self, buckets: Iterable[WeightBucket], lora_cfg) -> None:
+        """The first call puts peft's LoRA layers into the engine's model (its base weights stay) and samples
+        through the model's own forward from then on (the dense forward reads the base weights only); every
+        call copies the adapters in."""
+        from rlplat.engines.lora import inject_lora
+
+        if not any(".lora_A." in name for name, _ in self.model.named_parameters()):
+            inject_lora(self.model, lora_cfg)
+            self.model.requires_grad_(False)
+            self.forward = ModelForward(self.model)
+        adapters = {name: p for name, p in self.model.named_parameters() if ".lora_" in name}
+        _copy_in(adapters, buckets, "adapter", "model.lora differs between the roles?")
 
     def weight_checksums(self) -> dict:
         return named_checksums(self.model.state_dict().items())
@@ -195,6 +198,21 @@ class HFRolloutEngine(RolloutEngine):
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         logits = self.model(input_ids=x).logits[0, :-1].float()
         return torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:, None]).squeeze(-1).cpu().tolist()
+
+
+@torch.no_grad()
+def _copy_in(targets: dict[str, torch.Tensor], buckets: Iterable[WeightBucket], what: str, hint: str) -> None:
+    """Copy each streamed (name, tensor) into ``targets[name]`` (cast to its device and dtype); every target
+    must arrive: a name the model lacks, or a target left out, is an error naming it."""
+    seen = set()
+    for bucket in buckets:
+        for name, tensor in bucket:
+            if name not in targets:
+                raise KeyError(f"rollout model has no {what} {name!r} ({hint})")
+            targets[name].copy_(tensor.to(targets[name].device, targets[name].dtype))
+            seen.add(name)
+    if missing := sorted(set(targets) - seen):
+        raise KeyError(f"the sync left {len(missing)} rollout {what}s untouched, e.g. {missing[:3]}")
 
 
 def choose_tokens(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:

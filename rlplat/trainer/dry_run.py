@@ -204,13 +204,32 @@ def actor_state(shape: ModelShape, lay: Layout, compute_bytes: int, cfg: DictCon
     params = shape.params
     offloaded = lay.strategy == "fsdp" and cfg[role].fsdp.param_offload
     parts = {f"{role} weights (fp32)": 0.0 if offloaded else 4 * params / lay.shard}
+    adapters = lora_params(shape, cfg.model.lora) if role == "actor" and cfg.model.lora.rank else None
+    if adapters is not None:  # LoRA: the adapters are trained, the base weights frozen (no gradients or moments)
+        parts[f"{role} LoRA adapters (fp32)"] = 0.0 if offloaded else 4 * adapters / lay.shard
+    trained_params = params if adapters is None else adapters
     if trained:
-        parts[f"{role} gradients (fp32)"] = 0.0 if offloaded else 4 * params / lay.shard
-        parts[f"{role} AdamW moments (fp32)"] = 0.0 if offloaded else 8 * params / lay.optimizer_shard
+        parts[f"{role} gradients (fp32)"] = 0.0 if offloaded else 4 * trained_params / lay.shard
+        parts[f"{role} AdamW moments (fp32)"] = 0.0 if offloaded else 8 * trained_params / lay.optimizer_shard
     if compute_bytes < 4 and lay.strategy == "fsdp":
         gathered = params if not cfg[role].fsdp.reshard_after_forward else 2 * shape.layer_params
         parts[f"{role} bf16 compute copies"] = compute_bytes * gathered
     return parts
+
+
+def _linear_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """The decoder layer's linear layers (Qwen2 / Llama names) and their (input, output) widths."""
+    h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def lora_params(shape: ModelShape, lora_cfg: DictConfig) -> int:
+    """The LoRA adapters' parameters: r x (input + output width) for each adapted linear layer of each decoder
+    layer (``model.lora.target_modules``; [] = all of them)."""
+    linears = _linear_shapes(shape)
+    targets = list(lora_cfg.target_modules) or list(linears)
+    return shape.layers * sum(lora_cfg.rank * sum(linears[name]) for name in targets if name in linears)
 
 
 def activation_bytes(shape: ModelShape, cfg: DictConfig, lay: Layout, tokens: int, response_tokens: int,
@@ -259,8 +278,9 @@ def rollout_parts(shape: ModelShape, cfg: DictConfig, plan, lay: Layout, sequenc
             f"lower {key}, or rollout.{name}.tensor_parallel_size > 1"
     rows = min(cfg.rollout.hf.batch_size_seqs_per_worker, sequences_per_worker)
     parts = {}
-    # the HF engine samples with the actor's weights when they are whole on this device in its dtype
-    if not (lay.strategy == "fsdp" and lay.shard == 1 and dtype == 4):
+    # the HF engine samples with the actor's weights when they are whole on this device in its dtype (and not
+    # LoRA's: the engine holds the merged weights, or its own base weights with the adapters)
+    if not (lay.strategy == "fsdp" and lay.shard == 1 and dtype == 4 and not cfg.model.lora.rank):
         parts[f"rollout weights ({plan.rollout_dtype})"] = dtype * shape.params
     parts[f"KV cache ({rows} sequences x {length} tokens)"] = rows * length * shape.kv_cache_bytes_per_token(dtype)
     return parts, "lower rollout.hf.batch_size_seqs_per_worker, data.max_response_length or the batch"

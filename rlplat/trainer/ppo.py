@@ -313,9 +313,10 @@ class PPOTrainer:
         else:
             prompts = self.next_prompts(self.next_prompt_entries(self.cfg.data.train_batch_size_prompts))
             out = self.finish_rollout(prompts, self.start_rollout(prompts))
-        sync_s = out.meta.pop("weight_sync_s", 0.0)
+        sync_s, sync_mb = out.meta.pop("weight_sync_s", 0.0), out.meta.pop("weight_sync_mb", 0.0)
         if self.rollouts is None:  # a separate rollout pool's sync is its own stage (timing/sync_rollout_s)
             metrics["timing/weight_sync_s"] = sync_s
+            metrics["perf/weight_sync_mb"] = sync_mb  # copied into each rollout engine (0: shared, or no change)
         metrics.update(agent_metrics(out))
         if "truncated" in out.tensors.keys():  # an agent loop knows which trajectories ended inside a turn
             return out

@@ -20,6 +20,7 @@ from rlplat.engines import TRAINING_ENGINES, TrainingEngine
 from rlplat.registry import Registry
 from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup
 from rlplat.rollout.agent_loop import AGENT_LOOPS, AgentLoop, check_agent_config
+from rlplat.rollout.base import applies_adapters
 
 
 def _registered(registry: Registry, key: str, name: str, require_installed: bool = True) -> type:
@@ -71,6 +72,9 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
         raise ConfigError(f"rollout.verify_weights={verify} compares the checksums of the weights the rollout "
                           f"engine holds and its log-probs of a probe with the actor's, and the {cfg.rollout.name} "
                           f"engine can do neither; set rollout.verify_weights=off")
+    if cfg.rollout.lora_sync == "adapter" and not applies_adapters(rollout_cls):
+        raise ConfigError(f"rollout.lora_sync=adapter: the {cfg.rollout.name} engine cannot apply LoRA adapters "
+                          f"(yet); use rollout.lora_sync=merged")
     check_agent_config(cfg.rollout.agent)
     return plan
 

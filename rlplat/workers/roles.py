@@ -14,6 +14,7 @@ Methods the controller calls carry their dispatch mode (``@register``); see
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
@@ -61,6 +62,13 @@ def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str
     if os.path.exists(path):
         shutil.rmtree(path)
     os.replace(tmp, path)
+
+
+def _counted(buckets, total: list[int]):
+    """``buckets`` as they are, adding their tensors' bytes to ``total[0]``."""
+    for bucket in buckets:
+        total[0] += sum(tensor.numel() * tensor.element_size() for _, tensor in bucket)
+        yield bucket
 
 
 def reference_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -> Batch:
@@ -153,6 +161,10 @@ class _Generates(_Role):
     rollout: RolloutEngine | None
     agent: AgentLoop | None
 
+    def _sends_adapters(self) -> bool:
+        """LoRA with ``rollout.lora_sync=adapter``: the rollout engine receives the adapters alone."""
+        return bool(self.cfg.model.lora.rank) and self.cfg.rollout.lora_sync == "adapter"
+
     def rollout_mode(self) -> contextlib.AbstractContextManager[dict]:
         """Around each generation: makes the engine ready; yields a dict that receives ``weight_sync_s``."""
         return contextlib.nullcontext({"weight_sync_s": 0.0})
@@ -184,7 +196,7 @@ class _Generates(_Role):
                                f"weights or activations are not finite (a diverged update, or a float16 overflow); "
                                f"check model.path, lower actor.optim.lr, or resume from the last checkpoint") from None
         out.meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
-        out.meta["weight_sync_s"] = timings["weight_sync_s"]
+        out.meta.update(timings)  # weight_sync_s, weight_sync_mb
         return out
 
     def close(self) -> None:
@@ -230,25 +242,38 @@ class ActorRolloutRefWorker(_Generates):
         live = self.actor.live_weights()
         return live is not None and self.rollout.share_weights(live)
 
-    def _sync_weights(self) -> None:
+    def _sync_weights(self) -> int:
         """The rollout engine gets the actor's current weights: its own tensors when it can share them, else
-        copies in buckets of ``rollout.weight_sync_bucket_mb`` in the rollout's dtype."""
+        copies in buckets of ``rollout.weight_sync_bucket_mb`` in the rollout's dtype (with LoRA the merged
+        weights, or the adapters alone: ``rollout.lora_sync``). Returns the bytes copied."""
+        copied = [0]
         if not self._share_actor_weights():
-            bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
-            self.rollout.load_weights(self.actor.export_weights(getattr(torch, self.plan.rollout_dtype), bucket_bytes))
+            buckets = _counted(self._rollout_buckets(), copied)
+            if self._sends_adapters():
+                self.rollout.load_adapters(buckets, self.cfg.model.lora)
+            else:
+                self.rollout.load_weights(buckets)
         self.weights_stale = False
+        return copied[0]
+
+    def _rollout_buckets(self):
+        """The actor's weights as the rollout engine receives them (gathered bucket by bucket: collective)."""
+        dtype, bucket_bytes = getattr(torch, self.plan.rollout_dtype), self.cfg.rollout.weight_sync_bucket_mb * 2**20
+        if self._sends_adapters():
+            return self.actor.export_adapters(dtype, bucket_bytes)
+        return self.actor.export_weights(dtype, bucket_bytes)
 
     @contextlib.contextmanager
     def rollout_mode(self):
         """Wake the engine's weights, send the actor's if they changed since the last rollout, wake the
         KV cache, generate inside the block, then free the engine's memory for training (engines that
-        declare they sleep). Yields a dict that receives ``weight_sync_s``."""
-        engine, timings, sleeps = self.rollout, {"weight_sync_s": 0.0}, self.plan.rollout_sleeps
+        declare they sleep). Yields a dict that receives ``weight_sync_s`` and ``weight_sync_mb``."""
+        engine, timings, sleeps = self.rollout, {"weight_sync_s": 0.0, "weight_sync_mb": 0.0}, self.plan.rollout_sleeps
         if sleeps:
             engine.wake_up(("weights",))
         if self.weights_stale or engine.weights_discarded_by_sleep:
             start = time.perf_counter()
-            self._sync_weights()
+            timings["weight_sync_mb"] = self._sync_weights() / 2**20
             timings["weight_sync_s"] = time.perf_counter() - start
         if sleeps:
             engine.wake_up(("kv_cache",))
@@ -328,8 +353,7 @@ class ActorRolloutRefWorker(_Generates):
         Rank 0 returns it; the other ranks take part in the gathers (and the probe's forward) and return None.
         With a weight channel (:meth:`join_weight_channel`) the tensors go over it, from a thread of their own,
         and the update comes back without them (:meth:`WeightUpdate.header`)."""
-        bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
-        buckets = self.actor.export_weights(getattr(torch, self.plan.rollout_dtype), bucket_bytes)
+        buckets = self._rollout_buckets()
         if self.rank != 0:
             for _ in buckets:  # the gathers are collective: take part, keep nothing
                 pass
@@ -404,15 +428,17 @@ class RolloutWorker(_Generates):
         """Load ``update`` into the engine (its buckets, or those arriving over the weight channel, one at a
         time), then make the checks it carries (those the engine can: checksums of the tensors it holds, its
         log-probs of the probe). Returns what differs in one line, or None."""
+        load = (functools.partial(self.rollout.load_adapters, lora_cfg=self.cfg.model.lora)
+                if self._sends_adapters() else self.rollout.load_weights)
         if update.layouts:
             arriving = self.weight_channel.receive(update.layouts)
             try:
-                self.rollout.load_weights(arriving)
+                load(arriving)
             finally:  # an engine that stopped reading still takes the rest: the sender must not wait forever
                 for _ in arriving:
                     pass
         else:
-            self.rollout.load_weights(update.buckets)
+            load(update.buckets)
         self.version = update.version
         held = self.rollout.weight_checksums() if update.checksums else None
         if held is not None and (problem := weight_mismatch(update, held)):

@@ -181,3 +181,73 @@ def test_lora_on_two_fsdp_workers_is_the_one_worker_update_and_checkpoint(ray_cl
         sharded.shutdown()
         single.shutdown()
         pool.release()
+
+
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_the_rollout_engine_samples_the_trained_policy_with_either_sync(tiny_model_path, sync):
+    # merged: the merged weights go in (the whole model's bytes); adapter: the adapters alone (a few KiB),
+    # which the HF engine applies with peft's layers over its own base weights
+    cfg, plan = engine_config(tiny_model_path, extra=[*LORA, f"rollout.lora_sync={sync}"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=False)
+        worker = group.worker
+        prompts = prompt_batch(tiny_model_path)
+        group.update_actor(with_training_fields(group.generate_sequences(prompts)))
+        out = group.generate_sequences(prompts)  # sends the update first
+        adapters = sum(p.numel() * 4 for n, p in worker.actor.model.named_parameters() if "lora_" in n)
+        whole = sum(t.numel() * 4 for _, t in worker.actor.full_weights())
+        assert out.meta["weight_sync_mb"] * 2**20 == (adapters if sync == "adapter" else whole)
+        policy = group.compute_log_probs(out).tensors["old_log_probs"]
+        mask = out.tensors["response_mask"].bool()
+        torch.testing.assert_close(out.tensors["rollout_log_probs"][mask], policy[mask], atol=1e-5, rtol=0)
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        with torch.no_grad():
+            assert (reference_log_probs(base, out, 1.0) - policy)[mask].abs().max() > 1e-3  # not the base model
+    finally:
+        group.shutdown()
+
+
+
+@pytest.mark.parametrize("targets", [(), ("q_proj", "v_proj", "down_proj")])
+def test_the_plans_adapter_count_is_peft_s(tiny_model_path, targets):
+    from transformers import AutoConfig
+
+    from rlplat.trainer.dry_run import ModelShape, lora_params
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    lora = _lora_cfg(rank=4, targets=targets)
+    inject_lora(model, lora)
+    adapters = sum(p.numel() for name, p in model.named_parameters() if "lora_" in name)
+    assert lora_params(ModelShape.from_config(AutoConfig.from_pretrained(tiny_model_path)), lora) == adapters
+
+
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_a_rollout_worker_of_its_own_receives_and_checks_a_lora_update(tiny_model_path, sync):
+    # rollout.mode=separate (here in one process, without Ray): the numbered update carries the merged weights
+    # or the adapters alone; the rollout worker's checks pass (checksums of what the engine holds, the probe
+    # at 1e-5), and a damaged adapter is named
+    from rlplat.rollout.weight_sync import corrupt_for_test
+    from rlplat.workers.roles import RolloutWorker
+
+    cfg, plan = engine_config(tiny_model_path, extra=[*LORA, f"rollout.lora_sync={sync}"])
+    actor = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    rollout = InProcessWorkerGroup(RolloutWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        actor.init_model(tiny_model_path, with_ref=False, with_rollout=False)
+        rollout.init_model(tiny_model_path)
+        prompts = prompt_batch(tiny_model_path)
+        actor.update_actor(with_training_fields(rollout.generate_sequences(prompts)))
+        update = actor.weight_update(1, True, list(range(5, 25)), 1e-5)[0]
+        names = [name for bucket in update.buckets for name, _ in bucket]
+        assert all(".lora_" in name for name in names) == (sync == "adapter")
+        assert rollout.receive_weights(update) == [None]
+        out = rollout.generate_sequences(prompts)
+        mask = out.tensors["response_mask"].bool()
+        policy = actor.compute_log_probs(out).tensors["old_log_probs"]
+        torch.testing.assert_close(out.tensors["rollout_log_probs"][mask], policy[mask], atol=1e-5, rtol=0)
+        corrupt_for_test(update, names[1])
+        assert f"holds {names[1]!r} with other bits than the actor sent" in rollout.receive_weights(update)[0]
+    finally:
+        rollout.shutdown()
+        actor.shutdown()

@@ -18,7 +18,8 @@ EXAMPLES = ROOT / "examples"
 CPU_SCRIPTS = sorted((EXAMPLES / "cpu").glob("*.sh"))
 AGENT_SCRIPTS = [EXAMPLES / "cpu" / "grpo_tools.sh"]  # the multi-turn tool loop (docs/agents.md)
 ASYNC_SCRIPT = EXAMPLES / "cpu" / "grpo_async.sh"  # a separate rollout pool generating ahead (docs/async.md): Ray only
-PRESET_SCRIPTS = [script for script in CPU_SCRIPTS if script not in [*AGENT_SCRIPTS, ASYNC_SCRIPT]]  # one per preset
+LORA_SCRIPT = EXAMPLES / "cpu" / "grpo_lora.sh"  # LoRA adapters on the embedded model (docs/lora.md)
+PRESET_SCRIPTS = [script for script in CPU_SCRIPTS if script not in [*AGENT_SCRIPTS, ASYNC_SCRIPT, LORA_SCRIPT]]  # one per preset
 GPU_SCRIPTS = sorted((EXAMPLES / "gpu").glob("*.sh")) + sorted((EXAMPLES / "multinode").glob("*.sh"))
 REWARD_SCRIPTS = sorted((EXAMPLES / "rewards").glob("*.sh"))  # model-based rewards on CPU
 TINY = {  # knobs a test sets: 2 steps of 2 prompts x 2 responses, validation on a small file
@@ -112,14 +113,20 @@ def test_cpu_script_runs_to_completion(script, trained_scripts):
 
 
 @pytest.mark.slow
-def test_tool_script_runs_to_completion(trained_scripts):
-    """The tool-use script trains the embedded tool model with multi-turn rollouts."""
-    code, run_err, script_err, out = trained_scripts["grpo_tools"]
+@pytest.mark.parametrize("name, traced, metric", [
+    # the tool-use script trains the embedded tool model with multi-turn rollouts
+    ("grpo_tools", ["rollout.agent.name=tool", "model.path=embedded-tools"], "agent/tool_calls_mean"),
+    # the LoRA script trains adapters, with the KL against the model with its adapters off
+    ("grpo_lora", ["model.lora.rank=16", "model.lora.alpha=32"], "actor/kl_loss"),
+])
+def test_feature_script_runs_to_completion(name, traced, metric, trained_scripts):
+    code, run_err, script_err, out = trained_scripts[name]
     assert code == 0, run_err[-3000:]
     trained = trained_steps(out)
     assert [m["step"] for m in trained] == [1, 2]
-    assert "rollout.agent.name=tool" in script_err and "model.path=embedded-tools" in script_err
-    assert trained[0]["agent/turns_mean"] >= 1 and "agent/tool_calls_mean" in trained[0]
+    assert all(arg in script_err for arg in traced) and metric in trained[0]
+    if name == "grpo_tools":
+        assert trained[0]["agent/turns_mean"] >= 1
 
 
 @pytest.mark.slow

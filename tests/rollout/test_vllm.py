@@ -126,6 +126,33 @@ def test_multi_turn_trajectories_are_token_exact_with_the_trainers_log_probs(tin
         group.shutdown()
 
 
+def test_vllm_samples_a_lora_policy_from_its_merged_weights(tiny_model_path):
+    """LoRA (model.lora): vLLM receives the merged weights W + s B A after each update (rollout.lora_sync=merged;
+    applying the adapters in vLLM is not built: rollout.lora_sync=adapter says so in one line)."""
+    from rlplat.config import ConfigError
+
+    extra = ["rollout=vllm", "actor.optim.lr=1e-2", "model.lora.rank=8", "model.lora.alpha=16"]
+    with pytest.raises(ConfigError, match=r"rollout.lora_sync=adapter: the vllm engine cannot apply LoRA adapters"):
+        engine_config(tiny_model_path, extra=[*extra, "rollout.lora_sync=adapter"])
+    cfg, plan = engine_config(tiny_model_path, extra=extra)
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=False)
+        prompts = prompt_batch(tiny_model_path, temperature=1.0)
+        for seed in range(2):
+            group.update_actor(with_training_fields(group.generate_sequences(prompts), seed))
+        fresh = group.generate_sequences(prompts)
+        mask = fresh.tensors["response_mask"].bool()
+        trainer = group.compute_log_probs(fresh).tensors["old_log_probs"]
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        with torch.no_grad():
+            moved = (reference_log_probs(base, fresh, 1.0) - trainer)[mask].abs().max()
+        assert moved > 0.05, moved  # the adapters changed the policy ...
+        torch.testing.assert_close(fresh.tensors["rollout_log_probs"][mask], trainer[mask], atol=1e-3, rtol=0)  # ... vLLM has it
+    finally:
+        group.shutdown()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sleep_level", [1, 2])
 def test_after_sleep_and_wake_vllm_samples_from_the_new_weights(sleep_level, tiny_model_path):

@@ -44,6 +44,9 @@ RUNS = {
     "tir_optimal_token_baseline": LearningRun(
         ["algorithm=grpo", "algorithm.adv_estimator=tir_optimal_token_baseline"], 30, 0.03),
     "grpo_vllm": LearningRun(["algorithm=grpo", "rollout=vllm"], 40, 0.05),
+    # LoRA adapters (docs/lora.md), at the learning rate they want (3x the full run's)
+    "grpo_lora": LearningRun(["algorithm=grpo", "model.lora.rank=16", "model.lora.alpha=32", "actor.optim.lr=1e-3"],
+                             40, 0.02),
 }
 # ppo's critic at its default learning rate. The raw value loss is not a fair yardstick: its floor,
 # about ½·Var(return) = ½·p(1 − p) for a 0/1 reward, *grows* as the policy's accuracy p rises from 0.12.
@@ -142,3 +145,8 @@ def test_optimal_token_baselines_raise_expected_reward(estimator, held_out, smal
 def test_grpo_with_vllm_rollout_raises_expected_reward(held_out, small_val, tmp_path):
     pytest.importorskip("vllm")
     assert_gain("grpo_vllm", held_out, small_val, tmp_path)
+
+
+@pytest.mark.slow
+def test_grpo_with_lora_adapters_raises_expected_reward(held_out, small_val, tmp_path):
+    assert_gain("grpo_lora", held_out, small_val, tmp_path)
