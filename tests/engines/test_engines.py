@@ -182,12 +182,14 @@ def test_two_ray_workers_fsdp_matches_unsharded(ray_cluster, request, weights):
         pool.release()
 
 
-def test_gradient_checkpointing_recomputes_and_changes_nothing_else(tiny_model_path):
+@pytest.mark.parametrize("lora", [[], ["model.lora.rank=4"]], ids=["full", "lora"])
+def test_gradient_checkpointing_recomputes_and_changes_nothing_else(tiny_model_path, lora):
     """model.gradient_checkpointing=true: each decoder layer's MLP runs twice per micro-batch (forward and
-    the recompute in backward), and the update equals the one without it."""
+    the recompute in backward), and the update equals the one without it (with LoRA adapters too: the merged
+    weights compared)."""
     weights, mlp_calls = {}, {}
     for on in (False, True):
-        cfg, plan = engine_config(tiny_model_path, extra=[f"model.gradient_checkpointing={str(on).lower()}"])
+        cfg, plan = engine_config(tiny_model_path, extra=[f"model.gradient_checkpointing={str(on).lower()}", *lora])
         group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
         try:
             group.init_model(tiny_model_path, with_ref=False)

@@ -1,5 +1,5 @@
-"""LoRA runs end to end on the embedded model: a checkpoint holds the adapters only, resume is exact, and the
-export gives the trained policy, merged or as a PEFT adapter directory."""
+"""LoRA runs end to end on the embedded model: a checkpoint holds the adapters only, and the export gives the
+trained policy, merged or as a PEFT adapter directory."""
 
 import json
 
@@ -9,7 +9,7 @@ import torch
 from rlplat.tools.export import main as export_main
 from rlplat.trainer.run import load_run_config, run
 
-from .test_trainer import comparable, metrics, overrides
+from .test_trainer import metrics, overrides
 
 LORA = ["trainer.ray_address=inprocess", "model.lora.rank=8", "algorithm.use_kl_loss=true"]
 
@@ -20,18 +20,14 @@ def _train(out, steps, val, *extra):
 
 
 @pytest.mark.slow
-def test_a_lora_run_resumes_exactly_from_its_adapters_and_exports_the_trained_policy(embedded_cache, small_val, tmp_path, capsys):
+def test_a_lora_checkpoint_holds_the_adapters_and_exports_the_trained_policy(embedded_cache, small_val, tmp_path, capsys):
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import AutoModelForCausalLM
 
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    _train(full, 4, small_val, "trainer.save_freq=2")
-    _train(resumed, 2, small_val)
-    _train(resumed, 4, small_val, "trainer.resume_mode=auto", "trainer.resume_allow_config_change=true")
-    a, b = metrics(full), metrics(resumed)
-    for step in (3, 4):
-        assert comparable(b[step]) == comparable(a[step]), step
-    assert comparable(a[2]) != comparable(a[3]) and a[4]["actor/kl_loss"] > 0  # the adapters moved the policy
+    # (resuming from such a checkpoint: tests/trainer/test_reliability.py, kill -9 of a LoRA run)
+    full = tmp_path / "full"
+    _train(full, 4, small_val)
+    assert metrics(full)[4]["actor/kl_loss"] > 0  # the adapters moved the policy
 
     # the checkpoint holds the adapters (and their optimizer state), not the frozen base weights
     ckpt = full / "checkpoints" / "step_000004"

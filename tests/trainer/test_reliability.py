@@ -303,13 +303,15 @@ def _last_per_step(out):
     return rows
 
 
-def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, small_val, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["model.lora.rank=8"]], ids=["full", "lora"])
+def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, small_val, tmp_path, extra):
+    """Also for a LoRA run, whose checkpoints hold the adapters and their optimizer state only."""
     from rlplat.data import TASKS, write_parquet
 
     # 8 prompts, 4 per step: every epoch is 2 steps, so each checkpoint (every 2 steps) is on an epoch boundary
     train = write_parquet(TASKS.get("arithmetic")(8, seed=3, split="train"), tmp_path / "train.parquet")
     common = [*SMALL, f"data.val_files={small_val}", f"data.train_files={train}", "trainer.total_steps=6",
-              "trainer.save_freq=2", "trainer.logger=[console,tensorboard]"]
+              "trainer.save_freq=2", "trainer.logger=[console,tensorboard]", *extra]
     assert main([*common, f"trainer.output_dir={tmp_path}/full"]) == 0
 
     kill_at = random.Random(13).randint(3, 5)  # a step after the first checkpoint (step 2)
