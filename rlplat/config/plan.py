@@ -46,7 +46,7 @@ class RunPlan:
     mini_batches_per_step: int
     estimator: EstimatorSpec  # what algorithm.adv_estimator needs of the run
     # where the reference policy lives: "none" | "colocated" (a copy in the actor's worker) | "separate" |
-    # "adapters" (LoRA: the actor's own model with its adapters off)
+    # "adapters" (LoRA: the actor's own model with its adapters off, or with a synced copy of them)
     reference: str
     # where the PPO ratio's pi_old comes from: "update" (the update's own forward: it starts on the policy
     # that sampled) | "rollout" (the rollout engine's log-probs) | "recompute" (the old_log_probs stage)
@@ -83,12 +83,9 @@ def reference_placement(cfg: DictConfig) -> str:
                                             f"this run has none (no KL term; set ref.enable=true to keep one)")
     if not wanted:
         return "none"
-    if cfg.model.lora.rank:
-        check(not cfg.ref.sync_steps, f"ref.sync_steps={cfg.ref.sync_steps} with LoRA (model.lora.rank="
-                                      f"{cfg.model.lora.rank}) is not supported yet: the reference is the actor's "
-                                      f"base model (its adapters off); set ref.sync_steps=0")
-        if cfg.ref.placement == "colocated":
-            return "adapters"  # the actor's own model with its adapters off: no copy (docs/lora.md)
+    if cfg.model.lora.rank and cfg.ref.placement == "colocated":
+        # the actor's own model with its adapters off, or a synced copy of the adapters: no copy of the model
+        return "adapters"
     return cfg.ref.placement
 
 

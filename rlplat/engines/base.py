@@ -187,10 +187,21 @@ class TrainingEngine(ABC):
         Collective, like :meth:`export_weights`."""
         raise TypeError(f"{type(self).__name__} has no LoRA adapters to export (model.lora.rank=0)")
 
-    def adapters_disabled(self) -> contextlib.AbstractContextManager:
-        """A context in which the model runs without its LoRA adapters (the base model: the reference policy
-        of a LoRA run). An engine without adapters has no such context."""
-        raise TypeError(f"{type(self).__name__} has no LoRA adapters to disable (model.lora.rank=0)")
+    def lora_reference(self) -> contextlib.AbstractContextManager:
+        """A context in which the model is a LoRA run's reference policy: the base model (its adapters off), or,
+        once :meth:`keep_lora_reference` was called, the base model with the reference's own adapters. An
+        engine without adapters has no such context."""
+        raise TypeError(f"{type(self).__name__} has no LoRA adapters (model.lora.rank=0)")
+
+    def keep_lora_reference(self) -> None:
+        """Keep a copy of the adapters as the reference's (``ref.sync_steps`` with LoRA), blended towards the
+        actor's by :meth:`blend_lora_reference`; the base weights are shared. It starts as the initial
+        adapters, whose B is zero: the base model exactly."""
+        raise TypeError(f"{type(self).__name__} has no LoRA adapters (model.lora.rank=0)")
+
+    def blend_lora_reference(self, alpha: float) -> None:
+        """The reference's adapters <- alpha * the actor's + (1 - alpha) * the reference's, shard by shard."""
+        raise TypeError(f"{type(self).__name__} has no LoRA adapters (model.lora.rank=0)")
 
     def live_weights(self) -> dict[str, torch.Tensor] | None:
         """The full weights under Hugging Face names as the live tensors the optimizer updates in place,

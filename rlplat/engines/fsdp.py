@@ -18,6 +18,7 @@ global (whole mini-batch) denominators and must be *summed* over ranks;
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -86,6 +87,7 @@ class FSDPEngine(TrainingEngine):
         # LoRA adapters (model.lora, the actor only; initialised from ``seed`` alike on every rank): the scaling
         # of each adapted layer by its name
         self.lora_scalings = inject_lora(module, lora, seed) if lora is not None and lora.rank else {}
+        self.reference_adapters: dict[str, torch.Tensor] | None = None  # keep_lora_reference (ref.sync_steps)
         if model_cfg.gradient_checkpointing and optim_cfg is not None:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             module.train()  # transformers recomputes only in training mode ...
@@ -216,7 +218,10 @@ class FSDPEngine(TrainingEngine):
 
         model_state, optim_state = get_state_dict(self._model, [self.optim.optimizer] if self.optim else [],
                                                   options=self._state_options())
-        dcp.save({"model": self._trained_only(model_state), "optim": optim_state}, checkpoint_id=path)
+        state = {"model": self._trained_only(model_state), "optim": optim_state}
+        if self.reference_adapters is not None:  # a synced reference's adapters (ref.sync_steps with LoRA)
+            state["reference_adapters"] = self.reference_adapters
+        dcp.save(state, checkpoint_id=path)
         save_rank_state(path, self.ctx.rank, self.optim)
 
     def load_checkpoint(self, path: str) -> None:
@@ -227,6 +232,8 @@ class FSDPEngine(TrainingEngine):
         options = self._state_options()
         model_state, optim_state = get_state_dict(self._model, optimizers, options=options)
         state = {"model": self._trained_only(model_state), "optim": optim_state}
+        if self.reference_adapters is not None:
+            state["reference_adapters"] = self.reference_adapters  # loaded in place
         dcp.load(state, checkpoint_id=path)
         loaded = set_state_dict(self._model, optimizers, model_state_dict=state["model"],
                                 optim_state_dict=state["optim"], options=options)
@@ -243,10 +250,42 @@ class FSDPEngine(TrainingEngine):
         frozen = {name for name, p in self._model.named_parameters(remove_duplicate=False) if not p.requires_grad}
         return {name: value for name, value in model_state.items() if name not in frozen}
 
-    def adapters_disabled(self):
+    def _adapters(self) -> dict[str, torch.nn.Parameter]:
+        return {name: p for name, p in self._model.named_parameters() if ".lora_A." in name or ".lora_B." in name}
+
+    def lora_reference(self):
         if not self.lora_scalings:
-            return super().adapters_disabled()
-        return adapters_disabled(self._model)
+            return super().lora_reference()
+        if self.reference_adapters is None:
+            return adapters_disabled(self._model)
+        return self._reference_adapters_in()
+
+    @contextlib.contextmanager
+    def _reference_adapters_in(self):
+        """The reference's adapters in the model's place inside the block, the actor's back after it."""
+        adapters = self._adapters()
+        with torch.no_grad():
+            own = {name: p.detach().clone() for name, p in adapters.items()}
+            for name, p in adapters.items():
+                p.copy_(self.reference_adapters[name])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, p in adapters.items():
+                    p.copy_(own[name])
+
+    def keep_lora_reference(self) -> None:
+        if not self.lora_scalings:
+            return super().keep_lora_reference()
+        self.reference_adapters = {name: p.detach().clone() for name, p in self._adapters().items()}
+
+    def blend_lora_reference(self, alpha: float) -> None:
+        if self.reference_adapters is None:
+            return super().blend_lora_reference(alpha)
+        with torch.no_grad():
+            for name, p in self._adapters().items():
+                blend_(self.reference_adapters[name], p.detach(), alpha)
 
     def live_weights(self):
         from torch.distributed.tensor import DTensor

@@ -154,7 +154,7 @@ class Components:
     def sync_reference(self, alpha: float) -> None:
         """Reference <- alpha * actor + (1 - alpha) * reference: inside each actor worker when colocated
         (streamed in buckets); through the controller to a separate reference (one full copy)."""
-        if self.plan.reference == "colocated":
+        if self.plan.reference in ("colocated", "adapters"):
             self.actor.sync_reference(alpha)
             return
         weights = self.actor.actor_weights(only_rank0=True)[0]

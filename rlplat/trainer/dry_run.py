@@ -207,6 +207,8 @@ def actor_state(shape: ModelShape, lay: Layout, compute_bytes: int, cfg: DictCon
     adapters = lora_params(shape, cfg.model.lora) if role == "actor" and cfg.model.lora.rank else None
     if adapters is not None:  # LoRA: the adapters are trained, the base weights frozen (no gradients or moments)
         parts[f"{role} LoRA adapters (fp32)"] = 0.0 if offloaded else 4 * adapters / lay.shard
+        if cfg.ref.sync_steps > 0 and cfg.ref.placement == "colocated":  # the synced reference's adapters
+            parts["reference's LoRA adapters (fp32)"] = 0.0 if offloaded else 4 * adapters / lay.shard
     trained_params = params if adapters is None else adapters
     if trained:
         parts[f"{role} gradients (fp32)"] = 0.0 if offloaded else 4 * trained_params / lay.shard

@@ -228,6 +228,8 @@ class ActorRolloutRefWorker(_Generates):
         self.actor = build_training_engine(cfg, "actor", model_path, ctx, cfg.actor.optim, total)
         if with_ref:
             self.ref = build_training_engine(cfg, "ref", model_path, ctx)
+        if self.plan.reference == "adapters" and cfg.ref.sync_steps > 0:
+            self.actor.keep_lora_reference()  # the synced reference's adapters; the base weights are shared
         if not with_rollout:
             return
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
@@ -298,9 +300,9 @@ class ActorRolloutRefWorker(_Generates):
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         """The colocated reference's log-probs; with LoRA (reference "adapters") the actor's own model without
-        its adapters: no copy of the model."""
+        its adapters, or with the synced reference's adapters (``ref.sync_steps``): no copy of the model."""
         if self.plan.reference == "adapters":
-            with self.actor.adapters_disabled():
+            with self.actor.lora_reference():
                 return reference_log_probs(self.actor, batch, self.cfg)
         return reference_log_probs(self.ref, batch, self.cfg)
 
@@ -392,7 +394,11 @@ class ActorRolloutRefWorker(_Generates):
 
     @register(Dispatch.ONE_TO_ALL)
     def sync_reference(self, alpha: float) -> None:
-        """The colocated reference <- alpha * actor + (1 - alpha) * reference, one bucket at a time."""
+        """The colocated reference <- alpha * actor + (1 - alpha) * reference, one bucket at a time (with LoRA
+        the reference's adapters, each rank its own shards)."""
+        if self.plan.reference == "adapters":
+            self.actor.blend_lora_reference(alpha)
+            return
         bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
         self.ref.blend_weights(self.actor.export_weights(bucket_bytes=bucket_bytes), alpha)
 

@@ -92,8 +92,6 @@ def test_unknown_target_modules_are_one_config_error(tiny_model_path):
     (["model.lora.rank=8", "model.lora.alpha=0"], r"model.lora.alpha must be > 0, got 0"),
     (["model.lora.rank=8", "actor.strategy=megatron"],
      r"model.lora.rank=8: LoRA is not supported on the Megatron engine yet; use actor.strategy=fsdp"),
-    (["model.lora.rank=8", "algorithm.use_kl_loss=true", "ref.sync_steps=5"],
-     r"ref.sync_steps=5 with LoRA \(model.lora.rank=8\) is not supported yet"),
 ])
 def test_lora_settings_are_checked(extra, message):
     with pytest.raises(ConfigError, match=message):
@@ -251,3 +249,40 @@ def test_a_rollout_worker_of_its_own_receives_and_checks_a_lora_update(tiny_mode
     finally:
         rollout.shutdown()
         actor.shutdown()
+
+
+def test_a_synced_lora_reference_keeps_its_own_adapters_and_checkpoints_them(tiny_model_path, tmp_path):
+    # ref.sync_steps with LoRA: the reference is the base model with a copy of the adapters (B starts at zero:
+    # the base model exactly), blended towards the actor's at each sync; the base weights stay shared
+    cfg, plan = engine_config(tiny_model_path, extra=[*LORA, "ref.sync_steps=2", "ref.sync_alpha=0.5"])
+    assert plan.reference == "adapters"
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=False)
+        engine = group.worker.actor
+        prompts = prompt_batch(tiny_model_path)
+        out = group.generate_sequences(prompts)
+        out.meta["temperature"] = 1.0
+        group.update_actor(with_training_fields(out))
+        base = build_training_engine(cfg, "ref", tiny_model_path, group.worker.dist)
+        base_lp = base.infer(out, split=MicroBatching(3), temperature=1.0)["log_probs"]
+        assert torch.equal(group.compute_ref_log_probs(out).tensors["ref_log_probs"], base_lp)  # not synced yet
+
+        before = {name: t.clone() for name, t in engine.reference_adapters.items()}
+        actor = {name: p.detach().clone() for name, p in engine._adapters().items()}
+        group.sync_reference(0.5)
+        for name, ref in engine.reference_adapters.items():
+            torch.testing.assert_close(ref, 0.5 * actor[name] + 0.5 * before[name], rtol=0, atol=1e-7)
+        group.save_checkpoint(str(tmp_path / "ckpt"))
+        synced = group.compute_ref_log_probs(out).tensors["ref_log_probs"]
+        assert not torch.equal(synced, base_lp)
+        for name, p in engine._adapters().items():  # the actor's own adapters are back after the reference pass
+            assert torch.equal(p.detach(), actor[name])
+
+        group.sync_reference(1.0)  # alpha 1: the reference becomes the actor
+        policy = group.compute_log_probs(out).tensors["old_log_probs"]
+        assert torch.equal(group.compute_ref_log_probs(out).tensors["ref_log_probs"], policy)
+        group.load_checkpoint(str(tmp_path / "ckpt"))  # the checkpoint's reference adapters come back
+        assert torch.equal(group.compute_ref_log_probs(out).tensors["ref_log_probs"], synced)
+    finally:
+        group.shutdown()
