@@ -53,3 +53,18 @@ def test_a_lora_checkpoint_holds_the_adapters_and_exports_the_trained_policy(emb
     with torch.no_grad():
         torch.testing.assert_close(adapted(ids).logits.log_softmax(-1), merged(ids).logits.log_softmax(-1),
                                    atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_kl_against_the_adapters_off_is_the_kl_against_a_reference_copy(embedded_cache, small_val, tmp_path, ray_cluster):
+    # the same LoRA run twice on Ray: the reference as the actor's model with its adapters off (no copy), and
+    # as a frozen copy of the base model on a pool of its own
+    on_ray = ["trainer.ray_address=null", "model.lora.rank=8", "algorithm.use_kl_loss=true"]
+    for name, extra in (("adapters", []), ("copy", ["ref.placement=separate"])):
+        cfg, plan = load_run_config(overrides(tmp_path / name, 2, small_val, *on_ray, *extra))
+        assert plan.reference == name.replace("copy", "separate")
+        run(cfg, plan)
+    adapters, copy = metrics(tmp_path / "adapters"), metrics(tmp_path / "copy")
+    assert adapters[2]["actor/kl_loss"] > 0
+    for step in (1, 2):
+        assert adapters[step]["actor/kl_loss"] == pytest.approx(copy[step]["actor/kl_loss"], abs=1e-6, rel=0)
