@@ -296,36 +296,33 @@ class FSDPEngine(TrainingEngine):
                 for name, tensor in self._model.state_dict(keep_vars=True).items()}
 
     def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):
-        bucket, size, layer = [], 0, None
-        for name, tensor in self._model.state_dict().items():
-            nbytes = tensor.numel() * (dtype or tensor.dtype).itemsize
-            # an adapted layer's base weight and adapters stay in one bucket: they are merged there
-            part_of = owner(name) if self.lora_scalings else None
-            if bucket and size + nbytes > bucket_bytes and (part_of is None or part_of != layer):
-                yield self._gathered(bucket, dtype)
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-            layer = part_of
-        if bucket:
+        for bucket in self._buckets(dtype, bucket_bytes):
             yield self._gathered(bucket, dtype)
 
     def export_adapters(self, dtype=None, bucket_bytes=512 * 2**20):
         if not self.lora_scalings:
             yield from super().export_adapters(dtype, bucket_bytes)
             return
-        bucket, size = [], 0
+        for bucket in self._buckets(dtype, bucket_bytes, adapters_only=True):
+            yield gather_bucket(bucket, dtype, self.ctx)
+
+    def _buckets(self, dtype, bucket_bytes, adapters_only=False):
+        """The state dict's (name, local tensor) pairs in buckets of about ``bucket_bytes`` (in ``dtype``); an
+        adapted layer's base weight and adapters stay in one bucket (they are merged there)."""
+        bucket, size, layer = [], 0, None
         for name, tensor in self._model.state_dict().items():
-            if ".lora_A." not in name and ".lora_B." not in name:
+            if adapters_only and ".lora_A." not in name and ".lora_B." not in name:
                 continue
             nbytes = tensor.numel() * (dtype or tensor.dtype).itemsize
-            if bucket and size + nbytes > bucket_bytes:
-                yield gather_bucket(bucket, dtype, self.ctx)
+            part_of = owner(name) if self.lora_scalings and not adapters_only else None
+            if bucket and size + nbytes > bucket_bytes and (part_of is None or part_of != layer):
+                yield bucket
                 bucket, size = [], 0
             bucket.append((name, tensor))
             size += nbytes
+            layer = part_of
         if bucket:
-            yield gather_bucket(bucket, dtype, self.ctx)
+            yield bucket
 
     def _gathered(self, bucket, dtype):
         """A bucket's full tensors in ``dtype``; with LoRA under Hugging Face names, merged (gathered in float32)."""

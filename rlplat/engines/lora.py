@@ -59,14 +59,13 @@ def scaling(lora_cfg: DictConfig) -> float:
 
 def merge_adapters(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor],
                    lora_cfg: DictConfig) -> dict[str, torch.Tensor]:
-    """Hugging Face weights ``base`` with the adapters of a checkpoint (peft's names) merged into them."""
-    out = dict(base)
-    for name, a in adapters.items():
-        layer, marker, _ = name.partition(f".lora_A.{ADAPTER}.")
-        if marker:
-            b = adapters[f"{layer}.lora_B.{ADAPTER}.weight"]
-            out[f"{layer}.weight"] = base[f"{layer}.weight"].float() + scaling(lora_cfg) * (b.float() @ a.float())
-    return out
+    """Hugging Face weights ``base`` with the adapters of a checkpoint (peft's names) merged into them
+    (:func:`merged`, after naming each adapted layer's weight as peft does)."""
+    marker = f".lora_A.{ADAPTER}."
+    layers = {name.split(marker)[0] for name in adapters if marker in name}
+    items = [(f"{name[:-len('.weight')]}.base_layer.weight" if name.endswith(".weight")
+              and name[:-len(".weight")] in layers else name, tensor) for name, tensor in base.items()]
+    return dict(merged(items + list(adapters.items()), dict.fromkeys(layers, scaling(lora_cfg))))
 
 
 def lora_layers(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:

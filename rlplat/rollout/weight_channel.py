@@ -48,8 +48,8 @@ def pack(bucket: WeightBucket) -> torch.Tensor:
     """The bucket's tensors' bytes end to end in one uint8 tensor (see :func:`unpack`)."""
     spans, total = _spans(bucket_layout(bucket))
     flat = torch.zeros(total, dtype=torch.uint8)
-    for (_, tensor), (offset, size) in zip(bucket, spans):
-        flat[offset:offset + size] = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+    for (_, tensor), (offset, size) in zip(bucket, spans):  # one copy each, from wherever the tensor lives
+        flat[offset:offset + size].view(tensor.dtype).view(tensor.shape).copy_(tensor.detach())
     return flat
 
 
@@ -77,17 +77,18 @@ class WeightChannel:
         self._sending: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def send(self, buckets: Sequence[WeightBucket]) -> None:
-        """Broadcast ``buckets`` (rank 0) in a thread of its own, after the previous update has gone."""
+    def send(self, packed: Sequence[torch.Tensor]) -> None:
+        """Broadcast the packed buckets (:func:`pack`; rank 0) in a thread of its own, after the previous update
+        has gone."""
         self.wait()
-        self._sending = threading.Thread(target=self._send, args=(list(buckets),), daemon=True,
+        self._sending = threading.Thread(target=self._send, args=(list(packed),), daemon=True,
                                          name="rlplat-weight-send")
         self._sending.start()
 
-    def _send(self, buckets: list[WeightBucket]) -> None:
+    def _send(self, packed: list[torch.Tensor]) -> None:
         try:
-            for bucket in buckets:
-                self.group.broadcast(pack(bucket).to(self.device), 0).wait()
+            for flat in packed:
+                self.group.broadcast(flat.to(self.device), 0).wait()
         except BaseException as err:  # raised to the caller of the next send() or wait()
             self._error = err
 

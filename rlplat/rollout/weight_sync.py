@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from rlplat.rollout.base import WeightBucket
-from rlplat.rollout.weight_channel import BucketLayout, bucket_layout
+from rlplat.rollout.weight_channel import BucketLayout, bucket_layout, pack, unpack
 
 _MODULUS = 2**61 - 1  # a Mersenne prime: the running sum stays an exact Python int of bounded size
 _CHUNK = 1 << 24  # bytes weighed at once (the int64 copy of a chunk is 8x its size)
@@ -68,17 +68,29 @@ class WeightUpdate:
     # rollout.weight_transport=distributed: the buckets travel over a WeightChannel (buckets is then empty), in
     # these layouts
     layouts: list[BucketLayout] = field(default_factory=list)
+    packed: list[torch.Tensor] = field(default_factory=list)  # each bucket's bytes in one buffer (buckets views it)
 
     @classmethod
-    def of(cls, version: int, buckets: Iterable[WeightBucket], verify: bool) -> WeightUpdate:
-        kept = [[(name, tensor.detach().cpu().clone()) for name, tensor in bucket] for bucket in buckets]
+    def of(cls, version: int, buckets: Iterable[WeightBucket], verify: bool,
+           pack_buckets: bool = False) -> WeightUpdate:
+        """The update of ``buckets``, each tensor copied to the host once: a clone of its own, or with
+        ``pack_buckets`` (for a weight channel) into its bucket's one buffer
+        (:func:`~rlplat.rollout.weight_channel.pack`, :attr:`packed`) that the update's tensors are views of.
+        Such views must not travel through pickle (each would carry its whole buffer): :meth:`header` drops them."""
+        packed, kept = [], []
+        for bucket in buckets:
+            if pack_buckets:
+                packed.append(pack(bucket))
+                kept.append(unpack(packed[-1], bucket_layout(bucket)))
+            else:
+                kept.append([(name, tensor.detach().cpu().clone()) for name, tensor in bucket])
         checksums = named_checksums((name, t) for bucket in kept for name, t in bucket) if verify else {}
-        return cls(version, kept, checksums)
+        return cls(version, kept, checksums, packed=packed)
 
     def header(self) -> WeightUpdate:
-        """This update without its tensors, which go over a :class:`~rlplat.rollout.weight_channel.WeightChannel`:
-        their layouts instead."""
-        return replace(self, buckets=[], layouts=[bucket_layout(bucket) for bucket in self.buckets])
+        """This update without its tensors, which go over a :class:`~rlplat.rollout.weight_channel.WeightChannel`
+        (:attr:`packed`): their layouts instead."""
+        return replace(self, buckets=[], packed=[], layouts=[bucket_layout(bucket) for bucket in self.buckets])
 
 
 def weight_mismatch(update: WeightUpdate, held: Mapping[str, Checksum]) -> str | None:
@@ -133,8 +145,6 @@ def corrupt_for_test(update: WeightUpdate, name: str | None) -> None:
     """Add 1 to the first element of the tensor ``name`` (:func:`corruption_for_test`; nothing if None), after
     its checksum was taken: the update arrives with other bits than the actor sent."""
     for bucket in update.buckets if name else []:
-        for index, (key, tensor) in enumerate(bucket):
-            if key == name:
-                changed = tensor.clone()
-                changed.view(-1)[0] += 1
-                bucket[index] = (key, changed)
+        for key, tensor in bucket:
+            if key == name:  # in place: the update's own copy (and its packed buffer) changes
+                tensor.view(-1)[0] += 1

@@ -361,10 +361,10 @@ class ActorRolloutRefWorker(_Generates):
                 pass
             update = None
         else:
-            update = WeightUpdate.of(version, buckets, verify)
+            update = WeightUpdate.of(version, buckets, verify, pack_buckets=self.weight_channel is not None)
             corrupt_for_test(update, corrupt)  # a test hook (corruption_for_test): a bucket damaged on its way
             if self.weight_channel is not None:
-                self.weight_channel.send(update.buckets)
+                self.weight_channel.send(update.packed)
                 update = update.header()
         if verify and probe_ids:
             log_probs = self._sequence_log_probs(probe_ids)  # a forward every rank takes part in

@@ -100,7 +100,10 @@ def test_the_weight_channel_delivers_every_bucket_bit_for_bit_to_every_receiver(
     # dtype and of sizes that are no multiple of the packing's alignment, in two buckets
     buckets = [[("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.arange(11))],
                [("d", torch.randn(2, 2, 3, dtype=torch.float64)), ("e", torch.tensor([True, False, True]))]]
-    layouts = WeightUpdate.of(1, buckets, verify=False).header().layouts
+    update = WeightUpdate.of(1, buckets, verify=False, pack_buckets=True)  # one host copy: views of packed buffers
+    header = update.header()
+    assert header.buckets == [] and header.packed == []  # nothing of the tensors travels through Ray
+    layouts = header.layouts
     assert layouts[0][1] == ("b", "bfloat16", (7,))
     port, received = free_port(), {}
 
@@ -112,7 +115,7 @@ def test_the_weight_channel_delivers_every_bucket_bit_for_bit_to_every_receiver(
     for thread in receivers:
         thread.start()
     sender = WeightChannel("127.0.0.1", port, 0, 3, "cpu", timeout_s=60)
-    sender.send(buckets)  # returns at once: the broadcasts go on in the sender's thread
+    sender.send(update.packed)  # returns at once: the broadcasts go on in the sender's thread
     sender.wait()
     for thread in receivers:
         thread.join(timeout=60)
