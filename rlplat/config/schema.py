@@ -218,7 +218,7 @@ class RolloutConfig:
     dtype: str = "auto"  # generation dtype (weights are sent in it): auto = float32 on CPU, bfloat16 on GPU | float32 | bfloat16 | float16
     weight_sync_bucket_mb: int = count(512)  # actor -> rollout weight transfer: one gather and one load per bucket of this size
     # LoRA (model.lora.rank > 0): what the rollout engine receives after an update: merged = the merged weights
-    # (W + s B A) | adapter = the adapters alone, which the engine applies itself (hf)
+    # (W + s B A) | adapter = the adapters alone, which the engine applies itself (hf, vllm)
     lora_sync: str = "merged"
     hf: HFRolloutConfig = field(default_factory=HFRolloutConfig)
     vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)

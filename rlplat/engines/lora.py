@@ -16,7 +16,8 @@ the base model, bit for bit (the reference policy for free).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
@@ -41,13 +42,14 @@ def inject_lora(module: torch.nn.Module, lora_cfg: DictConfig, seed: int = 0) ->
     return {name: float(layer.scaling[ADAPTER]) for name, layer in lora_layers(module)}
 
 
-def peft_config(lora_cfg: DictConfig):
-    """``model.lora`` as peft's ``LoraConfig``."""
+def peft_config(lora_cfg: DictConfig, target_modules: list[str] | None = None):
+    """``model.lora`` as peft's ``LoraConfig`` (``target_modules``: these layer names instead of the config's)."""
     try:
         from peft import LoraConfig
     except ImportError:
         raise ConfigError("model.lora.rank > 0 needs the peft package (pip install peft)") from None
-    targets = list(lora_cfg.target_modules) or "all-linear"  # peft: every linear layer but the output layer
+    # peft's "all-linear": every linear layer but the output layer
+    targets = target_modules or list(lora_cfg.target_modules) or "all-linear"
     return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
                       target_modules=targets, bias="none")
 
@@ -66,6 +68,24 @@ def merge_adapters(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tens
     items = [(f"{name[:-len('.weight')]}.base_layer.weight" if name.endswith(".weight")
               and name[:-len(".weight")] in layers else name, tensor) for name, tensor in base.items()]
     return dict(merged(items + list(adapters.items()), dict.fromkeys(layers, scaling(lora_cfg))))
+
+
+def save_adapter_dir(adapters: Mapping[str, torch.Tensor], lora_cfg: DictConfig, out: Path,
+                     base_model: str | None = None) -> None:
+    """Write ``adapters`` (the adapted model's names, e.g. ``...q_proj.lora_A.default.weight``) as a PEFT adapter
+    directory in ``out``, as peft's ``save_pretrained`` does: ``adapter_config.json`` (``model.lora``, its target
+    modules the adapted layers' names) and ``adapter_model.safetensors`` (``base_model.model.<layer>.lora_A.weight``
+    ...), ``base_model`` its ``base_model_name_or_path``. Hugging Face's peft and vLLM's LoRA loader read it."""
+    from safetensors.torch import save_file
+
+    marker = f".lora_A.{ADAPTER}."
+    targets = sorted({name.split(marker)[0].rpartition(".")[2] for name in adapters if marker in name})
+    out.mkdir(parents=True, exist_ok=True)
+    config = peft_config(lora_cfg, targets)
+    config.base_model_name_or_path = base_model
+    config.save_pretrained(str(out))
+    save_file({"base_model.model." + name.replace(f".{ADAPTER}.", "."): tensor.detach().cpu().contiguous().clone()
+               for name, tensor in adapters.items()}, str(out / "adapter_model.safetensors"))
 
 
 def lora_layers(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:

@@ -58,6 +58,7 @@ class RolloutSetup:
     rank: int
     world_size: int
     trust_remote_code: bool = False
+    lora_rank: int = 0  # rollout.lora_sync=adapter: the rank of the LoRA adapters it applies (0: none)
 
     @property
     def dtype_name(self) -> str:

@@ -13,6 +13,10 @@
 * Sleep mode (``rollout.vllm.sleep_level``) frees the KV cache (level 1: and offloads the weights; level
   2: drops them, and they are re-sent at wake-up) while the actor trains. vLLM supports it on CUDA
   only; elsewhere one log line says so and the engine stays resident.
+* LoRA with ``rollout.lora_sync=adapter``: the engine is built with vLLM's LoRA support and reads the base
+  weights from the model files (whatever ``load_format`` says: the frozen base never changes); each update
+  writes the adapters as a PEFT directory in a temporary folder and loads them under a new adapter id
+  (:meth:`VLLMRolloutEngine.load_adapters`), which every generation then names.
 * On CPU the KV cache size must be explicit (``rollout.vllm.kv_cache_gb``, default 1 GiB) and CUDA
   graphs do not exist, so the engine runs eagerly and skips vLLM's warm-up compilation (starts in
   seconds instead of a minute).
@@ -21,8 +25,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -76,7 +83,15 @@ class VLLMRolloutEngine(RolloutEngine):
                   "the engine keeps its KV cache and weights between rollouts", flush=True)
         kv_cache_gb = engine_cfg.kv_cache_gb if engine_cfg.kv_cache_gb is not None else (
             CPU_DEFAULT_KV_CACHE_GB if on_cpu else None)
-        self.needs_initial_weights = engine_cfg.load_format == "dummy"
+        lora = {}
+        if setup.lora_rank:
+            if self.can_sleep and engine_cfg.sleep_level >= 2:
+                raise ConfigError("rollout.vllm.sleep_level=2 drops the base weights, and rollout.lora_sync=adapter "
+                                  "sends only the adapters: use sleep_level=1 or rollout.lora_sync=merged")
+            lora = dict(enable_lora=True, max_lora_rank=_vllm_lora_rank(setup.lora_rank), max_loras=1)
+        self._adapters = tempfile.TemporaryDirectory(prefix="rlplat-vllm-lora-") if setup.lora_rank else None
+        self._lora_request = None  # the adapter every generation names (rollout.lora_sync=adapter)
+        self.needs_initial_weights = engine_cfg.load_format == "dummy" and not setup.lora_rank
         self.llm = LLM(
             model=setup.model_path,
             tokenizer=setup.tokenizer_path,
@@ -86,7 +101,7 @@ class VLLMRolloutEngine(RolloutEngine):
             tensor_parallel_size=engine_cfg.tensor_parallel_size,
             max_model_len=engine_cfg.max_model_len or setup.max_model_len,
             max_num_seqs=engine_cfg.max_num_seqs,
-            load_format=engine_cfg.load_format,
+            load_format="auto" if setup.lora_rank else engine_cfg.load_format,
             enforce_eager=on_cpu if engine_cfg.enforce_eager is None else engine_cfg.enforce_eager,
             enable_prefix_caching=engine_cfg.enable_prefix_caching,
             gpu_memory_utilization=engine_cfg.gpu_memory_utilization,
@@ -95,6 +110,7 @@ class VLLMRolloutEngine(RolloutEngine):
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # sampling comes from rlplat's config only, not generation_config.json
             worker_extension_cls="rlplat.rollout.vllm_worker.RLPlatWeightReceiver",
+            **lora,
         )
         self._asleep = self._weights_dropped = False
 
@@ -125,7 +141,8 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_lists(batch)]
-        outputs = self.llm.generate(prompts, self._sampling_params(params, len(prompts)), use_tqdm=False)
+        outputs = self.llm.generate(prompts, self._sampling_params(params, len(prompts)), use_tqdm=False,
+                                    lora_request=self._lora_request)
         token_ids, log_probs = [], []
         for out in outputs:
             sample = out.outputs[0]
@@ -140,7 +157,8 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         params = VLLMSamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)[0]
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False,
+                                lora_request=self._lora_request)[0]
         return [step[token].logprob for token, step in zip(ids[1:], out.prompt_logprobs[1:])]
 
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
@@ -151,9 +169,28 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self._weights_dropped = False
 
+    def load_adapters(self, buckets: Iterable[WeightBucket], lora_cfg) -> None:
+        """Write the adapters as a PEFT adapter directory and load them into vLLM under the next adapter id (read
+        now, so an adapter vLLM cannot apply fails here); the previous adapter and its directory are removed."""
+        from vllm.lora.request import LoRARequest
+
+        from rlplat.engines.lora import save_adapter_dir
+
+        previous = self._lora_request
+        version = previous.lora_int_id + 1 if previous else 1
+        path = Path(self._adapters.name) / str(version)
+        save_adapter_dir({name: tensor for bucket in buckets for name, tensor in bucket}, lora_cfg, path)
+        self._lora_request = LoRARequest("rlplat-actor", version, str(path))
+        self.llm.llm_engine.add_lora(self._lora_request)
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
     def close(self) -> None:
         """Stop the engine core while this process's torch.distributed groups still exist."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self._adapters is not None:
+            self._adapters.cleanup()
 
     def sleep(self) -> None:
         if self.can_sleep and not self._asleep:
@@ -168,3 +205,16 @@ class VLLMRolloutEngine(RolloutEngine):
     def named_weights(self) -> dict[str, torch.Tensor]:
         """vLLM's weights under its own names (CPU copies), for tests and debugging."""
         return self.llm.collective_rpc("rlplat_named_weights")[0]
+
+
+def _vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of rank ``rank``."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    fits = [r for r in get_args(MaxLoRARanks) if r >= rank]
+    if not fits:
+        raise ConfigError(f"model.lora.rank={rank}: vLLM applies LoRA adapters up to rank "
+                          f"{max(get_args(MaxLoRARanks))}; use rollout.lora_sync=merged")
+    return min(fits)

@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig
 
-from rlplat.engines.lora import ADAPTER, merge_adapters, peft_config
+from rlplat.engines.lora import ADAPTER, merge_adapters, peft_config, save_adapter_dir
 from rlplat.models.embedded import is_embedded
 from rlplat.trainer.checkpoint import MANIFEST, STEP_DIR, verify
 from rlplat.trainer.preflight import check_model_path
@@ -143,7 +143,8 @@ def export(ckpt: Path, out: Path, dtype: str = "float32", adapter: bool = False)
 
 def export_adapter(adapters: dict[str, torch.Tensor], out: Path, model_path: str, model_cfg: DictConfig) -> None:
     """Write a checkpoint's LoRA adapters as a PEFT adapter directory (adapter_config.json and
-    adapter_model.safetensors, through peft's own writer), atomically."""
+    adapter_model.safetensors: :func:`~rlplat.engines.lora.save_adapter_dir`), atomically, after peft has put
+    them into the base model (so they fit it)."""
     import shutil
     import tempfile
 
@@ -162,7 +163,7 @@ def export_adapter(adapters: dict[str, torch.Tensor], out: Path, model_path: str
                           f"{list(result.unexpected_keys)[:2]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".rlplat-adapter-", dir=out.parent))
-    model.save_pretrained(str(tmp))
+    save_adapter_dir(adapters, model_cfg.lora, tmp, base_model=model_path)
     plain_modes(str(tmp))
     if out.exists():
         shutil.rmtree(out)

@@ -73,8 +73,10 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
                           f"engine holds and its log-probs of a probe with the actor's, and the {cfg.rollout.name} "
                           f"engine can do neither; set rollout.verify_weights=off")
     if cfg.rollout.lora_sync == "adapter" and not applies_adapters(rollout_cls):
-        raise ConfigError(f"rollout.lora_sync=adapter: the {cfg.rollout.name} engine cannot apply LoRA adapters "
-                          f"(yet); use rollout.lora_sync=merged")
+        server = cfg.rollout.mode == "server"
+        engine = "a rollout server (rollout.mode=server)" if server else f"the {cfg.rollout.name} engine"
+        raise ConfigError(f"rollout.lora_sync=adapter: {engine} cannot apply LoRA adapters from rlplat (yet); "
+                          f"use rollout.lora_sync=merged")
     check_agent_config(cfg.rollout.agent)
     return plan
 
@@ -98,6 +100,7 @@ def build_rollout_engine(cfg: DictConfig, plan: RunPlan, model_path: str, tokeni
         rank=ctx.rank,
         world_size=ctx.world_size,
         trust_remote_code=cfg.model.trust_remote_code,
+        lora_rank=cfg.model.lora.rank if cfg.rollout.lora_sync == "adapter" else 0,
     )
     if cfg.rollout.mode == "server":
         return ROLLOUT_SERVER_CLIENTS.get(cfg.rollout.name)(setup, cfg.rollout.server)

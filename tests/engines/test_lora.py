@@ -92,6 +92,9 @@ def test_unknown_target_modules_are_one_config_error(tiny_model_path):
     (["model.lora.rank=8", "model.lora.alpha=0"], r"model.lora.alpha must be > 0, got 0"),
     (["model.lora.rank=8", "actor.strategy=megatron"],
      r"model.lora.rank=8: LoRA is not supported on the Megatron engine yet; use actor.strategy=fsdp"),
+    (["model.lora.rank=8", "rollout.lora_sync=adapter", "rollout=vllm", "rollout.mode=server",
+      "rollout.server.url=http://127.0.0.1:8000"],
+     r"rollout.lora_sync=adapter: a rollout server \(rollout.mode=server\) cannot apply LoRA adapters from rlplat"),
 ])
 def test_lora_settings_are_checked(extra, message):
     with pytest.raises(ConfigError, match=message):

@@ -126,14 +126,13 @@ def test_multi_turn_trajectories_are_token_exact_with_the_trainers_log_probs(tin
         group.shutdown()
 
 
-def test_vllm_samples_a_lora_policy_from_its_merged_weights(tiny_model_path):
-    """LoRA (model.lora): vLLM receives the merged weights W + s B A after each update (rollout.lora_sync=merged;
-    applying the adapters in vLLM is not built: rollout.lora_sync=adapter says so in one line)."""
-    from rlplat.config import ConfigError
-
-    extra = ["rollout=vllm", "actor.optim.lr=1e-2", "model.lora.rank=8", "model.lora.alpha=16"]
-    with pytest.raises(ConfigError, match=r"rollout.lora_sync=adapter: the vllm engine cannot apply LoRA adapters"):
-        engine_config(tiny_model_path, extra=[*extra, "rollout.lora_sync=adapter"])
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_vllm_samples_the_lora_policy_with_merged_weights_or_its_own_adapters(sync, tiny_model_path):
+    """LoRA (model.lora): after each update vLLM samples from W + s B A, given the merged weights
+    (rollout.lora_sync=merged) or the adapters alone, which vLLM's LoRA layers apply to the base it read from the
+    model files (rollout.lora_sync=adapter, rollout.vllm.load_format=dummy notwithstanding)."""
+    extra = ["rollout=vllm", "actor.optim.lr=1e-2", "model.lora.rank=8", "model.lora.alpha=16",
+             f"rollout.lora_sync={sync}"]
     cfg, plan = engine_config(tiny_model_path, extra=extra)
     group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
     try:
@@ -148,7 +147,13 @@ def test_vllm_samples_a_lora_policy_from_its_merged_weights(tiny_model_path):
         with torch.no_grad():
             moved = (reference_log_probs(base, fresh, 1.0) - trainer)[mask].abs().max()
         assert moved > 0.05, moved  # the adapters changed the policy ...
-        torch.testing.assert_close(fresh.tensors["rollout_log_probs"][mask], trainer[mask], atol=1e-3, rtol=0)  # ... vLLM has it
+        # ... vLLM has it
+        torch.testing.assert_close(fresh.tensors["rollout_log_probs"][mask], trainer[mask], atol=1e-3, rtol=0)
+        # in its weights (merged), or in the adapter it applies (adapter: the second id, one per update: the
+        # first generation needed none, B = 0 is the base model the engine read; the first adapter was removed)
+        assert group.worker.rollout.llm.llm_engine.vllm_config.lora_config is None or sync == "adapter"
+        if sync == "adapter":
+            assert group.worker.rollout.llm.llm_engine.list_loras() == {2}
     finally:
         group.shutdown()
 
@@ -174,3 +179,12 @@ def test_after_sleep_and_wake_vllm_samples_from_the_new_weights(sleep_level, tin
         torch.testing.assert_close(fresh.tensors["rollout_log_probs"][mask], trainer[mask], atol=1e-3, rtol=0)
     finally:
         group.shutdown()
+
+
+def test_vllm_holds_adapters_at_the_smallest_lora_rank_it_accepts():
+    from rlplat.config import ConfigError
+    from rlplat.rollout.vllm import _vllm_lora_rank
+
+    assert [_vllm_lora_rank(r) for r in (1, 4, 8, 9, 512)] == [1, 8, 8, 16, 512]
+    with pytest.raises(ConfigError, match=r"model.lora.rank=600: vLLM applies LoRA adapters up to rank 512"):
+        _vllm_lora_rank(600)
