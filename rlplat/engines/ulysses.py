@@ -1,0 +1,160 @@
+"""Ulysses sequence parallelism for Hugging Face decoders: one sequence split over the U ranks of a group.
+
+DeepSpeed-Ulysses (Jacobs et al. 2023, "DeepSpeed Ulysses: System Optimizations for Enabling Training of Extreme
+Long Sequence Transformer Models", arXiv:2309.14509). The U ranks of a sequence-parallel group hold the same
+rows; each runs the model on a contiguous 1/U slice of the sequence dimension (:func:`local_slice`), so every
+activation outside attention is 1/U of the sequence's. Attention needs the whole sequence: an all-to-all turns
+the rank's queries, keys and values from all heads of its slice ``[B, H, S/U, D]`` into H/U heads of the whole
+sequence ``[B, H/U, S, D]``, the rank attends over the whole sequence for those heads, and a second all-to-all
+turns the output back into all heads of its slice. Both all-to-alls go through ``torch.distributed`` (gloo on
+CPU, NCCL on GPU) with their gradients (the backward of an all-to-all is the reverse all-to-all).
+
+The hook is transformers' attention-function interface: :data:`ATTENTION` is registered as an attention
+implementation, and a model set to it (``model.config._attn_implementation``, that model only) calls
+:func:`ulysses_attention` from every attention layer. Transformers builds no mask for an implementation it does
+not know; the full sequence's mask comes from the forward's :class:`SequenceShard` (:func:`sharded`): tokens
+attend causally within their sequence, the sequences of a packed row told apart by their position ids
+restarting at 0 (as :mod:`rlplat.engines.packing` lays them out), or, for padded rows, to every real token
+before them.
+
+Each rank's rotary embeddings are its own tokens' (the slice's position ids are the sequence's), so nothing
+else in the layer changes. Query heads must divide by U; key/value heads that do not are repeated to the query
+heads before the all-to-all (more bytes moved, the same result).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+ATTENTION = "rlplat_ulysses"  # the attention implementation a sequence-parallel model is set to
+
+
+@dataclass
+class SequenceShard:
+    """This forward's sequence-parallel facts: the group, and the whole sequence's position ids ``[B, S]`` and
+    attention mask ``[B, S]`` (None: packed rows, whose sequences restart their position ids at 0)."""
+
+    group: dist.ProcessGroup
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+    _mask: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    def mask(self) -> torch.Tensor:
+        """``[B, 1, S, S]`` bool: which keys each query attends to (built once per forward, shared by the layers).
+        A query always sees itself, so a padding token's row is never empty (no NaN to flow back)."""
+        if self._mask is None:
+            length = self.position_ids.shape[-1]
+            device = self.position_ids.device
+            causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+            if self.attention_mask is None:
+                segment = (self.position_ids == 0).cumsum(-1)
+                allowed = causal & (segment[:, :, None] == segment[:, None, :])
+            else:
+                allowed = causal & self.attention_mask.bool()[:, None, :]
+            self._mask = (allowed | torch.eye(length, dtype=torch.bool, device=device))[:, None]
+        return self._mask
+
+
+_current: ContextVar[SequenceShard | None] = ContextVar("rlplat_sequence_shard", default=None)
+
+
+@contextlib.contextmanager
+def sharded(shard: SequenceShard) -> Iterator[SequenceShard]:
+    """Inside the block, the forward of a model set to :data:`ATTENTION` attends as ``shard`` says."""
+    token = _current.set(shard)
+    try:
+        yield shard
+    finally:
+        _current.reset(token)
+
+
+def padded_length(length: int, size: int) -> int:
+    """``length`` rounded up to a multiple of ``size``: every rank's slice has the same length."""
+    return -(-length // size) * size
+
+
+def local_slice(tensor: torch.Tensor, rank: int, size: int, dim: int = 1) -> torch.Tensor:
+    """Rank ``rank``'s contiguous slice of ``tensor`` along ``dim`` (its length a multiple of ``size``)."""
+    length = tensor.shape[dim]
+    if length % size:
+        raise ValueError(f"sequence length {length} does not divide by the sequence-parallel size {size}")
+    return tensor.narrow(dim, rank * (length // size), length // size)
+
+
+def gather_sequence(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int = 1) -> torch.Tensor:
+    """The group's slices of ``tensor`` concatenated along ``dim`` in rank order (its gradient flows back to
+    each rank's slice)."""
+    from torch.distributed._functional_collectives import all_gather_tensor_autograd
+
+    gathered = all_gather_tensor_autograd(tensor.contiguous(), gather_dim=0, group=group)  # [U * first, ...]
+    return torch.cat(gathered.chunk(dist.get_world_size(group)), dim=dim)
+
+
+def _all_to_all(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Chunk ``i`` of ``tensor``'s first dimension to rank ``i``; chunk ``i`` of the result came from rank ``i``."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    return all_to_all_single_autograd(tensor.contiguous(), None, None, group)
+
+
+def heads_to_sequence(x: torch.Tensor, group: dist.ProcessGroup, size: int) -> torch.Tensor:
+    """``[B, H, S/U, D]`` (all heads, this rank's slice) -> ``[B, H/U, S, D]`` (this rank's heads, the whole
+    sequence)."""
+    batch, heads, length, dim = x.shape
+    chunks = x.reshape(batch, size, heads // size, length, dim).transpose(0, 1)  # [U, B, H/U, S/U, D] by head chunk
+    received = _all_to_all(chunks, group)  # [U, B, H/U, S/U, D] by the sender's slice
+    return received.permute(1, 2, 0, 3, 4).reshape(batch, heads // size, size * length, dim)
+
+
+def sequence_to_heads(x: torch.Tensor, group: dist.ProcessGroup, size: int) -> torch.Tensor:
+    """The inverse of :func:`heads_to_sequence`: ``[B, H/U, S, D]`` -> ``[B, H, S/U, D]``."""
+    batch, heads, length, dim = x.shape
+    chunks = x.reshape(batch, heads, size, length // size, dim).permute(2, 0, 1, 3, 4)  # [U, B, H/U, S/U, D]
+    received = _all_to_all(chunks, group)  # [U, B, H/U, S/U, D] by the sender's heads
+    return received.transpose(0, 1).reshape(batch, size * heads, length // size, dim)
+
+
+def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """Transformers' attention-function signature: ``query`` ``[B, H, S/U, D]``, ``key``/``value``
+    ``[B, KV, S/U, D]`` of this rank's slice -> ``[B, S/U, H, D]``, attended over the whole sequence."""
+    shard = _current.get()
+    if shard is None:
+        raise RuntimeError(f"a model set to attn_implementation={ATTENTION!r} runs inside "
+                           "rlplat.engines.ulysses.sharded(...) only")
+    if kwargs.get("sliding_window"):
+        raise NotImplementedError("Ulysses sequence parallelism does not support sliding-window attention yet")
+    size, heads, kv_heads = shard.size, query.shape[1], key.shape[1]
+    if kv_heads % size:  # too few key/value heads to split: every query head gets its own copy
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    query, key, value = (heads_to_sequence(t, shard.group, size) for t in (query, key, value))
+    if key.shape[1] != query.shape[1]:  # grouped-query attention: each key/value head serves a group
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=shard.mask(), dropout_p=dropout, scale=scaling)
+    return sequence_to_heads(out, shard.group, size).transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make :data:`ATTENTION` an attention implementation transformers' models can be set to."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, ulysses_attention)
+

@@ -1,0 +1,103 @@
+"""Ulysses sequence parallelism (rlplat/engines/ulysses.py): a sequence split over U processes on gloo gives one
+unsharded model's per-token log-probs and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from rlplat.engines.dist import free_port
+from rlplat.engines.ulysses import (
+    ATTENTION, SequenceShard, gather_sequence, local_slice, padded_length, register, sharded,
+)
+
+LENGTH = 23  # no multiple of 2 or 4: the last rank's slice ends in padding
+
+
+def _model(attn: str) -> Qwen2ForCausalLM:
+    # 4 query heads over 2 key/value heads: at U = 2 each rank gets one key/value head, at U = 4 they are repeated
+    config = Qwen2Config(vocab_size=50, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=96, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).float()
+    model.set_attn_implementation(attn)
+    return model
+
+
+def _batch(packed: bool):
+    """Two rows of LENGTH tokens, their position ids and attention mask (None when packed), and a weight per
+    predicted token (the loss is their weighted log-probs)."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 50, (2, LENGTH), generator=generator)
+    if packed:  # sequences of 7, 10 and 6 tokens, then 9, 14: position ids restart at 0 for each
+        position_ids = torch.cat([torch.cat([torch.arange(n) for n in lengths])[None]
+                                  for lengths in ([7, 10, 6], [9, 14])])
+        mask = None
+    else:  # left padding before the prompt, right padding after the response
+        mask = torch.ones(2, LENGTH, dtype=torch.long)
+        mask[0, :5] = 0
+        mask[1, -4:] = 0
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    weights = torch.randn(2, LENGTH - 1, generator=generator)
+    if mask is not None:
+        weights = weights * mask[:, 1:] * mask[:, :-1]
+    return ids, position_ids, mask, weights
+
+
+def _log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+def _reference(packed: bool):
+    model = _model("sdpa")
+    ids, position_ids, mask, weights = _batch(packed)
+    logits = model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
+    log_probs = _log_probs(logits[:, :-1], ids[:, 1:])
+    (log_probs * weights).sum().backward()
+    return log_probs.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def _sharded(rank: int, size: int, port: int, out: dict) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    try:
+        register()
+        for packed in (True, False):
+            model = _model(ATTENTION)
+            ids, position_ids, mask, weights = _batch(packed)
+            width = padded_length(LENGTH, size)
+            pad = width - LENGTH  # padding tokens: their own sequence (position 0) or masked out
+            ids = torch.nn.functional.pad(ids, (0, pad))
+            position_ids = torch.nn.functional.pad(position_ids, (0, pad))
+            mask = None if mask is None else torch.nn.functional.pad(mask, (0, pad))
+            weights = torch.nn.functional.pad(weights, (0, pad + 1))  # [B, width]: the token at t predicts t + 1
+            targets = torch.nn.functional.pad(ids[:, 1:], (0, 1))
+            with sharded(SequenceShard(dist.group.WORLD, position_ids, mask)):
+                logits = model(input_ids=local_slice(ids, rank, size),
+                               position_ids=local_slice(position_ids, rank, size), use_cache=False).logits
+            log_probs = _log_probs(logits, local_slice(targets, rank, size))
+            (log_probs * local_slice(weights, rank, size)).sum().backward()
+            for p in model.parameters():  # the group's loss is the sum of its ranks' slices
+                dist.all_reduce(p.grad)
+            full = gather_sequence(log_probs.detach(), dist.group.WORLD)[:, :LENGTH - 1]
+            if rank == 0:
+                out[packed] = (full, {name: p.grad for name, p in model.named_parameters()})
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_sequence_split_over_ranks_gives_the_unsharded_log_probs_and_gradients(size):
+    # U = 2: one key/value head per rank; U = 4: the two key/value heads repeated to the four query heads
+    out = mp.Manager().dict()
+    mp.start_processes(_sharded, args=(size, free_port(), out), nprocs=size, start_method="spawn")
+    for packed in (True, False):  # packed rows (sequences told apart by their position ids), padded rows
+        log_probs, grads = _reference(packed)
+        sharded_log_probs, sharded_grads = out[packed]
+        real = torch.ones_like(log_probs, dtype=torch.bool) if packed else _batch(False)[3] != 0
+        torch.testing.assert_close(sharded_log_probs[real], log_probs[real], atol=1e-5, rtol=0)
+        assert grads.keys() == sharded_grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(sharded_grads[name], grad, atol=1e-5, rtol=1e-5, msg=f"{packed=} {name}")
