@@ -56,6 +56,7 @@ VERL = {
     'actor_rollout_ref.actor.fsdp_config.reshard_after_forward': 'actor.fsdp.reshard_after_forward',
     'actor_rollout_ref.ref.fsdp_config.param_offload': 'ref.fsdp.param_offload',
     'actor_rollout_ref.actor.megatron.tensor_model_parallel_size': 'actor.megatron.tensor_model_parallel_size',
+    'actor_rollout_ref.actor.ulysses_sequence_parallel_size': 'actor.fsdp.ulysses_size, ref.fsdp.ulysses_size',
     'actor_rollout_ref.rollout.name': 'rollout.name',
     'actor_rollout_ref.rollout.n': 'rollout.n',
     'actor_rollout_ref.rollout.temperature': 'rollout.temperature, rollout.top_p, rollout.top_k',

@@ -97,6 +97,9 @@ class FSDPConfig:
     # forward passes on each micro-batch's sequences packed end to end, without padding (position ids restart
     # per sequence; checked against the padded forward at start-up, padded if the model differs)
     pack_sequences: bool = True
+    # Ulysses sequence parallelism: each sequence split over this many workers, which attend over the whole
+    # sequence for 1/U of the heads each (must divide the attention heads and the workers; docs/long_context.md)
+    ulysses_size: int = count(1)
 
 
 @dataclass

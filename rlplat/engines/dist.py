@@ -48,12 +48,21 @@ class DistContext:
 
         return init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
 
-    def all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
-        """Sum (or ``op="max"``) a few Python numbers over all ranks (e.g. global token counts for the loss)."""
+    def replica_groups(self, size: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+        """For replicas of ``size`` consecutive ranks: this rank's group across the replicas (the ranks at its
+        place in each) and its replica's group. Every rank must call it, in the same order."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(self.device.type, (self.world_size // size, size), mesh_dim_names=("dp", "sp"))
+        return mesh.get_group("dp"), mesh.get_group("sp")
+
+    def all_reduce(self, values: list[float], op: str = "sum", group: dist.ProcessGroup | None = None) -> list[float]:
+        """Sum (or ``op="max"``) a few Python numbers over all ranks, or ``group`` (e.g. global token counts for
+        the loss)."""
         if self.world_size == 1:
             return list(values)
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=REDUCE_OPS[op])
+        dist.all_reduce(tensor, op=REDUCE_OPS[op], group=group)
         return tensor.tolist()
 
 

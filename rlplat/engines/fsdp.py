@@ -35,6 +35,9 @@ from rlplat.engines.lora import adapters_disabled, inject_lora, merged, owner
 from rlplat.engines.optim import Optimizer
 from rlplat.engines.packing import PackedBatch
 from rlplat.engines.token_head import TokenOutputLM
+from rlplat.engines.ulysses import ATTENTION as ULYSSES
+from rlplat.engines.ulysses import SequenceShard, check_heads, known_heads, sharded, split_rows
+from rlplat.engines.ulysses import register as register_ulysses
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask, response_log_probs
 
@@ -69,6 +72,16 @@ class FSDPEngine(TrainingEngine):
                               "on CPU the FSDP engine computes in float32 (auto or none)")
         if engine_cfg.param_offload and device != "cuda":
             raise ConfigError(f"{key}.param_offload needs a GPU (trainer.device resolved to {device})")
+        sp = engine_cfg.ulysses_size
+        if sp > 1 and world_size % sp:
+            raise ConfigError(f"{key}.ulysses_size={sp} splits each sequence over {sp} workers, and must divide the "
+                              f"{world_size} workers the {role} runs on")
+        if sp > 1 and (heads := known_heads(cfg.model)) is not None:
+            check_heads(heads, sp, f"{key}.ulysses_size")
+        actor_sp = cfg.actor.fsdp.ulysses_size if cfg.actor.strategy == "fsdp" else 1
+        if role == "ref" and cfg.ref.placement == "colocated" and sp not in (1, actor_sp):
+            raise ConfigError(f"{key}.ulysses_size={sp}: a colocated reference splits its sequences over the "
+                              f"actor's groups (actor.fsdp.ulysses_size={actor_sp}) or not at all (1)")
 
     def __init__(
         self,
@@ -84,6 +97,15 @@ class FSDPEngine(TrainingEngine):
     ):
         self.ctx, self.value_head = dist_ctx, value_head
         module = load_hf_model(model_path, model_cfg, value_head)
+        # Ulysses sequence parallelism (fsdp.ulysses_size): each replica is a group of sp_size consecutive ranks
+        # that run one micro-batch, each on a slice of its sequences
+        self.sp_size, self.sp_group, self.dp_group = fsdp_cfg.ulysses_size, None, None
+        self._sequence_shard: SequenceShard | None = None  # the last forward's, for a backward that recomputes it
+        if self.sp_size > 1:
+            check_heads(module.config.num_attention_heads, self.sp_size, "fsdp.ulysses_size")
+            register_ulysses()
+            module.set_attn_implementation(ULYSSES)
+            self.dp_group, self.sp_group = dist_ctx.replica_groups(self.sp_size)
         # LoRA adapters (model.lora, the actor only; initialised from ``seed`` alike on every rank): the scaling
         # of each adapted layer by its name
         self.lora_scalings = inject_lora(module, lora, seed) if lora is not None and lora.rank else {}
@@ -149,29 +171,41 @@ class FSDPEngine(TrainingEngine):
         device = self.ctx.device
         inputs = {"input_ids": rows.input_ids.to(device), "position_ids": rows.position_ids.to(device),
                   "attention_mask": t["attention_mask"].to(device) if masked else None}
-        with torch.set_grad_enabled(grad):
+        positions, targets = rows.flat_index.to(device), rows.targets.to(device)
+        shard, combine = contextlib.nullcontext(), lambda values: values
+        if self.sp_group is not None:  # this rank's slice of the rows; the outputs combined over the group
+            local = split_rows(inputs["input_ids"], inputs["position_ids"], inputs["attention_mask"], positions,
+                               self.sp_group)
+            inputs = {"input_ids": local.input_ids, "position_ids": local.position_ids, "attention_mask": None}
+            positions, targets, combine = local.positions, targets[local.held], local.combine
+            shard = sharded(local.shard)
+            self._sequence_shard = local.shard if grad else None
+
+        def out(values: torch.Tensor) -> torch.Tensor:  # [N] -> [B, R]
+            return rows.scatter(combine(values))
+
+        with torch.set_grad_enabled(grad), shard:
             if self.chunked_head:
                 log_prob, entropy, sum_sq = self._model(
-                    **inputs, positions=rows.flat_index.to(device), targets=rows.targets.to(device),
-                    temperature=temperature, need_entropy=need_entropy, need_sum_pi_squared=need_sum_pi_squared)
+                    **inputs, positions=positions, targets=targets, temperature=temperature,
+                    need_entropy=need_entropy, need_sum_pi_squared=need_sum_pi_squared)
                 return ForwardOutput(
-                    log_probs=rows.scatter(log_prob),
-                    entropy=rows.scatter(entropy) if need_entropy else None,
-                    sum_pi_squared=rows.scatter(sum_sq) if need_sum_pi_squared else None,
+                    log_probs=out(log_prob),
+                    entropy=out(entropy) if need_entropy else None,
+                    sum_pi_squared=out(sum_sq) if need_sum_pi_squared else None,
                 )
             if self.value_head:
-                values = self._model(**inputs, use_cache=False).logits.reshape(-1)[rows.flat_index.to(device)]
-                return ForwardOutput(values=rows.scatter(values.float()))
+                values = self._model(**inputs, use_cache=False).logits.reshape(-1)[positions]
+                return ForwardOutput(values=out(values.float()))
             from rlplat.algorithms import entropy_from_logits
 
             logits = self._model(**inputs, use_cache=False).logits
-            logits = logits.reshape(-1, logits.shape[-1])[rows.flat_index.to(device)]
-            log_probs, scaled = response_log_probs(logits, rows.targets.to(device), temperature)
+            logits = logits.reshape(-1, logits.shape[-1])[positions]
+            log_probs, scaled = response_log_probs(logits, targets, temperature)
             return ForwardOutput(
-                log_probs=rows.scatter(log_probs),
-                entropy=rows.scatter(entropy_from_logits(scaled)) if need_entropy else None,
-                sum_pi_squared=rows.scatter(torch.softmax(scaled, dim=-1).square().sum(-1)) if need_sum_pi_squared
-                else None,
+                log_probs=out(log_probs),
+                entropy=out(entropy_from_logits(scaled)) if need_entropy else None,
+                sum_pi_squared=out(torch.softmax(scaled, dim=-1).square().sum(-1)) if need_sum_pi_squared else None,
             )
 
     def _packing_matches_padding(self) -> bool:
@@ -193,15 +227,20 @@ class FSDPEngine(TrainingEngine):
 
     @property
     def layout(self) -> ParallelLayout:
-        return ParallelLayout(dp_rank=self.ctx.rank, dp_size=self.ctx.world_size)  # every rank is a replica
+        # every rank is a replica; with Ulysses, every group of sp_size ranks (its first rank answers)
+        return ParallelLayout(dp_rank=self.ctx.rank // self.sp_size, dp_size=self.ctx.world_size // self.sp_size,
+                              collects=self.ctx.rank % self.sp_size == 0)
 
     def all_reduce_dp(self, values: list[float], op: str = "sum") -> list[float]:
-        return self.ctx.all_reduce(values, op)
+        return self.ctx.all_reduce(values, op, group=self.dp_group)
 
     def backward(self, loss: torch.Tensor) -> None:
         # FSDP averages gradients over the ranks; the losses are normalised by global denominators and
-        # must be summed over ranks instead.
-        (loss * self.ctx.world_size).backward()
+        # must be summed over the replicas instead. With Ulysses every rank of a replica computes the replica's
+        # loss, and the outputs' combination sums its ranks' gradients (ulysses.LocalRows.combine): the replica
+        # size is already in them.
+        with sharded(self._sequence_shard) if self._sequence_shard is not None else contextlib.nullcontext():
+            (loss * (self.ctx.world_size // self.sp_size)).backward()
 
     def _state_options(self):
         """With LoRA a checkpoint holds the adapters (and their optimizer state), not the frozen base weights,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -69,17 +68,21 @@ class SequenceShard:
         return self._mask
 
 
-_current: ContextVar[SequenceShard | None] = ContextVar("rlplat_sequence_shard", default=None)
+# the forward's shard: a module global, not a context variable, because the backward pass, where gradient
+# checkpointing runs the forward again, may run in autograd's own threads
+_current: SequenceShard | None = None
 
 
 @contextlib.contextmanager
 def sharded(shard: SequenceShard) -> Iterator[SequenceShard]:
-    """Inside the block, the forward of a model set to :data:`ATTENTION` attends as ``shard`` says."""
-    token = _current.set(shard)
+    """Inside the block (a forward, or a backward that recomputes one), a model set to :data:`ATTENTION`
+    attends as ``shard`` says."""
+    global _current
+    previous, _current = _current, shard
     try:
         yield shard
     finally:
-        _current.reset(token)
+        _current = previous
 
 
 def padded_length(length: int, size: int) -> int:
@@ -102,6 +105,48 @@ def gather_sequence(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int = 1
 
     gathered = all_gather_tensor_autograd(tensor.contiguous(), gather_dim=0, group=group)  # [U * first, ...]
     return torch.cat(gathered.chunk(dist.get_world_size(group)), dim=dim)
+
+
+@dataclass
+class LocalRows:
+    """One rank's part of a micro-batch's rows ``[rows, width]``: its slice of each row (the rows padded to a
+    width that divides by U) and the output positions that fall in it."""
+
+    input_ids: torch.Tensor  # [rows, slice]
+    position_ids: torch.Tensor  # [rows, slice]
+    positions: torch.Tensor  # [n] flat indices into the local rows of the output positions held here
+    held: torch.Tensor  # [N] bool: which of the micro-batch's N output positions those are
+    shard: SequenceShard
+
+    def combine(self, values: torch.Tensor) -> torch.Tensor:
+        """This rank's outputs ``[n]`` -> all ``N`` positions' (each computed by one rank), the same on every rank
+        of the group. Its backward sums the group's gradients, so each rank's outputs get U times the gradient
+        of a loss that every rank computes alike: the engine scales its loss by the data-parallel size, not the
+        world size (:meth:`rlplat.engines.fsdp.FSDPEngine.backward`)."""
+        from torch.distributed._functional_collectives import all_gather_tensor_autograd
+
+        full = values.new_zeros(self.held.shape[0]).masked_scatter(self.held, values)
+        gathered = all_gather_tensor_autograd(full, gather_dim=0, group=self.shard.group)
+        return gathered.view(self.shard.size, -1).sum(0)
+
+
+def split_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+               flat_index: torch.Tensor, group: dist.ProcessGroup) -> LocalRows:
+    """This rank's :class:`LocalRows` of the rows ``[rows, width]`` whose outputs are wanted at ``flat_index``
+    (flat positions in the rows); ``attention_mask`` None: packed rows. Padding added to the rows' end is a
+    sequence of its own (packed) or masked out (padded)."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    rows, width = input_ids.shape
+    pad = padded_length(width, size) - width
+    input_ids, position_ids = (torch.nn.functional.pad(t, (0, pad)) for t in (input_ids, position_ids))
+    if attention_mask is not None:
+        attention_mask = torch.nn.functional.pad(attention_mask, (0, pad))
+    length = (width + pad) // size
+    row, col = flat_index // width, flat_index % width
+    held = (col >= rank * length) & (col < (rank + 1) * length)
+    return LocalRows(local_slice(input_ids, rank, size), local_slice(position_ids, rank, size),
+                     row[held] * length + col[held] - rank * length, held,
+                     SequenceShard(group, position_ids, attention_mask))
 
 
 def _all_to_all(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -133,7 +178,7 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       **kwargs) -> tuple[torch.Tensor, None]:
     """Transformers' attention-function signature: ``query`` ``[B, H, S/U, D]``, ``key``/``value``
     ``[B, KV, S/U, D]`` of this rank's slice -> ``[B, S/U, H, D]``, attended over the whole sequence."""
-    shard = _current.get()
+    shard = _current
     if shard is None:
         raise RuntimeError(f"a model set to attn_implementation={ATTENTION!r} runs inside "
                            "rlplat.engines.ulysses.sharded(...) only")
@@ -158,3 +203,28 @@ def register() -> None:
 
     AttentionInterface.register(ATTENTION, ulysses_attention)
 
+
+
+def check_heads(heads: int, size: int, key: str) -> None:
+    """One config-error line when ``heads`` attention heads cannot be split over ``size`` ranks."""
+    from rlplat.config.errors import ConfigError
+
+    if heads % size:
+        raise ConfigError(f"{key}={size}: each of the {size} ranks attends with 1/{size} of the heads, and the model "
+                          f"has {heads} attention heads (num_attention_heads must divide by {key})")
+
+
+def known_heads(model_cfg) -> int | None:
+    """The attention heads of ``model.path`` when they are known without downloading (the embedded model, a
+    local directory); None for a hub id (checked when the model loads)."""
+    import os
+
+    from rlplat.models.embedded import SPEC, is_embedded
+
+    if is_embedded(model_cfg.path):
+        return SPEC.num_attention_heads
+    if not os.path.isfile(os.path.join(model_cfg.path, "config.json")):
+        return None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code).num_attention_heads

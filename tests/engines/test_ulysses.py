@@ -17,6 +17,25 @@ from rlplat.engines.ulysses import (
 LENGTH = 23  # no multiple of 2 or 4: the last rank's slice ends in padding
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["trainer.workers_per_node=3", "rollout.n=3", "actor.fsdp.ulysses_size=2"],
+     r"actor.fsdp.ulysses_size=2 splits each sequence over 2 workers, and must divide the 3 workers the actor runs on"),
+    (["trainer.workers_per_node=3", "rollout.n=3", "actor.fsdp.ulysses_size=3"],
+     r"actor.fsdp.ulysses_size=3: each of the 3 ranks attends with 1/3 of the heads, and the model has 4 attention "
+     r"heads"),
+    (["trainer.workers_per_node=4", "actor.fsdp.ulysses_size=2", "ref.fsdp.ulysses_size=4", "algorithm.use_kl_loss=true"],
+     r"ref.fsdp.ulysses_size=4: a colocated reference splits its sequences over the actor's groups "
+     r"\(actor.fsdp.ulysses_size=2\) or not at all"),
+    (["actor.fsdp.ulysses_size=0"], r"actor.fsdp.ulysses_size must be >= 1"),
+])
+def test_ulysses_sizes_are_checked(extra, message):
+    from rlplat.config import ConfigError
+    from rlplat.trainer.run import load_run_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(extra)
+
+
 def _model(attn: str) -> Qwen2ForCausalLM:
     # 4 query heads over 2 key/value heads: at U = 2 each rank gets one key/value head, at U = 4 they are repeated
     config = Qwen2Config(vocab_size=50, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -101,3 +120,52 @@ def test_a_sequence_split_over_ranks_gives_the_unsharded_log_probs_and_gradients
         assert grads.keys() == sharded_grads.keys()
         for name, grad in grads.items():
             torch.testing.assert_close(sharded_grads[name], grad, atol=1e-5, rtol=1e-5, msg=f"{packed=} {name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [2, 4])
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
+def test_ulysses_workers_on_ray_score_and_step_as_one_unsharded_worker(ray_cluster, tiny_model_path, workers, pack):
+    """actor.fsdp.ulysses_size = the world (one replica): the log-probs, the entropies, the loss and the gradients
+    (their norm before clipping, and the step they make) are one unsharded worker's on the same batch. The tiny
+    model has 4 query and 2 key/value heads: at U = 4 the key/value heads are repeated, and the layers recompute
+    their forward (all-to-alls included) in the backward pass (gradient checkpointing)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlplat.algorithms import entropy_from_logits
+    from rlplat.controller import RayWorkerGroup, ResourcePool
+    from rlplat.workers.roles import ActorRolloutRefWorker
+    from workers.helpers import engine_config, prompt_batch, reference_log_probs, unsharded_step, with_training_fields
+
+    cfg, plan = engine_config(tiny_model_path, workers=workers, extra=[
+        f"actor.fsdp.ulysses_size={workers}", f"actor.fsdp.pack_sequences={pack}", "actor.optim.grad_clip=1e9",
+        f"model.gradient_checkpointing={workers == 4}"])
+    pool = ResourcePool(nnodes=1, workers_per_node=workers, device="cpu").create()
+    group = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=False)
+        assert [layout.dp_size for layout in group.layouts()] == [1] * workers
+        torch.manual_seed(0)
+        out = group.generate_sequences(prompt_batch(tiny_model_path, temperature=1.0))
+        mask = out.tensors["response_mask"].bool()
+        scored = group.compute_log_probs(out, entropy=True)
+        plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        with torch.no_grad():
+            expected = reference_log_probs(plain, out, 1.0)
+            logits = plain(input_ids=out.tensors["input_ids"], attention_mask=out.tensors["attention_mask"],
+                           position_ids=out.tensors["position_ids"]).logits[:, -mask.shape[1] - 1:-1]
+        torch.testing.assert_close(scored.tensors["old_log_probs"][mask], expected[mask], atol=1e-5, rtol=0)
+        torch.testing.assert_close(scored.tensors["entropy"][mask], entropy_from_logits(logits.float())[mask],
+                                   atol=1e-5, rtol=0)
+
+        train = with_training_fields(out)
+        metrics = group.update_actor(train)[0]
+        reference = unsharded_step(tiny_model_path, cfg, train, plan.loss_scale_factor)
+        assert metrics["grad_norm"] == pytest.approx(reference.grad_norm, rel=1e-5)
+        assert metrics["actor/pg_loss"] == pytest.approx(reference.metrics["actor/pg_loss"], rel=1e-5, abs=1e-7)
+        per_rank = group.actor_weights()
+        for name, tensor in reference.weights.items():
+            torch.testing.assert_close(per_rank[0][name], tensor, atol=1e-5, rtol=1e-5)
+    finally:
+        group.shutdown()
+        pool.release()

@@ -127,6 +127,23 @@ def test_two_workers_fsdp_over_ray(embedded_cache, small_val, tmp_path, ray_clus
 
 
 @pytest.mark.slow
+def test_two_workers_splitting_each_sequence_reproduce_one_worker(embedded_cache, small_val, tmp_path, ray_cluster):
+    # Ulysses (actor.fsdp.ulysses_size=2): one replica of two workers, each holding half of every sequence; the
+    # reference (KL loss) splits its sequences alike
+    ulysses = ["trainer.workers_per_node=2", "actor.fsdp.ulysses_size=2", "ref.fsdp.ulysses_size=2"]
+    train(overrides(tmp_path / "one", 3, small_val, "trainer.ray_address=inprocess"))
+    train(overrides(tmp_path / "split", 3, small_val, *ulysses))
+    one, split = metrics(tmp_path / "one"), metrics(tmp_path / "split")
+    for step in (1, 2, 3):
+        expected = comparable(one[step])
+        assert split[step].pop("batch/replica_token_imbalance") == 1.0  # reported with several workers: 1 replica
+        assert comparable(split[step]).keys() == expected.keys()
+        for key, value in expected.items():
+            assert split[step][key] == pytest.approx(value, rel=1e-4, abs=1e-4), (step, key)
+    assert comparable(one[2]) != comparable(one[3])  # the steps differ: the comparison means something
+
+
+@pytest.mark.slow
 def test_two_node_ray_cluster(embedded_cache, small_val, tmp_path):
     import ray
     from ray.cluster_utils import Cluster

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,7 +55,14 @@ def reference_log_probs(model, batch: Batch, temperature: float) -> torch.Tensor
     return response_log_probs(logits, t["responses"], temperature)[0]
 
 
-def single_process_step(model_path: str, cfg, batch: Batch, loss_scale_factor: float) -> dict[str, torch.Tensor]:
+@dataclass
+class UnshardedStep:
+    weights: dict[str, torch.Tensor]  # after the step
+    metrics: dict[str, float]  # the loss function's
+    grad_norm: float  # before clipping
+
+
+def unsharded_step(model_path: str, cfg, batch: Batch, loss_scale_factor: float) -> UnshardedStep:
     """One AdamW step of an unsharded model on the whole batch, with the same loss and settings."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     optim = cfg.actor.optim
@@ -62,11 +71,16 @@ def single_process_step(model_path: str, cfg, batch: Batch, loss_scale_factor: f
     temperature = batch.meta["temperature"]
     fwd = ForwardOutput(log_probs=reference_log_probs(model, batch, temperature))
     denominators = LossDenominators.from_mask(batch.tensors["response_mask"])
-    loss, _ = actor_loss(fwd, batch, cfg.algorithm, denominators, loss_scale_factor)
+    loss, metrics = actor_loss(fwd, batch, cfg.algorithm, denominators, loss_scale_factor)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
     opt.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return UnshardedStep({k: v.detach().clone() for k, v in model.state_dict().items()}, metrics, float(grad_norm))
+
+
+def single_process_step(model_path: str, cfg, batch: Batch, loss_scale_factor: float) -> dict[str, torch.Tensor]:
+    """The weights after :func:`unsharded_step`."""
+    return unsharded_step(model_path, cfg, batch, loss_scale_factor).weights
 
 
 def with_training_fields(rollout: Batch, seed: int = 0) -> Batch:
