@@ -52,6 +52,8 @@ RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inproces
 #   ROLLOUT_WORKERS     rollout.workers_per_node: rollout workers (devices) per node of the separate pool
 #   ASYNC_STEPS         trainer.async_steps: steps the separate rollout pool generates ahead (0 = in turn)
 #   LORA_RANK           model.lora.rank: LoRA adapters of this rank on the actor (docs/lora.md; 0 = off)
+#   ULYSSES             actor.fsdp.ulysses_size and ref.fsdp.ulysses_size: workers each sequence is split over
+#                       (Ulysses sequence parallelism, FSDP; docs/long_context.md)
 if [ -z "${PYTHON:-}" ]; then            # the checkout's venv (scripts/setup.sh) when there is one
     if [ -x "$REPO_DIR/.venv/bin/python" ]; then PYTHON="$REPO_DIR/.venv/bin/python"; else PYTHON=python; fi
 fi
@@ -89,6 +91,7 @@ run_rlplat() {
     optional ROLLOUT_WORKERS rollout.workers_per_node
     optional ASYNC_STEPS trainer.async_steps
     optional LORA_RANK model.lora.rank
+    optional ULYSSES actor.fsdp.ulysses_size ref.fsdp.ulysses_size
     set -x
     "$PYTHON" -m rlplat.trainer.main \
         "algorithm=$ALGO" \

@@ -12,10 +12,10 @@ CPU, NCCL on GPU) with their gradients (the backward of an all-to-all is the rev
 The hook is transformers' attention-function interface: :data:`ATTENTION` is registered as an attention
 implementation, and a model set to it (``model.config._attn_implementation``, that model only) calls
 :func:`ulysses_attention` from every attention layer. Transformers builds no mask for an implementation it does
-not know; the full sequence's mask comes from the forward's :class:`SequenceShard` (:func:`sharded`): tokens
-attend causally within their sequence, the sequences of a packed row told apart by their position ids
-restarting at 0 (as :mod:`rlplat.engines.packing` lays them out), or, for padded rows, to every real token
-before them.
+not know; the sequences come from the forward's :class:`SequenceShard` (:func:`sharded`): a packed row's told
+apart by their position ids restarting at 0 (as :mod:`rlplat.engines.packing` lays them out), a padded row's
+the span of its real tokens. Each rank attends causally within each sequence, one fused attention call per
+sequence without a mask, so attention memory grows with the sequence, not its square.
 
 Each rank's rotary embeddings are its own tokens' (the slice's position ids are the sequence's), so nothing
 else in the layer changes. Query heads must divide by U; key/value heads that do not are repeated to the query
@@ -42,7 +42,7 @@ class SequenceShard:
     group: dist.ProcessGroup
     position_ids: torch.Tensor
     attention_mask: torch.Tensor | None = None
-    _mask: torch.Tensor | None = field(default=None, repr=False)
+    _segments: list[list[tuple[int, int]]] | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
@@ -52,20 +52,22 @@ class SequenceShard:
     def rank(self) -> int:
         return dist.get_rank(self.group)
 
-    def mask(self) -> torch.Tensor:
-        """``[B, 1, S, S]`` bool: which keys each query attends to (built once per forward, shared by the layers).
-        A query always sees itself, so a padding token's row is never empty (no NaN to flow back)."""
-        if self._mask is None:
-            length = self.position_ids.shape[-1]
-            device = self.position_ids.device
-            causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-            if self.attention_mask is None:
-                segment = (self.position_ids == 0).cumsum(-1)
-                allowed = causal & (segment[:, :, None] == segment[:, None, :])
-            else:
-                allowed = causal & self.attention_mask.bool()[:, None, :]
-            self._mask = (allowed | torch.eye(length, dtype=torch.bool, device=device))[:, None]
-        return self._mask
+    def segments(self) -> list[list[tuple[int, int]]]:
+        """Each row's sequences as ``(start, end)`` spans (found once per forward, shared by the layers): where the
+        position ids restart at 0 (packed rows), or the span of real tokens (padded rows; padding outside it)."""
+        if self._segments is None:
+            self._segments = []
+            for row, positions in enumerate(self.position_ids.tolist()):
+                if self.attention_mask is None:
+                    starts = [i for i, p in enumerate(positions) if p == 0 or i == 0]
+                    self._segments.append(list(zip(starts, [*starts[1:], len(positions)])))
+                    continue
+                real = self.attention_mask[row].nonzero().flatten().tolist()
+                if real and real[-1] - real[0] + 1 != len(real):
+                    raise ValueError("Ulysses attention takes padded rows whose real tokens are one run (padding "
+                                     "before and after them only)")
+                self._segments.append([(real[0], real[-1] + 1)] if real else [])
+        return self._segments
 
 
 # the forward's shard: a module global, not a context variable, because the backward pass, where gradient
@@ -101,9 +103,9 @@ def local_slice(tensor: torch.Tensor, rank: int, size: int, dim: int = 1) -> tor
 def gather_sequence(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int = 1) -> torch.Tensor:
     """The group's slices of ``tensor`` concatenated along ``dim`` in rank order (its gradient flows back to
     each rank's slice)."""
-    from torch.distributed._functional_collectives import all_gather_tensor_autograd
+    from torch.distributed._functional_collectives import all_gather_single_autograd
 
-    gathered = all_gather_tensor_autograd(tensor.contiguous(), gather_dim=0, group=group)  # [U * first, ...]
+    gathered = all_gather_single_autograd(tensor.contiguous(), gather_dim=0, group=group)  # [U * first, ...]
     return torch.cat(gathered.chunk(dist.get_world_size(group)), dim=dim)
 
 
@@ -123,10 +125,10 @@ class LocalRows:
         of the group. Its backward sums the group's gradients, so each rank's outputs get U times the gradient
         of a loss that every rank computes alike: the engine scales its loss by the data-parallel size, not the
         world size (:meth:`rlplat.engines.fsdp.FSDPEngine.backward`)."""
-        from torch.distributed._functional_collectives import all_gather_tensor_autograd
+        from torch.distributed._functional_collectives import all_gather_single_autograd
 
         full = values.new_zeros(self.held.shape[0]).masked_scatter(self.held, values)
-        gathered = all_gather_tensor_autograd(full, gather_dim=0, group=self.shard.group)
+        gathered = all_gather_single_autograd(full, gather_dim=0, group=self.shard.group)
         return gathered.view(self.shard.size, -1).sum(0)
 
 
@@ -138,7 +140,9 @@ def split_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, attention_ma
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     rows, width = input_ids.shape
     pad = padded_length(width, size) - width
-    input_ids, position_ids = (torch.nn.functional.pad(t, (0, pad)) for t in (input_ids, position_ids))
+    input_ids = torch.nn.functional.pad(input_ids, (0, pad))
+    tail = torch.arange(pad, device=position_ids.device).expand(rows, pad)  # the padding: a sequence of its own
+    position_ids = torch.cat([position_ids, tail], dim=1)
     if attention_mask is not None:
         attention_mask = torch.nn.functional.pad(attention_mask, (0, pad))
     length = (width + pad) // size
@@ -192,9 +196,29 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if key.shape[1] != query.shape[1]:  # grouped-query attention: each key/value head serves a group
         key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
         value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=shard.mask(), dropout_p=dropout, scale=scaling)
+    out = _segment_attention(query, key, value, shard.segments(), dropout, scaling)
     return sequence_to_heads(out, shard.group, size).transpose(1, 2).contiguous(), None
+
+
+def _segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       segments: list[list[tuple[int, int]]], dropout: float, scaling: float | None) -> torch.Tensor:
+    """Causal attention within each segment (``[B, H, S, D]``, the same heads for all three), one fused
+    attention call per segment with no mask (so its memory grows with the segment's length, not its square);
+    zeros outside the segments (padding)."""
+    rows = []
+    for row, spans in enumerate(segments):
+        pieces, end = [], 0
+        for start, stop in spans:
+            if start > end:
+                pieces.append(query.new_zeros(1, query.shape[1], start - end, query.shape[3]))
+            piece = (t[row:row + 1, :, start:stop] for t in (query, key, value))
+            pieces.append(torch.nn.functional.scaled_dot_product_attention(
+                *piece, dropout_p=dropout, is_causal=True, scale=scaling))
+            end = stop
+        if end < query.shape[2]:
+            pieces.append(query.new_zeros(1, query.shape[1], query.shape[2] - end, query.shape[3]))
+        rows.append(torch.cat(pieces, dim=2))
+    return torch.cat(rows)
 
 
 def register() -> None:

@@ -184,6 +184,7 @@ class Layout:
     tp: int = 1
     pp: int = 1
     replicas: int = 1
+    sp: int = 1  # FSDP's Ulysses size: each worker holds 1/sp of every sequence's activations
 
 
 def layout(cfg: DictConfig, role: str, world: int) -> Layout:
@@ -193,7 +194,8 @@ def layout(cfg: DictConfig, role: str, world: int) -> Layout:
         tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
         dp = max(1, world // (tp * pp))
         return Layout("megatron", tp * pp, tp * pp * (dp if m.use_distributed_optimizer else 1), tp, pp, dp)
-    return Layout("fsdp", world, world, replicas=world)
+    sp = section.fsdp.ulysses_size
+    return Layout("fsdp", world, world, replicas=max(1, world // sp), sp=sp)
 
 
 def actor_state(shape: ModelShape, lay: Layout, compute_bytes: int, cfg: DictConfig, trained: bool,
@@ -250,12 +252,13 @@ def activation_bytes(shape: ModelShape, cfg: DictConfig, lay: Layout, tokens: in
         head = tokens * shape.vocab / lay.tp * compute_bytes + 3 * 4 * response_tokens * shape.vocab / lay.tp
     else:
         per_token = shape.saved_bytes_per_token(compute_bytes)
-        if cfg.model.attn_implementation == "eager":
+        if cfg.model.attn_implementation == "eager" and lay.sp == 1:  # Ulysses attends with its own fused calls
             per_token += shape.eager_attention_extra(seq, compute_bytes)
         recompute = cfg.model.gradient_checkpointing
         chunk_rows = max(1, HEAD_CHUNK_BYTES // (4 * shape.vocab))
         head = HEAD_CHUNK_TENSORS * 4 * shape.vocab * min(chunk_rows, response_tokens) \
             + response_tokens * shape.hidden * compute_bytes  # the response positions' hidden states
+        tokens, head = -(-tokens // lay.sp), head / lay.sp  # Ulysses: this worker's slice of the sequences
     if not grad:
         return {"activations (one layer at a time)": per_token * tokens, "output layer": head}
     if recompute:

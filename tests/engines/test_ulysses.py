@@ -127,9 +127,11 @@ def test_a_sequence_split_over_ranks_gives_the_unsharded_log_probs_and_gradients
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
 def test_ulysses_workers_on_ray_score_and_step_as_one_unsharded_worker(ray_cluster, tiny_model_path, workers, pack):
     """actor.fsdp.ulysses_size = the world (one replica): the log-probs, the entropies, the loss and the gradients
-    (their norm before clipping, and the step they make) are one unsharded worker's on the same batch. The tiny
-    model has 4 query and 2 key/value heads: at U = 4 the key/value heads are repeated, and the layers recompute
-    their forward (all-to-alls included) in the backward pass (gradient checkpointing)."""
+    are one unsharded worker's on the same batch: the gradients' norm before clipping, and each gradient (with
+    AdamW's lr and eps at 1000 its first step moves every weight by lr g / (|g| + eps), about its gradient, so the
+    weights after the step compare the gradients). The tiny model has 4 query and 2 key/value heads: at U = 4 the
+    key/value heads are repeated, and the layers recompute their forward (all-to-alls included) in the backward
+    pass (gradient checkpointing)."""
     from transformers import AutoModelForCausalLM
 
     from rlplat.algorithms import entropy_from_logits
@@ -139,6 +141,7 @@ def test_ulysses_workers_on_ray_score_and_step_as_one_unsharded_worker(ray_clust
 
     cfg, plan = engine_config(tiny_model_path, workers=workers, extra=[
         f"actor.fsdp.ulysses_size={workers}", f"actor.fsdp.pack_sequences={pack}", "actor.optim.grad_clip=1e9",
+        "actor.optim.lr=1000", "actor.optim.eps=1000", "actor.optim.weight_decay=0",
         f"model.gradient_checkpointing={workers == 4}"])
     pool = ResourcePool(nnodes=1, workers_per_node=workers, device="cpu").create()
     group = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg, plan=plan)
@@ -164,6 +167,8 @@ def test_ulysses_workers_on_ray_score_and_step_as_one_unsharded_worker(ray_clust
         assert metrics["grad_norm"] == pytest.approx(reference.grad_norm, rel=1e-5)
         assert metrics["actor/pg_loss"] == pytest.approx(reference.metrics["actor/pg_loss"], rel=1e-5, abs=1e-7)
         per_rank = group.actor_weights()
+        initial = plain.state_dict()
+        assert max((tensor - initial[name]).abs().max() for name, tensor in reference.weights.items()) > 1e-3
         for name, tensor in reference.weights.items():
             torch.testing.assert_close(per_rank[0][name], tensor, atol=1e-5, rtol=1e-5)
     finally:

@@ -220,12 +220,15 @@ def test_gpu_script_composes_and_validates(script, compositions, skip_missing):
     cfg = composed(compositions, script.stem, skip_missing)
     strategy, rollout = script.stem.split("_")[-2:] if "gpu" in str(script) else ("fsdp", "hf")
     lora = strategy == "lora"  # <model>_<task>_lora_<rollout>: LoRA adapters on the FSDP engine (docs/lora.md)
-    strategy = "fsdp" if lora else strategy
+    # <model>_<task>_ulysses_<rollout>: the FSDP engine splitting each sequence (docs/long_context.md)
+    ulysses = strategy == "ulysses"
+    strategy = "fsdp" if lora or ulysses else strategy
     assert cfg["model"]["path"].startswith("Qwen/Qwen2.5-")
     assert cfg["data"]["train_files"].endswith("/train.parquet")
     assert cfg["trainer"]["seed"] == 5 and cfg["actor"]["strategy"] == strategy and cfg["rollout"]["name"] == rollout
     assert cfg["actor"]["optim"]["lr"] == (1e-5 if lora else 1e-6)  # adapters want ~10x full fine-tuning's
     assert (cfg["model"]["lora"]["rank"] > 0) == lora
+    assert (cfg["actor"]["fsdp"]["ulysses_size"] > 1) == ulysses == (cfg["ref"]["fsdp"]["ulysses_size"] > 1)
     megatron = cfg["actor"]["megatron"]  # sequence parallelism comes with tensor parallelism
     assert megatron["sequence_parallel"] == (megatron["tensor_model_parallel_size"] > 1)
     if "multinode" in str(script):

@@ -209,3 +209,21 @@ DOCUMENTED = _documented_plan_commands()
 def test_the_documented_plan_commands_run(args, capsys):
     assert plan_tool.main(args) == 0
     assert "batch ledger (per training step)" in capsys.readouterr().out
+
+
+def test_the_plan_gives_each_ulysses_worker_its_slice_of_the_activations():
+    """actor.fsdp.ulysses_size=2 on 2 workers: one replica, each worker holding half of every sequence's
+    activations (benchmarks/ulysses.py measured 0.57 of U = 1's saved tensors at 8k tokens: docs/long_context.md)."""
+    from rlplat.trainer.run import load_run_config
+
+    from transformers import Qwen2Config
+
+    shape = dry_run.ModelShape.from_config(Qwen2Config(**SPEC_25M))
+    estimates = []
+    for size in (1, 2):
+        cfg, _ = load_run_config(["trainer.workers_per_node=2", f"actor.fsdp.ulysses_size={size}"])
+        lay = dry_run.layout(cfg, "actor", 2)
+        assert (lay.replicas, lay.sp) == (2 // size, size)
+        estimates.append(dry_run.activation_bytes(shape, cfg, lay, 8192, 4096, 4, grad=True, seq=8192))
+    for key, value in estimates[0].items():
+        assert estimates[1][key] == pytest.approx(value / 2), key
