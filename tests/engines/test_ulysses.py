@@ -175,3 +175,41 @@ def test_ulysses_workers_on_ray_score_and_step_as_one_unsharded_worker(ray_clust
     finally:
         group.shutdown()
         pool.release()
+
+
+@pytest.mark.slow
+def test_a_ulysses_critic_values_and_updates_as_one_unsharded_worker(ray_cluster, tiny_model_path):
+    """critic.fsdp.ulysses_size=2 on 2 Ray workers: the values of a batch, the value loss of an update and the
+    values after it are one in-process critic's."""
+    from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool
+    from rlplat.rollout.base import assemble_rollout
+    from rlplat.workers.roles import CriticWorker
+    from workers.helpers import engine_config, prompt_batch
+
+    rollout = prompt_batch(tiny_model_path)
+    responses = torch.randint(10, 20, (len(rollout), 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(len(rollout), 8, dtype=torch.long)
+    mask[0, 5:] = 0
+    batch = assemble_rollout(rollout, responses, mask, torch.zeros(len(rollout), 8))
+    results = []
+    for workers in (1, 2):
+        cfg, plan = engine_config(tiny_model_path, workers=workers, extra=[
+            "algorithm=ppo", "critic.optim.lr=3e-3", f"critic.fsdp.ulysses_size={workers}"])
+        pool = ResourcePool(nnodes=1, workers_per_node=workers, device="cpu").create() if workers > 1 else None
+        group = (RayWorkerGroup(CriticWorker, pool, cfg=cfg, plan=plan) if pool else
+                 InProcessWorkerGroup(CriticWorker, device="cpu", cfg=cfg, plan=plan))
+        try:
+            group.init_model(tiny_model_path)
+            values = group.compute_values(batch).tensors["values"]
+            train = batch.union(type(batch).from_dict({"values": values, "returns": torch.ones(8, 8) * mask}))
+            loss = group.update_critic(train)[0]["critic/vf_loss"]
+            results.append((values, loss, group.compute_values(batch).tensors["values"]))
+        finally:
+            group.shutdown()
+            if pool:
+                pool.release()
+    (values, loss, after), (split_values, split_loss, split_after) = results
+    torch.testing.assert_close(split_values, values, atol=1e-5, rtol=0)
+    assert split_loss == pytest.approx(loss, rel=1e-5)
+    assert (after - values).abs().max() > 1e-3  # the update moved the values ...
+    torch.testing.assert_close(split_after, after, atol=1e-5, rtol=0)  # ... alike
