@@ -100,15 +100,6 @@ def local_slice(tensor: torch.Tensor, rank: int, size: int, dim: int = 1) -> tor
     return tensor.narrow(dim, rank * (length // size), length // size)
 
 
-def gather_sequence(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int = 1) -> torch.Tensor:
-    """The group's slices of ``tensor`` concatenated along ``dim`` in rank order (its gradient flows back to
-    each rank's slice)."""
-    from torch.distributed._functional_collectives import all_gather_single_autograd
-
-    gathered = all_gather_single_autograd(tensor.contiguous(), gather_dim=0, group=group)  # [U * first, ...]
-    return torch.cat(gathered.chunk(dist.get_world_size(group)), dim=dim)
-
-
 @dataclass
 class LocalRows:
     """One rank's part of a micro-batch's rows ``[rows, width]``: its slice of each row (the rows padded to a

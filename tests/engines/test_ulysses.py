@@ -10,9 +10,7 @@ import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlplat.engines.dist import free_port
-from rlplat.engines.ulysses import (
-    ATTENTION, SequenceShard, gather_sequence, local_slice, padded_length, register, sharded,
-)
+from rlplat.engines.ulysses import ATTENTION, SequenceShard, local_slice, padded_length, register, sharded
 
 LENGTH = 23  # no multiple of 2 or 4: the last rank's slice ends in padding
 
@@ -100,7 +98,9 @@ def _sharded(rank: int, size: int, port: int, out: dict) -> None:
             (log_probs * local_slice(weights, rank, size)).sum().backward()
             for p in model.parameters():  # the group's loss is the sum of its ranks' slices
                 dist.all_reduce(p.grad)
-            full = gather_sequence(log_probs.detach(), dist.group.WORLD)[:, :LENGTH - 1]
+            slices = [torch.empty_like(log_probs) for _ in range(size)]
+            dist.all_gather(slices, log_probs.detach().contiguous())
+            full = torch.cat(slices, dim=1)[:, :LENGTH - 1]
             if rank == 0:
                 out[packed] = (full, {name: p.grad for name, p in model.named_parameters()})
     finally:
