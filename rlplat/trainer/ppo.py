@@ -6,7 +6,7 @@
                   passes that do not need the scores follow, it runs as reward_start ... reward_wait around
                   them: the reward worker process scores while the workers compute)
     filter_groups (dynamic sampling only) drop zero-variance groups, sample more prompts
-    balance_batch (several workers only) reorder rows so every data-parallel replica gets ~equal tokens
+    balance_batch (several replicas only) reorder rows so every data-parallel replica gets ~equal tokens
     old_log_probs actor group: log-probs under the policy that sampled (only when the plan's
                   old_policy is "recompute"; the update takes pi_old from its own forward when it
                   starts on-policy, or from the rollout engine: algorithm.old_log_probs)
@@ -421,8 +421,8 @@ class PPOTrainer:
         meaning (they are found by uid), and every later stage sees the same order."""
         lengths = batch.tensors["attention_mask"].sum(-1)
         parts = self.components.actor.layouts()[0].dp_size
-        if len(batch) % parts:
-            return batch  # the calls pad it to a multiple instead; nothing to balance
+        if parts == 1 or len(batch) % parts:
+            return batch  # one replica (workers splitting each sequence or the model), or the calls pad it instead
         order = balanced_order(lengths, parts)
         per_replica = lengths[order].view(parts, -1).sum(-1).float()
         metrics["batch/replica_token_imbalance"] = float(per_replica.max() / per_replica.mean())  # 1 = even
