@@ -36,8 +36,9 @@ from rlplat.engines.optim import Optimizer
 from rlplat.engines.packing import PackedBatch
 from rlplat.engines.token_head import TokenOutputLM
 from rlplat.engines.ulysses import ATTENTION as ULYSSES
-from rlplat.engines.ulysses import SequenceShard, check_heads, known_heads, sharded, split_rows
+from rlplat.engines.ulysses import SequenceShard, check_heads, sharded, split_rows
 from rlplat.engines.ulysses import register as register_ulysses
+from rlplat.models.embedded import known_config
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask, response_log_probs
 
@@ -76,8 +77,8 @@ class FSDPEngine(TrainingEngine):
         if sp > 1 and world_size % sp:
             raise ConfigError(f"{key}.ulysses_size={sp} splits each sequence over {sp} workers, and must divide the "
                               f"{world_size} workers the {role} runs on")
-        if sp > 1 and (heads := known_heads(cfg.model)) is not None:
-            check_heads(heads, sp, f"{key}.ulysses_size")
+        if sp > 1 and (known := known_config(cfg.model)) is not None:
+            check_heads(known.num_attention_heads, sp, f"{key}.ulysses_size")
         actor_sp = cfg.actor.fsdp.ulysses_size if cfg.actor.strategy == "fsdp" else 1
         if role == "ref" and cfg.ref.placement == "colocated" and sp not in (1, actor_sp):
             raise ConfigError(f"{key}.ulysses_size={sp}: a colocated reference splits its sequences over the "

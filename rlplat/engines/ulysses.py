@@ -227,19 +227,3 @@ def check_heads(heads: int, size: int, key: str) -> None:
     if heads % size:
         raise ConfigError(f"{key}={size}: each of the {size} ranks attends with 1/{size} of the heads, and the model "
                           f"has {heads} attention heads (num_attention_heads must divide by {key})")
-
-
-def known_heads(model_cfg) -> int | None:
-    """The attention heads of ``model.path`` when they are known without downloading (the embedded model, a
-    local directory); None for a hub id (checked when the model loads)."""
-    import os
-
-    from rlplat.models.embedded import SPEC, is_embedded
-
-    if is_embedded(model_cfg.path):
-        return SPEC.num_attention_heads
-    if not os.path.isfile(os.path.join(model_cfg.path, "config.json")):
-        return None
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code).num_attention_heads

@@ -37,6 +37,18 @@ def is_embedded(model_path: str) -> bool:
     return model_path in VARIANTS
 
 
+def known_config(model_cfg):
+    """The architecture of ``model.path`` when it is known without downloading: the embedded models' spec
+    (:data:`SPEC`, no vocabulary size) or a local directory's config; None for a hub id (checked when it loads)."""
+    if is_embedded(model_cfg.path):
+        return SPEC
+    if not os.path.isfile(os.path.join(model_cfg.path, "config.json")):
+        return None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("RLPLAT_CACHE", Path.home() / ".cache" / "rlplat"))
 

@@ -48,19 +48,13 @@ from rlplat.protocol import Batch
 def model_shape(model_cfg) -> GPTShape | None:
     """The architecture of ``model.path`` when it is known without downloading (a local directory or the
     embedded model); None for a hub id."""
-    import os
+    from rlplat.models.embedded import SPEC, known_config
 
-    from transformers import AutoConfig
-
-    from rlplat.models.embedded import SPEC, is_embedded
-
-    if is_embedded(model_cfg.path):
+    config = known_config(model_cfg)
+    if config is SPEC:
         return GPTShape(SPEC.num_hidden_layers, SPEC.hidden_size, SPEC.num_attention_heads,
                         SPEC.num_key_value_heads, SPEC.intermediate_size, 0, SPEC.tie_word_embeddings)
-    if not os.path.isfile(os.path.join(model_cfg.path, "config.json")):
-        return None
-    config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
-    return GPTShape.from_hf_config(config)
+    return None if config is None else GPTShape.from_hf_config(config)
 
 
 def _hf_weights(model_path: str, model_cfg, value_head: bool, device: torch.device) -> tuple[dict, int | None]:
