@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoConfig
 
 from rlplat.engines.lora import ADAPTER, merge_adapters, peft_config, save_adapter_dir
 from rlplat.models.embedded import is_embedded
+from rlplat.models.hf_files import SHARD_BYTES, save_hf_model
 from rlplat.trainer.checkpoint import MANIFEST, STEP_DIR, verify
 from rlplat.trainer.preflight import check_model_path
 from rlplat.trainer.run import resolve_model_path
 from rlplat.utils.errors import RunError, debug_traceback
 from rlplat.utils.files import plain_modes
 from rlplat.utils.quiet import quiet_third_party
-from rlplat.workers.roles import export_hf_model
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -97,17 +98,41 @@ def base_model(cfg: DictConfig) -> str:
 ENGINES = ("fsdp", "megatron")
 
 
-def checkpoint_weights(actor_dir: Path, tied_embeddings: bool) -> dict[str, torch.Tensor]:
-    """The full model of a torch.distributed.checkpoint directory, whatever engine, world size and parallel
-    layout wrote it (the optimizer's entries are not read)."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+def checkpoint_weights(actor_dir: Path) -> dict[str, torch.Tensor]:
+    """The whole model of a torch.distributed.checkpoint directory (for a LoRA run: its adapters)."""
+    return {name: tensor for bucket in checkpoint_buckets(actor_dir, bucket_bytes=None) for name, tensor in bucket}
+
+
+def checkpoint_buckets(actor_dir: Path,
+                       bucket_bytes: int | None = SHARD_BYTES) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The weights of a torch.distributed.checkpoint directory, whatever engine, world size and parallel layout
+    wrote it, read a bucket of at most ``bucket_bytes`` at a time (a larger tensor alone; None: all at once),
+    in the order they were written; the optimizer's entries are not read."""
+    import torch.distributed.checkpoint as dcp
 
     if not (actor_dir / ".metadata").is_file():
         raise ExportError(f"{actor_dir}: no .metadata file, so not a torch.distributed.checkpoint directory")
-    weights = dict(_load_state_dict_from_keys(keys={"model"}, checkpoint_id=str(actor_dir))["model"])
-    if tied_embeddings:  # the output layer is the embedding
-        weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
-    return weights
+    stored = dcp.FileSystemReader(str(actor_dir)).read_metadata().state_dict_metadata
+    entries = [(key, meta) for key, meta in stored.items() if key.startswith("model.")]
+    groups: list[list[str]] = [[]]
+    size = 0
+    for key, meta in entries:
+        nbytes = meta.size.numel() * meta.properties.dtype.itemsize
+        if groups[-1] and bucket_bytes is not None and size + nbytes > bucket_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(key)
+        size += nbytes
+    return (_read(actor_dir, keys) for keys in groups if keys)  # checked above, read as they are asked for
+
+
+def _read(actor_dir: Path, keys: list[str]) -> list[tuple[str, torch.Tensor]]:
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is unavailable")
+        read = _load_state_dict_from_keys(keys=set(keys), checkpoint_id=str(actor_dir))["model"]
+    return [(key[len("model."):], read[key[len("model."):]]) for key in keys]
 
 
 def export(ckpt: Path, out: Path, dtype: str = "float32", adapter: bool = False) -> Path:
@@ -120,10 +145,9 @@ def export(ckpt: Path, out: Path, dtype: str = "float32", adapter: bool = False)
         raise ExportError(f"{ckpt}: actor.strategy={cfg.actor.strategy!r} has no exporter; known: "
                           f"{', '.join(ENGINES)}")
     model_path = base_model(cfg)
-    hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
     lora = OmegaConf.select(cfg, "model.lora")
     if lora is not None and lora.rank:
-        adapters = checkpoint_weights(ckpt / "actor", tied_embeddings=False)
+        adapters = checkpoint_weights(ckpt / "actor")
         if adapter:
             export_adapter(adapters, out, model_path, cfg.model)
             return out
@@ -131,13 +155,16 @@ def export(ckpt: Path, out: Path, dtype: str = "float32", adapter: bool = False)
 
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                     trust_remote_code=cfg.model.trust_remote_code).state_dict()
-        weights = merge_adapters(base, adapters, lora)
+        buckets = [list(merge_adapters(base, adapters, lora).items())]
     elif adapter:
         raise ExportError(f"{ckpt}: --adapter writes LoRA adapters, and this run trained every weight "
                           f"(model.lora.rank=0); export it without --adapter")
-    else:
-        weights = checkpoint_weights(ckpt / "actor", bool(getattr(hf_config, "tie_word_embeddings", False)))
-    export_hf_model(weights, str(out), model_path, cfg.model, getattr(torch, dtype))
+    else:  # a bucket at a time: the tool never holds the whole model
+        buckets = checkpoint_buckets(ckpt / "actor")
+    try:
+        save_hf_model(buckets, out, model_path, cfg.model, getattr(torch, dtype))
+    except ValueError as err:
+        raise ExportError(f"{ckpt}: {err}") from None
     return out
 
 

@@ -36,7 +36,7 @@ from rlplat.config.plan import RunPlan
 from rlplat.trainer.components import Components
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import flatten
-from rlplat.workers.roles import EXPORT_TEMP_PREFIX
+from rlplat.models.hf_files import EXPORT_TEMP_PREFIX
 
 STEP_DIR = re.compile(r"step_(\d+)")
 MANIFEST = "manifest.json"

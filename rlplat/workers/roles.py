@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from rlplat.algorithms import LossDenominators
 from rlplat.config.plan import RunPlan
 from rlplat.engines import MicroBatching, ParallelLayout, TrainingEngine
+from rlplat.models.hf_files import save_hf_model
 from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
 from rlplat.rollout.agent_loop import AgentLoop
@@ -30,38 +31,9 @@ from rlplat.rollout.base import NonFiniteLogitsError, RolloutEngine, assemble_ro
 from rlplat.rollout.weight_channel import WeightChannel
 from rlplat.rollout.weight_sync import WeightUpdate, corrupt_for_test, probe_mismatch, weight_mismatch
 from rlplat.utils.errors import RunError
-from rlplat.utils.files import plain_modes
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
 from rlplat.workers.base import Dispatch, Worker, register
 from rlplat.workers.engine_setup import build_agent_loop, build_rollout_engine, build_training_engine
-
-
-EXPORT_TEMP_PREFIX = ".hf_export-"  # an export is written to such a sibling directory, then renamed
-
-
-def export_hf_model(weights: dict[str, torch.Tensor], path: str, model_path: str, model_cfg: DictConfig,
-                    dtype: torch.dtype = torch.float32) -> None:
-    """Save ``weights`` (cast to ``dtype``) with ``model_path``'s config and tokenizer as a Hugging Face
-    model directory, atomically: written to a sibling temp dir, then renamed over ``path``."""
-    import os
-    import shutil
-    import tempfile
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
-                                                 trust_remote_code=model_cfg.trust_remote_code)
-    model.load_state_dict(weights)
-    model.to(dtype)
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=EXPORT_TEMP_PREFIX, dir=parent)
-    model.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_path).save_pretrained(tmp)
-    plain_modes(tmp)  # mkdtemp and save_pretrained's weight file are private; an export is for colleagues too
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.replace(tmp, path)
 
 
 def _counted(buckets, total: list[int]):
@@ -150,9 +122,15 @@ class _Role(Worker):
                 engine.close()
 
     def _export_hf(self, engine: TrainingEngine, path: str, model_path: str) -> None:
-        weights = {name: tensor.detach().cpu() for name, tensor in engine.full_weights()}
-        if self.rank == 0:
-            export_hf_model(weights, path, model_path, self.cfg.model)
+        """Every rank streams the weights out (collective); rank 0 writes each bucket as it comes
+        (:func:`rlplat.models.hf_files.save_hf_model`), never holding the whole model."""
+        buckets = engine.export_weights()
+        try:
+            if self.rank == 0:
+                save_hf_model(buckets, path, model_path, self.cfg.model)
+        finally:
+            for _ in buckets:  # the other ranks' share of the collective (and rank 0's rest after an error)
+                pass
 
 
 class _Generates(_Role):

@@ -1,0 +1,80 @@
+"""rlplat.models.hf_files.save_hf_model: weights streamed in buckets become a Hugging Face model directory
+(several safetensors files and their index when they exceed one file) that transformers loads, the writer
+holding at most one file's tensors at a time; bad weights are one error and leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from rlplat.models.hf_files import EXPORT_TEMP_PREFIX, save_hf_model
+
+MODEL_CFG = OmegaConf.create({"trust_remote_code": False, "tokenizer_path": None})
+
+
+def trained(model_path) -> dict[str, torch.Tensor]:
+    """The tiny model's weights, changed, so that a directory holding the original cannot pass."""
+    state = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()
+    return {name: tensor + 0.01 for name, tensor in state.items()}
+
+
+def test_buckets_become_shards_that_load_as_the_model(tiny_model_path, tmp_path):
+    weights = trained(tiny_model_path)
+    out, shard_bytes = tmp_path / "model", 300_000
+    held = []  # bytes received but not yet in a file, each time the writer asks for the next bucket
+
+    def buckets():
+        received = 0
+        for name, tensor in weights.items():
+            on_disk = sum(f.stat().st_size for f in tmp_path.glob(f"{EXPORT_TEMP_PREFIX}*/part-*.safetensors"))
+            held.append(received - on_disk)
+            yield [(name, tensor)]
+            received += tensor.numel() * 4 if name != "lm_head.weight" else 0  # tied: not written
+
+    save_hf_model(buckets(), out, tiny_model_path, MODEL_CFG, shard_bytes=shard_bytes)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert "lm_head.weight" not in index["weight_map"]  # tied to the embedding, as save_pretrained leaves it
+    for name in files:
+        tensors = load_file(out / name)
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        assert size <= shard_bytes or len(tensors) == 1
+    # the safetensors header makes a file a little larger than its tensors
+    assert max(held) <= shard_bytes + 4 * max(t.numel() for t in weights.values())
+    assert not list(tmp_path.glob(f"{EXPORT_TEMP_PREFIX}*"))
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in weights.items())
+    assert (out / "tokenizer_config.json").is_file() and (out / "generation_config.json").is_file()
+
+    save_hf_model([list(weights.items())], out, tiny_model_path, MODEL_CFG, dtype=torch.bfloat16)  # replaces it
+    assert sorted(p.name for p in out.glob("*.safetensors*")) == ["model.safetensors"]
+    assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda w: {**w, "model.extra.weight": torch.zeros(2)},
+     "the weights given hold 'model.extra.weight', which the model's architecture has no place for"),
+    (lambda w: {**w, "model.norm.weight": torch.zeros(3)},
+     "the weight 'model.norm.weight' has shape (3,); the model's architecture expects (128,)"),
+    (lambda w: {k: v for k, v in w.items() if k != "model.norm.weight"},
+     "lack 1 tensors, e.g. ['model.norm.weight']"),
+])
+def test_bad_weights_are_one_error_and_leave_the_old_model(tiny_model_path, tmp_path, change, message):
+    weights = trained(tiny_model_path)
+    out = tmp_path / "model"
+    save_hf_model([list(weights.items())], out, tiny_model_path, MODEL_CFG)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        save_hf_model([list(change(weights).items())], out, tiny_model_path, MODEL_CFG)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temporary directory left
+    with pytest.raises(ValueError, match="the weight 'model.norm.weight' is given twice"):
+        save_hf_model([list(weights.items()), [("model.norm.weight", weights["model.norm.weight"])]],
+                      tmp_path / "twice", tiny_model_path, MODEL_CFG)
+    assert not (tmp_path / "twice").exists()
