@@ -1,6 +1,6 @@
 """The actor update's throughput and model FLOPs utilisation (MFU), and the weight gather of a colocated sync.
 
-    python benchmarks/mfu.py                                          # a GPU: Qwen2.5-0.5B's shape, FSDP and Megatron
+    python benchmarks/mfu.py                                          # a GPU: Qwen2.5-0.5B's shape, every engine
     python benchmarks/mfu.py --size tiny --device cpu --strategies fsdp   # a dry run on CPU (what CI runs)
     python benchmarks/mfu.py --strategies fsdp --micro-batch 16 --set actor.fsdp.pack_sequences=false --profile
 
@@ -41,6 +41,11 @@ most device time (self time: a kernel counts once, under the operator that launc
 busy time against the update's wall time: a busy share well under 100% means the host does not launch
 work fast enough (launch overhead, synchronisations), one near 100% points at the kernels themselves.
 
+**Strategies**: ``fsdp``, ``megatron`` (fp32 weights, bf16 compute) and ``megatron-bf16``
+(``actor.megatron.params_dtype=bf16``: bf16 weights and gradients, fp32 master copies and moments in the
+optimizer). Beside peak memory, the table gives the training state the engine holds between updates:
+weights, their master copies and AdamW's moments (GiB).
+
 The last line is ``MFU_JSON {...}`` with every figure (scripts/gpu_check.sh collects it).
 """
 
@@ -57,11 +62,14 @@ from pathlib import Path
 
 import torch
 
+STRATEGIES = {"fsdp": [], "megatron": ["actor=megatron"],  # --strategies: the overrides of each
+              "megatron-bf16": ["actor=megatron", "actor.megatron.params_dtype=bf16"]}
 SIZES = {
     "0.5b": {"config": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                             num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
                             rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
-             "prompts": 8, "n": 4, "prompt_len": 512, "response_len": 512, "micro": {"megatron": 8}},
+             "prompts": 8, "n": 4, "prompt_len": 512, "response_len": 512,
+             "micro": {"megatron": 8, "megatron-bf16": 8}},
     "tiny": {"config": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                             num_key_value_heads=1, vocab_size=512, max_position_embeddings=256,
                             tie_word_embeddings=True),
@@ -176,7 +184,7 @@ def measure(strategy: str, size: str, device: str, model_dir: Path, params: int,
         f"data.max_response_length={w['response_len']}", "actor.ppo_epochs=1", "actor.shuffle=false",
         "actor.optim.warmup_steps=0", f"trainer.total_steps={steps}", f"trainer.device={device}",
         "trainer.ray_address=inprocess", f"trainer.output_dir={out_dir}",
-        *(["actor=megatron"] if strategy == "megatron" else []), *extra,
+        *STRATEGIES[strategy], *extra,
     ]
     cfg, plan = load_run_config(overrides)
     group = InProcessWorkerGroup(ActorRolloutRefWorker, device=device, cfg=cfg, plan=plan)
@@ -197,6 +205,7 @@ def measure(strategy: str, size: str, device: str, model_dir: Path, params: int,
             raise RuntimeError(f"{strategy}: a metric of the last update is not finite: {metrics}")
         peak_mem = (torch.cuda.max_memory_allocated() / 2**30 if device == "cuda"
                     else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+        state = training_state_gib(group.worker.actor)
         bucket = cfg.rollout.weight_sync_bucket_mb * 2**20
         gather = []
         for _ in range(3):
@@ -216,8 +225,18 @@ def measure(strategy: str, size: str, device: str, model_dir: Path, params: int,
             "micro_batch": cfg.actor.micro_batch_size_seqs_per_worker, "update_s": update_s, "update_s_all": seconds,
             "tokens_per_s": rows * length / update_s, "model_tflops_per_update": flops / 1e12,
             "achieved_tflops": flops / update_s / 1e12, "peak_memory_gib": peak_mem,
-            "gather_bf16_s": statistics.median(gather), "pg_loss": metrics.get("actor/pg_loss"),
+            "gather_bf16_s": statistics.median(gather), "pg_loss": metrics.get("actor/pg_loss"), **state,
             "overrides": list(extra), **profiled}
+
+
+def training_state_gib(engine) -> dict[str, float]:
+    """The engine's weights, fp32 master copies (bf16 weights only) and AdamW moments on this device, GiB."""
+    gib = lambda tensors: sum(t.numel() * t.element_size() for t in tensors) / 2**30  # noqa: E731
+    optim = engine.optim
+    moments = [t for s in optim.local_state.values() for k, t in s.items() if k in ("exp_avg", "exp_avg_sq")]
+    return {"weights_gib": gib(p.to_local() if hasattr(p, "to_local") else p for p in engine.model.parameters()),
+            "masters_gib": gib(optim.masters.values()) if optim.masters else 0.0,
+            "moments_gib": gib(t.to_local() if hasattr(t, "to_local") else t for t in moments)}
 
 
 def main() -> int:
@@ -225,7 +244,7 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--strategies", nargs="+", choices=("fsdp", "megatron"), default=["fsdp", "megatron"])
+    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
     parser.add_argument("--steps", type=int, default=6, help="updates per strategy, warm-up included")
     parser.add_argument("--warmup", type=int, default=2, help="first updates left out of the median")
     parser.add_argument("--micro-batch", type=int,
@@ -255,12 +274,13 @@ def main() -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"\n{name}, torch {torch.__version__}; peak {peak / 1e12:.1f} TFLOP/s ({dtype} matmuls); "
           f"{args.size}: {params / 1e6:.0f}M parameters{'; ' + ' '.join(args.set) if args.set else ''}")
-    print(f"{'strategy':<9} {'seqs x tokens':>13} {'micro':>5} {'update s':>9} {'tokens/s':>9} {'TFLOP/s':>8} "
-          f"{'MFU':>6} {'peak mem GiB':>12} {'gather bf16 s':>13}")
+    print(f"{'strategy':<13} {'seqs x tokens':>13} {'micro':>5} {'update s':>9} {'tokens/s':>9} {'TFLOP/s':>8} "
+          f"{'MFU':>6} {'peak mem GiB':>12} {'weights/masters/moments GiB':>27} {'gather bf16 s':>13}")
     for r in rows:
-        print(f"{r['strategy']:<9} {r['rows']:>5} x {r['tokens'] // r['rows']:<5} {r['micro_batch']:>5} "
+        state = f"{r['weights_gib']:.3f} / {r['masters_gib']:.3f} / {r['moments_gib']:.3f}"
+        print(f"{r['strategy']:<13} {r['rows']:>5} x {r['tokens'] // r['rows']:<5} {r['micro_batch']:>5} "
               f"{r['update_s']:>9.3f} {r['tokens_per_s']:>9.0f} {r['achieved_tflops']:>8.1f} {r['mfu']:>6.1%} "
-              f"{r['peak_memory_gib']:>12.2f} {r['gather_bf16_s']:>13.3f}")
+              f"{r['peak_memory_gib']:>12.2f} {state:>27} {r['gather_bf16_s']:>13.3f}")
     print("MFU_JSON " + json.dumps({"device": name, "torch": torch.__version__, "peak_tflops": peak / 1e12,
                                     "peak_dtype": dtype, "rows": rows}))
     return 0

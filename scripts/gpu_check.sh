@@ -14,8 +14,9 @@
 #   gpu_tests     the gpu-marked tests (on CPU they skip: the dry run proves they collect without Ray)
 #   grpo_fsdp     GRPO in-process on the embedded model, FSDP2, bf16 mixed precision (the GPU defaults)
 #   grpo_megatron the same with actor=megatron
-#   mfu           benchmarks/mfu.py: the actor update's tokens/s and MFU at Qwen2.5-0.5B's shape, FSDP and
-#                 Megatron, and the time to gather the weights into bf16 buckets on the device
+#   mfu           benchmarks/mfu.py: the actor update's tokens/s and MFU at Qwen2.5-0.5B's shape, FSDP,
+#                 Megatron and Megatron with bf16 weights (fp32 masters), the training state's memory, and
+#                 the time to gather the weights into bf16 buckets on the device
 # and $GPU_CHECK_OUT/summary.json: each step's exit code, seconds and figures. Exit status 1 if a step failed.
 # Environment: PYTHON (default python; .venv/bin/python in the dry run when there is one), GPU_CHECK_OUT.
 set -uo pipefail
@@ -134,7 +135,8 @@ summary = {"dry_run": dry, "passed": all(s["exit"] == 0 for s in steps.values())
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
 for row in summary["steps"].get("mfu", {}).get("figures", {}).get("rows", []):
     print(f"[gpu-check] mfu {row['strategy']}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}, "
-          f"peak memory {row['peak_memory_gib']:.1f} GiB, bf16 gather {row['gather_bf16_s']:.3f} s")
+          f"peak memory {row['peak_memory_gib']:.1f} GiB (weights {row['weights_gib']:.2f}, masters "
+          f"{row['masters_gib']:.2f}, moments {row['moments_gib']:.2f}), bf16 gather {row['gather_bf16_s']:.3f} s")
 print(f"[gpu-check] {'passed' if summary['passed'] else 'FAILED'}: {out / 'summary.json'}")
 sys.exit(0 if summary["passed"] else 1)
 PY

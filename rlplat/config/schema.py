@@ -109,10 +109,13 @@ class MegatronConfig:
     recompute_activations: bool = False  # recompute each layer's activations in backward (saves memory)
     # split the norms' and dropouts' activations along the sequence over the tensor-parallel ranks (tp > 1)
     sequence_parallel: bool = False
-    # shard AdamW's moments over the data-parallel replicas (ZeRO-1): each steps its share of the weights
+    # shard AdamW's state (moments; fp32 masters of bf16 weights) over the data-parallel replicas (ZeRO-1)
     use_distributed_optimizer: bool = True
     # auto = bf16 compute (CUDA autocast) with fp32 weights on GPU, fp32 on CPU | none | bf16 (GPU only)
     mixed_precision: str = "auto"
+    # fp32 | bf16: weights and gradients in bf16, stepped through fp32 master copies in the (sharded) optimizer
+    # (Megatron-LM's recipe: half the weights' memory; for GPUs, and needs mixed_precision auto or bf16)
+    params_dtype: str = "fp32"
 
 
 @dataclass
@@ -319,7 +322,8 @@ class RefConfig:
     # ... when strategy=megatron; a colocated reference shares the actor's parallel layout
     megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(
         tensor_model_parallel_size="${actor.megatron.tensor_model_parallel_size}",
-        pipeline_model_parallel_size="${actor.megatron.pipeline_model_parallel_size}"))
+        pipeline_model_parallel_size="${actor.megatron.pipeline_model_parallel_size}",
+        params_dtype="${actor.megatron.params_dtype}"))  # the same weights as the actor's at the start
     placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
     workers_per_node: int = count(1)  # only for placement=separate
     log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per reference forward on one worker

@@ -6,10 +6,16 @@ not finite is skipped (the optimizer state stays as it was; the trainer decides 
 
 An engine whose replicas each hold whole weights (Megatron's data parallelism) can shard the optimizer
 over them (``shard_group``; Megatron-Core's "distributed optimizer", ZeRO stage 1): each replica keeps
-AdamW's two moments only for its share of the weights, steps that share with the summed gradients and
-broadcasts it to the others (torch's ``ZeroRedundancyOptimizer``, which assigns whole tensors, largest
-share first). The update is the unsharded one; the moments, two thirds of fp32 training state, take
-1 / dp of the memory. FSDP needs none of this: its weights, and so its moments, are already sharded.
+AdamW's state only for its share of the weights (whole tensors, dealt largest first to the replica with
+the fewest elements so far), steps that share with the summed gradients and broadcasts it to the others.
+The update is the unsharded one; the state takes 1 / dp of the memory. FSDP needs none of this: its
+weights, and so its moments, are already sharded.
+
+Weights kept in bf16 (``master_weights``; Megatron-LM's mixed-precision recipe, Micikevicius et al. 2018,
+"Mixed Precision Training") are stepped through fp32 master copies: AdamW updates an fp32 copy of each
+weight this process steps, with the gradient cast to fp32, and the weight takes the rounded result. Small
+updates then accumulate in the master instead of vanishing in bf16's 8-bit mantissa. With sharding, each
+replica holds the masters of its share only.
 """
 
 from __future__ import annotations
@@ -47,30 +53,36 @@ class Optimizer:
     computes the global gradient norm of ``params`` (default: over the local tensors, DTensors gathered);
     a tensor-parallel engine passes one that counts each shard once. ``shard_group``: the processes that
     hold the same ``params`` (data-parallel replicas) and share the optimizer state out among them.
-    ``flat_state``: keep the gradients and AdamW's moments of plain (unsharded) ``params`` in flat buffers
-    for the whole run (:func:`attach_flat_grads`)."""
+    ``master_weights``: step fp32 copies of the weights (kept in a lower precision). ``flat_state``: keep
+    the gradients and AdamW's moments of plain (unsharded) fp32 ``params`` in flat buffers for the whole
+    run (:func:`attach_flat_grads`)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], optim_cfg: DictConfig, total_steps: int,
                  grad_norm: Callable[[list[torch.nn.Parameter]], torch.Tensor] | None = None,
-                 shard_group: dist.ProcessGroup | None = None, flat_state: bool = False):
+                 shard_group: dist.ProcessGroup | None = None, master_weights: bool = False,
+                 flat_state: bool = False):
         self.params = [p for p in params if p.requires_grad]
-        self.grad_buffer = attach_flat_grads(self.params) if flat_state else None
+        self.shard_group = shard_group if shard_group is not None and dist.get_world_size(shard_group) > 1 else None
+        self.owners = shard_owners(self.params, dist.get_world_size(self.shard_group)) if self.shard_group else None
+        self._owner_of = dict(zip(self.params, self.owners or ()))
+        self.stepped = [p for p in self.params if self.steps_locally(p)]
+        if not self.stepped:
+            raise ValueError(f"the optimizer is sharded over more replicas than there are weights "
+                             f"({len(self.params)}); use fewer data-parallel replicas or an unsharded optimizer")
+        # each stepped weight's tensor that AdamW updates: an fp32 copy (master_weights), else the weight
+        self.masters = {p: p.detach().to(torch.float32, copy=True) for p in self.stepped} if master_weights else None
+        targets = self._targets()
+        self.grad_buffer = attach_flat_grads(self.params) if flat_state and not (master_weights or self.owners) \
+            else None
         self.grad_norm = grad_norm or _local_grad_norm
         self.grad_clip = optim_cfg.grad_clip
         # fused: one kernel for every tensor (on CPU ~4x faster than the default per-tensor loop at 25M
         # parameters, docs/performance.md); float weights on CPU or CUDA, as the engines keep them
-        fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in self.params)
-        adamw = dict(lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
-                     weight_decay=optim_cfg.weight_decay, fused=fused or None)
-        if shard_group is not None and dist.get_world_size(shard_group) > 1:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
-            self.optimizer = ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.AdamW,
-                                                     process_group=shard_group, **adamw)
-        else:
-            self.optimizer = torch.optim.AdamW(self.params, **adamw)
-            if self.grad_buffer is not None:
-                _start_flat_moments(self.optimizer, self.params)
+        fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in targets)
+        self.optimizer = torch.optim.AdamW(targets, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
+                                           weight_decay=optim_cfg.weight_decay, fused=fused or None)
+        if self.grad_buffer is not None:
+            _start_flat_moments(self.optimizer, self.params)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_lambda(optim_cfg.lr_schedule, optim_cfg.warmup_steps, total_steps, optim_cfg.min_lr_ratio),
@@ -80,30 +92,71 @@ class Optimizer:
         """Clip, step (unless the gradient norm is not finite), zero the gradients, advance the schedule;
         return ``grad_norm`` and the ``lr`` this step used."""
         grad_norm = self.grad_norm(self.params)
+        if self.masters is not None:  # the fp32 gradients of the weights stepped here
+            for param, master in self.masters.items():
+                master.grad = None if param.grad is None else param.grad.to(torch.float32)
         if self.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, grad_norm)
+            torch.nn.utils.clip_grads_with_norm_(self._targets(), self.grad_clip, grad_norm)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
         lr = self.scheduler.get_last_lr()[0]
         if torch.isfinite(grad_norm):
             self.optimizer.step()
+            self._publish()
         if self.grad_buffer is not None:
             self.grad_buffer.zero_()
         else:
             self.optimizer.zero_grad(set_to_none=True)
+            for param in self.params:
+                param.grad = None
         self.scheduler.step()
         return {"grad_norm": float(grad_norm), "lr": lr}
 
+    def _targets(self) -> list[torch.Tensor]:
+        return list(self.masters.values()) if self.masters is not None else self.stepped
+
+    def _publish(self) -> None:
+        """The stepped values into the weights: each master rounded into its weight, and with sharding every
+        weight broadcast from the replica that stepped it."""
+        with torch.no_grad():
+            for param, master in (self.masters or {}).items():
+                param.copy_(master)
+            if self.shard_group is not None:
+                works = [dist.broadcast(param.data, src=dist.get_global_rank(self.shard_group, owner),
+                                        group=self.shard_group, async_op=True)
+                         for param, owner in zip(self.params, self.owners)]
+                for work in works:
+                    work.wait()
+
     @property
     def local_state(self) -> dict[torch.nn.Parameter, dict[str, torch.Tensor]]:
-        """AdamW's state (``step``, ``exp_avg``, ``exp_avg_sq``) of the parameters this process steps: all
-        of them, or its share when sharded. Written to in place by a checkpoint load."""
-        inner = getattr(self.optimizer, "optim", self.optimizer)  # a ZeroRedundancyOptimizer's local AdamW
-        return inner.state
+        """AdamW's state (``step``, ``exp_avg``, ``exp_avg_sq``) of the weights this process steps (all of
+        them, or its share when sharded) that have taken a step or been given state by :meth:`start_state`.
+        The dicts are AdamW's own: a checkpoint load writes into them."""
+        state = self.optimizer.state
+        return {param: state[target] for param, target in zip(self.stepped, self._targets()) if target in state}
+
+    def start_state(self) -> None:
+        """Give every weight this process steps the state its first step would (zero moments), to load a
+        checkpoint into."""
+        for target in self._targets():
+            if target not in self.optimizer.state:
+                self.optimizer.state[target] = {"step": torch.zeros((), dtype=torch.float32, device=target.device),
+                                                "exp_avg": torch.zeros_like(target),
+                                                "exp_avg_sq": torch.zeros_like(target)}
 
     def steps_locally(self, param: torch.nn.Parameter) -> bool:
         """Whether this process keeps ``param``'s optimizer state (always, unless sharded)."""
-        owner = getattr(self.optimizer, "_param_to_rank", None)
-        return owner is None or owner[param] == self.optimizer.rank
+        return self.owners is None or self._owner_of[param] == dist.get_rank(self.shard_group)
+
+
+def shard_owners(params: list[torch.nn.Parameter], replicas: int) -> list[int]:
+    """The replica that steps each weight: largest tensors first, each to the replica holding the fewest
+    elements so far (lowest index on a tie), so that every replica computes the same assignment."""
+    owners, load = [0] * len(params), [0] * replicas
+    for index in sorted(range(len(params)), key=lambda i: -params[i].numel()):
+        owners[index] = min(range(replicas), key=lambda r: load[r])
+        load[owners[index]] += params[index].numel()
+    return owners
 
 
 def attach_flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor | None:

@@ -11,8 +11,8 @@ import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlplat.engines.dist import free_port
-from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_split_dim,
-                                             hf_to_megatron, megatron_from_hf, megatron_name, megatron_to_hf, stage_layers,
+from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_sources,
+                                             hf_split_dim, hf_to_megatron, megatron_from_hf, megatron_name, megatron_to_hf, stage_layers,
                                              tp_slice)
 from rlplat.models.tiny import TinyModelSpec, build_tiny_model
 
@@ -82,6 +82,29 @@ def test_pipeline_stages_split_and_join_exactly(hf_model_dir, tp):
         pieces.append(back)
     assert all(torch.equal(torch.cat([p[name] for p in pieces], dim) if (dim := hf_split_dim(name)) is not None
                            else pieces[0][name], hf[name]) for name in pieces[0])
+
+
+def test_each_megatron_tensor_names_exactly_the_weights_it_is_built_from(hf_model_dir):
+    """hf_sources (what the reference's streamed blend waits for): every tensor of each of two pipeline
+    stages converts from its sources alone, and from none of their proper subsets."""
+    model = AutoModelForCausalLM.from_pretrained(hf_model_dir, dtype=torch.float32)
+    hf = model.state_dict()  # a tied lm_head.weight listed too, as an engine's export lists it
+    shape = GPTShape.from_hf_config(model.config)
+    names = list(hf_to_megatron(hf_state(hf_model_dir), shape)[0])
+    for stage in (0, 1):
+        first_layer = stage_layers(shape, 2, stage).start
+        mine = stage_names(names, shape, 2, stage)
+        sources = hf_sources(mine, hf, shape, first_layer)
+        assert sources.keys() == set(mine)
+        for name, needed in sources.items():
+            megatron_from_hf({hf_name: hf[hf_name] for hf_name in needed}, shape, 1, 0, [name], first_layer)
+            for left_out in needed:
+                with pytest.raises(ValueError, match=f"needs the Hugging Face weight {left_out}"):
+                    megatron_from_hf({n: hf[n] for n in needed - {left_out}}, shape, 1, 0, [name], first_layer)
+    output = "model.embed_tokens.weight" if shape.tied_embeddings else "lm_head.weight"
+    assert sources["output_layer.weight"] == {output}
+    assert sources["decoder.layers.0.self_attention.linear_qkv.weight"] == {
+        f"model.layers.1.self_attn.{p}_proj.weight" for p in "qkv"}
 
 
 def test_a_vocabulary_tp_does_not_divide_is_padded_and_sliced_like_a_sharded_tensor():

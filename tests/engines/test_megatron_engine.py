@@ -81,6 +81,9 @@ def test_tp1_in_process_matches_unsharded(tiny_model_path, recompute):
             torch.testing.assert_close(mixed[name], 0.5 * initial[name] + 0.5 * tensor, atol=1e-6, rtol=0)
         group.sync_reference(1.0)
         assert all(torch.equal(t, trained[name]) for name, t in group.worker.ref.full_weights())
+        # streamed: one unit per bucket, each Megatron tensor blended once its Hugging Face weights are in
+        group.worker.ref.blend_weights([[(n, initial[n])] for n in initial], 1.0)
+        assert all(torch.equal(t, initial[name]) for name, t in group.worker.ref.full_weights())
     finally:
         group.shutdown()
 

@@ -1,5 +1,7 @@
 """The optimizer sharded over data-parallel replicas (Megatron's distributed optimizer, ZeRO-1): two gloo
-processes each keep AdamW's state for a share of the weights, and their steps equal the unsharded AdamW's."""
+processes each keep AdamW's state for a share of the weights, and their steps equal the unsharded AdamW's;
+with bf16 weights, each keeps the fp32 master copies of its share only, and the steps are the unsharded
+master-weight optimizer's exactly."""
 
 from __future__ import annotations
 
@@ -43,7 +45,16 @@ def _sharded(rank: int, port: int, out: str) -> None:
         steps(net, optim, rank, 2)
         owned = [i for i, p in enumerate(optim.params) if optim.steps_locally(p)]
         assert sorted(i for i, p in enumerate(optim.params) if p in optim.local_state) == owned
-        torch.save({"weights": net.state_dict(), "owned": owned}, f"{out}/rank{rank}.pt")
+        # bf16 weights through fp32 masters, sharded and not: the same gradients, the same steps
+        bf16 = {}
+        for shard_group in (dist.group.WORLD, None):
+            net16 = model().bfloat16()
+            optim16 = Optimizer(net16.parameters(), CFG, total_steps=3, shard_group=shard_group, master_weights=True)
+            steps(net16, optim16, rank, 2)
+            held = {i for i, p in enumerate(optim16.params) if p in optim16.masters}
+            bf16[shard_group is not None] = net16.state_dict(), held
+            assert all(m.dtype == torch.float32 and torch.equal(p, m.bfloat16()) for p, m in optim16.masters.items())
+        torch.save({"weights": net.state_dict(), "owned": owned, "bf16": bf16}, f"{out}/rank{rank}.pt")
     finally:
         dist.barrier()  # gloo aborts at exit now and then (std::terminate) when one rank tears down first
         dist.destroy_process_group()
@@ -62,6 +73,13 @@ def test_sharded_optimizer_steps_as_the_unsharded_one(tmp_path):
     for got in ranks:
         for name, tensor in net.state_dict().items():
             torch.testing.assert_close(got["weights"][name], tensor, atol=1e-6, rtol=1e-6)
+    # bf16: each rank held the masters of its share (the fp32 shares'), and stepped as the unsharded optimizer
+    for rank, got in enumerate(ranks):
+        (sharded, mine), (unsharded, every) = got["bf16"][True], got["bf16"][False]
+        assert sorted(mine) == got["owned"] and every == set(range(len(plain.params)))
+        for name, tensor in unsharded.items():
+            assert tensor.dtype == torch.bfloat16 and torch.equal(sharded[name], tensor), name
+        assert any(not torch.equal(tensor, model().bfloat16().state_dict()[name]) for name, tensor in sharded.items())
 
 
 def test_flat_gradients_and_moments_step_as_separate_tensors():

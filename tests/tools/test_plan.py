@@ -227,3 +227,22 @@ def test_the_plan_gives_each_ulysses_worker_its_slice_of_the_activations():
         estimates.append(dry_run.activation_bytes(shape, cfg, lay, 8192, 4096, 4, grad=True, seq=8192))
     for key, value in estimates[0].items():
         assert estimates[1][key] == pytest.approx(value / 2), key
+
+
+def test_the_plan_counts_megatron_bf16_weights_with_fp32_masters():
+    """actor.megatron.params_dtype=bf16: the weights and gradients take half the bytes, and the sharded
+    optimizer holds fp32 master copies beside the moments (1 / dp each)."""
+    from transformers import Qwen2Config
+
+    from rlplat.trainer.run import load_run_config
+
+    shape = dry_run.ModelShape.from_config(Qwen2Config(**SPEC_25M))
+    parts = {}
+    for dtype in ("fp32", "bf16"):
+        cfg, _ = load_run_config(["trainer.workers_per_node=2", "actor.strategy=megatron",
+                                  f"actor.megatron.params_dtype={dtype}"])
+        parts[dtype] = dry_run.actor_state(shape, dry_run.layout(cfg, "actor", 2), 4, cfg, trained=True)
+    assert parts["bf16"]["actor weights (bf16)"] == parts["fp32"]["actor weights (fp32)"] / 2 == 2 * shape.params
+    assert parts["bf16"]["actor gradients (bf16)"] == parts["fp32"]["actor gradients (fp32)"] / 2
+    assert parts["bf16"]["actor fp32 master weights"] == 4 * shape.params / 2  # two replicas share the optimizer
+    assert parts["bf16"]["actor AdamW moments (fp32)"] == parts["fp32"]["actor AdamW moments (fp32)"]

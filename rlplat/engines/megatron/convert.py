@@ -235,6 +235,28 @@ def megatron_name(name: str) -> str:
     return f"decoder.layers.{index}.{rest}"
 
 
+def hf_sources(names: Iterable[str], hf_names: Iterable[str], shape: GPTShape,
+               first_layer: int = 0) -> dict[str, set[str]]:
+    """The Hugging Face weights (of ``hf_names``, the whole model's) that each of a pipeline stage's Megatron
+    tensors ``names`` is built from by :func:`megatron_from_hf`: e.g. a layer's fused QKV from its q, k and v
+    projections; with tied embeddings the last stage's output layer from the embedding."""
+    hf_names = list(hf_names)
+    needs: dict[str, set[str]] = {name: set() for name in names}
+    tied = shape.tied_embeddings and "score.weight" not in hf_names  # a value model's head is its own
+    for hf in hf_names:
+        name = megatron_name(hf)
+        if name.startswith("decoder.layers."):  # numbered from the stage's first layer
+            index, rest = name[len("decoder.layers."):].split(".", 1)
+            name = f"decoder.layers.{int(index) - first_layer}.{rest}"
+        if tied and name == "output_layer.weight":
+            continue  # lm_head.weight, as Hugging Face lists a tied output layer: the embedding's copy
+        if name in needs:
+            needs[name].add(hf)
+        if tied and hf == "model.embed_tokens.weight" and "output_layer.weight" in needs:
+            needs["output_layer.weight"].add(hf)
+    return needs
+
+
 def stage_layers(shape: GPTShape, pp: int, stage: int) -> range:
     """The (global) layers pipeline stage ``stage`` of ``pp`` holds."""
     per_stage = shape.num_layers // pp

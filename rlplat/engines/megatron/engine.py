@@ -14,7 +14,8 @@ loss on the last stage. Every stage returns the last stage's results (broadcast 
 so the roles see the same answers at any pp. A critic is the same backbone with a one-output head.
 
 Options (``<role>.megatron.*``): sequence parallelism, activation recomputation, the optimizer sharded over
-the data-parallel replicas (:mod:`rlplat.engines.optim`), bf16 compute on a GPU. Checkpoints are
+the data-parallel replicas (:mod:`rlplat.engines.optim`), bf16 compute on a GPU, bf16 weights stepped
+through fp32 master copies (``params_dtype=bf16``). Checkpoints are
 torch.distributed.checkpoint directories of Hugging Face-named slices, so they load into any parallel
 layout (``_checkpoint_state``). docs/megatron.md has the whole picture.
 
@@ -37,12 +38,14 @@ from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, 
                                  check_mixed_precision, load_rank_state, micro_batches, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
 from rlplat.engines.megatron import cpu
-from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_split_dim,
-                                             megatron_from_hf, megatron_name, stage_layers, tp_slice)
+from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_sources,
+                                             hf_split_dim, megatron_from_hf, megatron_name, stage_layers, tp_slice)
 from rlplat.engines.megatron.model import build_gpt_model, no_grad_at
 from rlplat.engines.megatron.vocab_parallel import mask_vocab_padding, vocab_parallel_outputs
 from rlplat.engines.optim import Optimizer
 from rlplat.protocol import Batch
+
+PARAMS_DTYPES = ("fp32", "bf16")  # <role>.megatron.params_dtype
 
 
 def model_shape(model_cfg) -> GPTShape | None:
@@ -117,6 +120,12 @@ class MegatronEngine(TrainingEngine):
             raise ConfigError(f"{key}: {err}") from None
         check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
                               "Megatron-Core's layers compute in bf16 only under CUDA autocast")
+        if engine_cfg.params_dtype not in PARAMS_DTYPES:
+            raise ConfigError(f"{key}.params_dtype={engine_cfg.params_dtype!r} is not one of: "
+                              f"{', '.join(PARAMS_DTYPES)}")
+        if engine_cfg.params_dtype == "bf16" and engine_cfg.mixed_precision == "none":
+            raise ConfigError(f"{key}.params_dtype=bf16 computes in bf16, and {key}.mixed_precision=none asks for "
+                              f"fp32 compute; set one of them differently")
         if engine_cfg.sequence_parallel and tp == 1:
             raise ConfigError(f"{key}.sequence_parallel=true needs {key}.tensor_model_parallel_size > 1 (the "
                               f"sequence is split over the tensor-parallel ranks)")
@@ -125,6 +134,13 @@ class MegatronEngine(TrainingEngine):
                 cpu.check_version()
             except RuntimeError as err:
                 raise ConfigError(f"{role}.strategy=megatron on {device}: {err}") from None
+
+    @classmethod
+    def computes_in(cls, engine_cfg, device: str) -> str:
+        """bf16 weights compute in bf16 on any device; otherwise as :meth:`TrainingEngine.computes_in`."""
+        if engine_cfg.get("params_dtype") == "bf16":
+            return "bfloat16"
+        return super().computes_in(engine_cfg, device)
 
     def __init__(self, model_path: str, model_cfg: DictConfig, engine_cfg: DictConfig, dist_ctx: DistContext,
                  optim_cfg: DictConfig | None = None, total_optimizer_steps: int = 1, value_head: bool = False):
@@ -154,9 +170,11 @@ class MegatronEngine(TrainingEngine):
         self.tp_group, self.pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
         self.dp_group, self.model_parallel_group = ps.get_data_parallel_group(), ps.get_model_parallel_group()
         self.value_head, self.sequence_parallel = value_head, engine_cfg.sequence_parallel
-        # bf16 compute, fp32 weights, gradients and optimizer (as FSDP's mixed precision): Megatron-Core's
-        # layers cast under CUDA autocast, in forward and in backward
-        bf16 = self.computes_in(engine_cfg, self.device.type) == "bfloat16"
+        # bf16 compute with fp32 weights, gradients and optimizer (as FSDP's mixed precision): Megatron-Core's
+        # layers cast under CUDA autocast, in forward and in backward. bf16 weights (params_dtype=bf16) compute
+        # in bf16 as they are, and the optimizer steps fp32 master copies of them.
+        self.params_dtype = torch.bfloat16 if engine_cfg.params_dtype == "bf16" else torch.float32
+        bf16 = self.computes_in(engine_cfg, self.device.type) == "bfloat16" and self.device.type == "cuda"
         self.compute = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         self.tied_output = self.shape.tied_embeddings and not value_head  # the output layer is the embedding
         hf, padding_idx = _hf_weights(model_path, model_cfg, value_head, self.device)
@@ -165,7 +183,8 @@ class MegatronEngine(TrainingEngine):
             if engine_cfg.recompute_activations else {}
         building = cpu.building() if self.device.type == "cpu" else contextlib.nullcontext()
         with building:  # the losses carry the global denominators: the schedule must not rescale them
-            self._model = build_gpt_model(hf_config, pre_process=self.first_stage, post_process=self.last_stage,
+            self._model = build_gpt_model(hf_config, self.params_dtype, pre_process=self.first_stage,
+                                          post_process=self.last_stage,
                                           value_head=value_head, tensor_model_parallel_size=tp,
                                           pipeline_model_parallel_size=pp, calculate_per_token_loss=True,
                                           sequence_parallel=self.sequence_parallel, **recompute)
@@ -185,7 +204,13 @@ class MegatronEngine(TrainingEngine):
             self._model.requires_grad_(False)
         shard_group = self.dp_group if engine_cfg.use_distributed_optimizer else None
         self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps, grad_norm=self._grad_norm,
-                               shard_group=shard_group) if optim_cfg else None
+                               shard_group=shard_group, master_weights=self.params_dtype != torch.float32) \
+            if optim_cfg else None
+        if self.optim is not None and self.optim.masters:  # the masters start from the fp32 weights, not the bf16 ones
+            with torch.no_grad():
+                for name, param in self._model.named_parameters():
+                    if param in self.optim.masters:
+                        self.optim.masters[param].copy_(weights[name])
 
     @property
     def model(self) -> torch.nn.Module:
@@ -418,14 +443,29 @@ class MegatronEngine(TrainingEngine):
 
     @_runs_megatron
     def blend_weights(self, buckets, alpha):
-        """Collects the full Hugging Face weights, converts them to this rank's tensor-parallel shard and
-        blends it (the conversion only moves and slices, so it commutes with the blend)."""
-        hf = {name: tensor for bucket in buckets for name, tensor in bucket}
-        check_blended(set(hf), self.hf_names)
-        state = self._model.state_dict()
+        """Blends each of this rank's Megatron tensors as soon as the Hugging Face weights it is built from have
+        arrived (:func:`hf_sources`), keeping only this rank's tensor-parallel slices of them and only until
+        then: beside its own shard a rank holds about one bucket (the conversion only moves and slices, so it
+        commutes with the blend)."""
+        waiting = hf_sources(self.names, self.hf_names, self.shape, self.first_layer)
+        state, pending, given = self._model.state_dict(), {}, set()
         with torch.no_grad():
-            for name, tensor in self._from_hf(hf).items():
-                blend_(state[name], tensor.to(self.device), alpha)
+            for bucket in buckets:
+                for name, tensor in bucket:
+                    given.add(name)
+                    if any(name in sources for sources in waiting.values()):
+                        piece = tp_slice(tensor, hf_split_dim(name), self.tp, self.tp_rank)
+                        pending[name] = piece if piece is tensor else piece.clone()  # not a view of the whole
+                ready = [name for name, sources in waiting.items() if sources <= pending.keys()]
+                for name, tensor in megatron_from_hf(pending, self.shape, self.tp, self.tp_rank, ready,
+                                                     self.first_layer).items():
+                    blend_(state[name], tensor.to(self.device), alpha)
+                    del waiting[name]
+                needed = set().union(*waiting.values())
+                pending = {name: piece for name, piece in pending.items() if name in needed}
+        check_blended(given, self.hf_names)
+        if waiting:
+            raise RuntimeError(f"blend_weights: no Hugging Face weights were converted into {sorted(waiting)[:4]}")
 
     @_runs_megatron
     def close(self) -> None:
@@ -433,25 +473,35 @@ class MegatronEngine(TrainingEngine):
 
         parallel_state.destroy_model_parallel()  # its groups die with the process group
 
-    def _checkpoint_state(self) -> dict:
+    def _checkpoint_state(self, masters: bool = True, weights_dtype: torch.dtype | None = None) -> dict:
         """This rank's part of the training state as torch.distributed.checkpoint stores it: its Hugging Face
-        pieces of the weights (``model``, as FSDP's checkpoint names them) and of AdamW's moments for the
-        weights it steps (``optim``), each a slice of the whole tensor (a DTensor over the tensor-parallel
-        group), so a checkpoint loads into any tensor / pipeline / data-parallel layout and exports like an
-        FSDP one. AdamW's step count is one number: every weight takes every step."""
+        pieces of the weights (``model``, as FSDP's checkpoint names them), of AdamW's moments for the
+        weights it steps (``optim``) and, with bf16 weights and ``masters``, of their fp32 master copies
+        (``optim.master``), each a slice of the whole tensor (a DTensor over the tensor-parallel group), so a
+        checkpoint loads into any tensor / pipeline / data-parallel layout and exports like an FSDP one.
+        AdamW's step count is one number: every weight takes every step. ``weights_dtype``: the weights as
+        copies in that dtype (to load into)."""
         state = self._model.state_dict()
-        out = {"model": self._sharded(self._checkpoint_pieces({name: state[name] for name in self.names}))}
+        weights = {name: state[name] if weights_dtype is None else state[name].to(weights_dtype) for name in self.names}
+        out = {"model": self._sharded(self._checkpoint_pieces(weights))}
         if self.optim is not None:
             mine = self._stepped_here()
             out["optim"] = {key: self._sharded(self._checkpoint_pieces({name: s[key] for name, s in mine.items()}))
                             for key in ("exp_avg", "exp_avg_sq")}
+            if self.optim.masters and masters:
+                out["optim"]["master"] = self._sharded(self._checkpoint_pieces(self._masters_here()))
             out["optim"]["step"] = torch.tensor(float(max((s["step"] for s in mine.values()), default=0)))
         return out
 
     def _stepped_here(self) -> dict[str, dict[str, torch.Tensor]]:
-        """AdamW's state by Megatron name, of the weights this rank steps."""
+        """AdamW's state by Megatron name, of the weights this rank steps (AdamW's own dicts: a load writes
+        into them)."""
         state = self.optim.local_state
         return {name: state[p] for name, p in self._model.named_parameters() if p in state}
+
+    def _masters_here(self) -> dict[str, torch.Tensor]:
+        """The fp32 master copies by Megatron name, of the bf16 weights this rank steps."""
+        return {name: self.optim.masters[p] for name, p in self._model.named_parameters() if p in self.optim.masters}
 
     def _checkpoint_pieces(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """:meth:`_to_hf`, and on the last stage of a tied model the output layer's copy as the embedding it
@@ -491,16 +541,17 @@ class MegatronEngine(TrainingEngine):
 
     @_runs_megatron
     def load_checkpoint(self, path: str) -> None:
-        """Reads this rank's slices, whatever layout wrote them (and the moments of the weights it steps)."""
+        """Reads this rank's slices, whatever layout wrote them (and the moments of the weights it steps). bf16
+        weights take their fp32 masters from the checkpoint, or, from one written with fp32 weights, the
+        weights themselves; fp32 weights read a bf16 run's bf16 weights."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.tensor import DTensor
 
         if self.optim is not None:  # moments to read into, for the weights this rank steps
-            for param in self.optim.params:
-                if self.optim.steps_locally(param) and param not in self.optim.local_state:
-                    self.optim.local_state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
-                                                     "exp_avg_sq": torch.zeros_like(param)}
-        target = self._checkpoint_state()
+            self.optim.start_state()
+        has_masters = any(key.startswith("optim.master.")
+                          for key in dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+        target = self._checkpoint_state(masters=has_masters, weights_dtype=torch.float32)
         dcp.load(target, checkpoint_id=path)
 
         def read(pieces: dict, names: list[str]) -> dict[str, torch.Tensor]:
@@ -517,5 +568,11 @@ class MegatronEngine(TrainingEngine):
                 for name, tensor in read(target["optim"][key], list(mine)).items():
                     mine[name][key] = tensor.to(self.device).contiguous()
             for moments in mine.values():
-                moments["step"] = target["optim"]["step"].clone()
+                moments["step"] = target["optim"]["step"].to(self.device, torch.float32).clone()
+            if self.optim.masters:  # the masters, or from a checkpoint of fp32 weights, those weights (read as fp32)
+                masters = self._masters_here()
+                source = target["optim"]["master"] if has_masters else target["model"]
+                with torch.no_grad():
+                    for name, tensor in read(source, list(masters)).items():
+                        masters[name].copy_(tensor)
         load_rank_state(path, self.ctx.rank, self.optim)
