@@ -28,9 +28,13 @@ def test_the_gpu_check_dry_runs_on_cpu(embedded_cache, tmp_path):
         assert steps[run]["last_step"]["step"] == 1 and len(steps[run]["val_accuracy"]) == 2
         assert torch.isfinite(torch.tensor(steps[run]["last_step"]["actor/grad_norm"]))
     rows = steps["mfu"]["figures"]["rows"]
-    assert [row["strategy"] for row in rows] == ["fsdp", "megatron"]
+    assert [row["strategy"] for row in rows] == ["fsdp", "megatron", "megatron-bf16"]
     assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1 and row["gather_bf16_s"] >= 0 for row in rows)
     assert rows[0]["pg_loss"] == pytest.approx(rows[1]["pg_loss"], rel=1e-4)  # the same update in both engines
+    assert rows[2]["pg_loss"] == pytest.approx(rows[1]["pg_loss"], rel=5e-2)  # bf16 weights: to bf16 precision
+    fp32, bf16 = rows[1], rows[2]  # bf16 weights take half the bytes; their fp32 masters, fp32 weights' bytes
+    assert bf16["weights_gib"] == pytest.approx(fp32["weights_gib"] / 2) and fp32["masters_gib"] == 0
+    assert bf16["masters_gib"] == pytest.approx(fp32["weights_gib"]) and bf16["moments_gib"] == fp32["moments_gib"]
     gpu_log = (tmp_path / "check" / "gpu_tests.log").read_text()
     if not torch.cuda.is_available():
         assert "needs a CUDA device" in gpu_log and " passed" not in gpu_log  # collected without Ray, then skipped
