@@ -3,8 +3,9 @@
 
 ``single_turn`` (the default) samples one response per prompt with the engine's :meth:`generate`.
 ``tool`` runs a conversation per prompt: the engine samples an assistant turn for every trajectory still
-going (:meth:`~rlplat.rollout.base.RolloutEngine.generate_ids`, the conversation so far as token ids),
-each trajectory's environment reacts (runs the tool calls, or a user's environment replies), and the
+going (:meth:`~rlplat.rollout.base.RolloutEngine.generate_ids`, the conversation so far as token ids,
+and which of the previous turn's samples each one continues, so that an engine keeping its cache runs only
+the new tokens), each trajectory's environment reacts (runs the tool calls, or a user's environment replies), and the
 observation messages are rendered by the chat template as a suffix of the conversation
 (:mod:`rlplat.agents.trajectory`), until the environment says it is done, ``rollout.agent.max_turns``
 turns have run, or the trajectory's token budget (``rollout.agent.max_total_tokens``) is spent.
@@ -23,6 +24,7 @@ module named in ``trainer.imports``, and set ``rollout.agent.name=mine``.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -157,14 +159,17 @@ class MultiTurn(AgentLoop):
         infos: list[dict[str, Any]] = [{} for _ in rows]
         active = list(range(len(rows)))
         stops = {*([] if params.ignore_eos else [self.tokenizer.eos_token_id]), *params.stop_token_ids}
-        with ThreadPoolExecutor(max_workers=16) as pool:
+        asked: dict[int, int] = {}  # trajectory -> its index in the last generate_ids call
+        with ThreadPoolExecutor(max_workers=16) as pool, _conversations(engine):
             for _turn in range(self.cfg.max_turns):
                 if not active:
                     break
                 room = {i: self.response_length - len(trajectories[i].response_ids) for i in active}
                 limit = min(params.max_new_tokens, max(room.values()))
                 samples = engine.generate_ids([trajectories[i].prompt_ids + trajectories[i].response_ids
-                                               for i in active], replace(params, max_new_tokens=limit))
+                                               for i in active], replace(params, max_new_tokens=limit),
+                                              continues=[asked.get(i) for i in active])
+                asked = {i: index for index, i in enumerate(active)}
                 reacting = []
                 for i, sample in zip(active, samples):
                     ids, log_probs = sample.ids[:room[i]], sample.log_probs[:room[i]]
@@ -225,6 +230,15 @@ class MultiTurn(AgentLoop):
         return out.union(Batch.from_dict(
             tensors={"truncated": torch.tensor([ended[i] == "truncated" for i in range(len(rows))])},
             non_tensors={"extra_info": extra_info, "response_text": texts}))
+
+
+@contextlib.contextmanager
+def _conversations(engine: RolloutEngine):
+    """The loop's turns: the engine may keep each trajectory's cache between them, and drops it after."""
+    try:
+        yield
+    finally:
+        engine.end_conversations()
 
 
 def _rows(prompts: Batch) -> list[dict[str, Any]]:

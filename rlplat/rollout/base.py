@@ -116,10 +116,15 @@ class RolloutEngine(ABC):
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Sample one response per row of ``batch`` (repeat rows first for n > 1)."""
 
-    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[Sample]:
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams,
+                     continues: list[int | None] | None = None) -> list[Sample]:
         """Sample one continuation per prompt given as token ids (of any lengths): the call an agent loop
-        makes for each turn, with the conversation so far as the prompt. By default the prompts are
-        left-padded into a batch for :meth:`generate`."""
+        makes for each turn, with the conversation so far as the prompt. ``continues`` (an agent loop's
+        turns): for each prompt, the index of the previous call's sample it extends (that call's prompt
+        and sampled ids are where it starts), or None; an engine may keep what it computed for the samples
+        of a call with ``continues`` so that the next turn runs only the new tokens, until
+        :meth:`end_conversations`. By default the hint is not used (vLLM's prefix caching finds the
+        shared prefixes itself) and the prompts are left-padded into a batch for :meth:`generate`."""
         if not prompts:
             return []
         width = max(len(ids) for ids in prompts)
@@ -137,6 +142,9 @@ class RolloutEngine(ABC):
             sampled = tokens[:length]
             samples.append(Sample(sampled, log_probs[:length], bool(sampled) and sampled[-1] in stops))
         return samples
+
+    def end_conversations(self) -> None:
+        """Drop what :meth:`generate_ids` kept for continuing the conversations (the agent loop is done)."""
 
     @abstractmethod
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:

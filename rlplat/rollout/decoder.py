@@ -3,7 +3,9 @@ dense Qwen2 / Llama models.
 
 Both have one interface (:class:`Forward`): ``start`` runs the prompts and returns the logits that pick
 each row's first token, ``step`` feeds one token per row and returns the next logits, ``keep`` drops the
-rows that have stopped. :class:`ModelForward` calls the model (``transformers``' forward and its
+rows that have stopped. DenseForward can also start from rows' caches kept from an earlier call
+(:class:`KeptCache`, taken with ``row_cache``), so that a conversation's next turn runs only its new
+tokens. :class:`ModelForward` calls the model (``transformers``' forward and its
 cache). :class:`DenseForward` computes the same thing in a few dozen tensor operations per token over the
 model's own weight tensors (so it follows in-place updates and shared weights), with a preallocated
 key/value cache. At the sizes the engine serves, transformers' forward spends more time in Python than in
@@ -18,18 +20,47 @@ length; and the engine compares its logits with the model's forward before using
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # frequencies fixed in advance (not "dynamic", "longrope")
 
 
+@dataclass
+class KeptCache:
+    """The keys and values of earlier tokens for a batch of rows: ``k``, ``v`` ``[layers, B, kv_heads, H,
+    head_dim]``, ``valid`` ``[B, H]`` marking each row's tokens (right-aligned, in order)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    valid: torch.Tensor
+
+    @classmethod
+    def of_rows(cls, rows: list[tuple[torch.Tensor, torch.Tensor] | None], like: torch.Tensor) -> KeptCache:
+        """One batch from per-row ``(k, v)`` ``[layers, kv_heads, n, head_dim]`` (None: a row with nothing
+        kept), each right-aligned; ``like`` gives the shape of a row's entry, its dtype and device."""
+        width = max((k.shape[2] for k, _ in filter(None, rows)), default=0)
+        layers, heads, _, dim = like.shape
+        k = like.new_zeros(layers, len(rows), heads, width, dim)
+        v, valid = torch.zeros_like(k), torch.zeros(len(rows), width, dtype=torch.bool, device=like.device)
+        for row, entry in enumerate(rows):
+            if entry is not None and entry[0].shape[2]:
+                n = entry[0].shape[2]
+                k[:, row, :, width - n:], v[:, row, :, width - n:] = entry
+                valid[row, width - n:] = True
+        return cls(k, v, valid)
+
+
 class Forward:
     """Prompt and per-token forward passes with a cache (see the module docstring)."""
 
-    def start(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    def start(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, new_tokens: int,
+              kept: KeptCache | None = None) -> torch.Tensor:
         """Run left-padded prompts ``ids`` ``[B, P]`` (``mask`` marks real tokens, ``positions`` their
-        position ids) with room for ``new_tokens`` more; the last position's logits ``[B, V]``."""
+        position ids) with room for ``new_tokens`` more; the last position's logits ``[B, V]``. ``kept``:
+        the rows' earlier tokens, which ``ids`` follow (only a forward that can say so takes it)."""
         raise NotImplementedError
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -57,7 +88,9 @@ class ModelForward(Forward):
         self._cache_argument = "cache" if "cache" in args else "past_key_values"
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in args else {}
 
-    def start(self, ids, mask, positions, new_tokens):
+    def start(self, ids, mask, positions, new_tokens, kept=None):
+        if kept is not None:
+            raise ValueError("the model's own forward does not start from a kept cache")
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          **self._last_logits_only)
         self.cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
@@ -129,19 +162,31 @@ class DenseForward(Forward):
         self.length = end
         return self.model.lm_head(self._norm(self.model.model.norm, x[:, -1]))
 
-    def start(self, ids, mask, positions, new_tokens):
+    def start(self, ids, mask, positions, new_tokens, kept=None):
+        """As :meth:`Forward.start`; with ``kept``, the rows' earlier tokens come from it (``positions`` then
+        continue theirs) and only ``ids`` run."""
         rows, prompt = ids.shape
+        held = 0 if kept is None else kept.valid.shape[1]
         weight = self.model.model.embed_tokens.weight
-        shape = (len(self.layers), rows, self.kv_heads, prompt + new_tokens, self.head_dim)
+        shape = (len(self.layers), rows, self.kv_heads, held + prompt + new_tokens, self.head_dim)
         self.k = torch.empty(shape, dtype=weight.dtype, device=weight.device)
         self.v = torch.empty_like(self.k)
-        self.valid = torch.ones(rows, prompt + new_tokens, dtype=torch.bool, device=ids.device)
-        self.valid[:, :prompt] = mask.bool()  # left padding is never attended to
-        self.length = 0
-        causal = torch.ones(prompt, prompt, dtype=torch.bool, device=ids.device).tril()
+        self.valid = torch.ones(rows, held + prompt + new_tokens, dtype=torch.bool, device=ids.device)
+        if kept is not None:
+            self.k[:, :, :, :held], self.v[:, :, :, :held], self.valid[:, :held] = kept.k, kept.v, kept.valid
+        self.valid[:, held:held + prompt] = mask.bool()  # left padding is never attended to
+        self.length = held
+        causal = torch.ones(prompt, held + prompt, dtype=torch.bool, device=ids.device).tril(held)
         # a padding position sees itself: a query that sees nothing would make NaNs (its output is unused)
-        attend = (causal & self.valid[:, None, :prompt]) | torch.eye(prompt, dtype=torch.bool, device=ids.device)
+        itself = F.pad(torch.eye(prompt, dtype=torch.bool, device=ids.device), (held, 0))
+        attend = (causal & self.valid[:, None, :held + prompt]) | itself
         return self._forward(ids, positions, attend[:, None])
+
+    def row_cache(self, row: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of current row ``row``'s first ``tokens`` tokens (its kept ones, its prompt's
+        and those fed since), copied: ``[layers, kv_heads, tokens, head_dim]`` each."""
+        where = self.valid[row, :self.length].nonzero().squeeze(-1)[:tokens]
+        return self.k[:, row, :, where].clone(), self.v[:, row, :, where].clone()
 
     def step(self, tokens, positions):
         return self._forward(tokens[:, None], positions[:, None], self.valid[:, None, None, : self.length + 1])

@@ -14,6 +14,10 @@ model's forward. Stopped rows leave the batch, and the distribution is exactly r
 same quantity the training engine recomputes (top-p/top-k only restrict sampling). The model directory's
 ``generation_config.json`` (which may set top-k, repetition penalties, ...) is ignored unless
 ``rollout.hf.use_model_generation_config=true``, which samples with transformers' ``generate`` on top of it.
+
+In an agent loop's conversations (:meth:`HFRolloutEngine.generate_ids` with ``continues``) the dense forward
+keeps each trajectory's keys and values between turns, and the next turn runs only the tokens added since
+(the last sampled token and the observation): the earlier turns are not computed again.
 """
 
 from __future__ import annotations
@@ -21,18 +25,28 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from rlplat.config.plan import RolloutDeclaration
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
-    NonFiniteLogitsError, RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout,
+    NonFiniteLogitsError, RolloutEngine, RolloutSetup, Sample, SamplingParams, WeightBucket, assemble_rollout,
 )
-from rlplat.rollout.decoder import DenseForward, ModelForward, matches_model
+from rlplat.rollout.decoder import DenseForward, KeptCache, ModelForward, matches_model
 from rlplat.rollout.weight_sync import named_checksums
 from rlplat.sequence import position_ids_from_mask, response_log_probs, response_mask_from_ids
+
+
+@dataclass
+class _Conversation:
+    """A sample's tokens whose keys and values are kept for its conversation's next turn: the prompt and the
+    sampled ids but the last (which the next turn feeds)."""
+
+    ids: list[int]
+    k: torch.Tensor  # [layers, kv_heads, len(ids), head_dim]
+    v: torch.Tensor
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -54,6 +68,7 @@ class HFRolloutEngine(RolloutEngine):
         self.model.eval().requires_grad_(False)
         self.use_model_generation_config = engine_cfg.use_model_generation_config
         self.forward = self._choose_forward(engine_cfg.dense_forward, setup)
+        self._kept: list[_Conversation] | None = None  # the last generate_ids call's samples, to continue
 
     def _choose_forward(self, dense: bool, setup: RolloutSetup):
         """The dense forward when the model is one it computes and its logits agree with the model's
@@ -100,11 +115,14 @@ class HFRolloutEngine(RolloutEngine):
         generated = generated.masked_fill(response_mask == 0, self.pad_token_id)
         return assemble_rollout(prompts, generated.cpu(), response_mask.cpu(), log_probs.float().cpu())
 
-    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams):
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, kept: KeptCache | None = None,
+                held: torch.Tensor | None = None, keep_rows: dict | None = None):
         """Sample up to ``max_new_tokens`` per row with the KV cache; rows that have stopped leave the batch
         (their cache rows are dropped once a quarter of the batch has stopped), so a batch of varied
         lengths costs the tokens it generates, not its longest response times its size. Returns
-        ``[B, max_new_tokens]`` tokens (pad after a stop) and their log-probs under softmax(logits / T)."""
+        ``[B, max_new_tokens]`` tokens (pad after a stop) and their log-probs under softmax(logits / T).
+        ``kept``: the rows' earlier tokens' cache (``held`` ``[B]`` tokens each, which ``ids`` follow);
+        ``keep_rows``: filled with each row's cache (prompt and sampled tokens but the last), by row."""
         rows, limit = ids.shape[0], params.max_new_tokens
         tokens = torch.full((rows, limit), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros(rows, limit, dtype=torch.float32, device=self.device)
@@ -112,9 +130,11 @@ class HFRolloutEngine(RolloutEngine):
         temperature = params.temperature if params.temperature > 0 else 1.0
         live = torch.arange(rows, device=self.device)  # the original row of each row still in the batch
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        positions = position_ids_from_mask(mask)
+        positions = position_ids_from_mask(mask) + (0 if held is None else held[:, None])
+        # per row, the tokens its cache will hold when it stops: its context, then each sampled token but the last
+        cached = mask.sum(-1) + (0 if held is None else held) - 1
         try:
-            logits = self.forward.start(ids, mask, positions, limit)
+            logits = self.forward.start(ids, mask, positions, limit, kept)
             positions = positions[:, -1]
             for step in range(limit):
                 scaled = logits.float() / temperature
@@ -123,18 +143,28 @@ class HFRolloutEngine(RolloutEngine):
                 writing = ~done
                 tokens[live[writing], step] = token[writing]
                 log_probs[live[writing], step] = step_log_probs.gather(-1, token[:, None]).squeeze(-1)[writing]
+                cached[live[writing]] += 1
                 done |= torch.isin(token, stops)
                 if step == limit - 1 or bool(done.all()):
                     break
                 if int(done.sum()) * 4 >= len(done):  # compact: the stopped rows leave the batch
                     keep = (~done).nonzero().squeeze(-1)
+                    self._keep_rows(keep_rows, done.nonzero().squeeze(-1), live, cached)
                     self.forward.keep(keep)
                     live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
                 positions = positions + 1
                 logits = self.forward.step(token, positions)
+            self._keep_rows(keep_rows, torch.arange(len(live), device=self.device), live, cached)
         finally:  # the cache (every layer x row x token) is not held through the other stages
             self.forward.release()
         return tokens, log_probs
+
+    def _keep_rows(self, keep_rows: dict | None, current: torch.Tensor, live: torch.Tensor, cached: torch.Tensor):
+        """Copy the cache of the ``current`` rows (indices into the batch as it is now) into ``keep_rows``."""
+        if keep_rows is not None:
+            for row in current.tolist():
+                original = int(live[row])
+                keep_rows[original] = self.forward.row_cache(row, int(cached[original]))
 
     def _generate_with_transformers(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams):
         """transformers' ``generate`` with the model's generation config as the base (logits processors,
@@ -151,8 +181,64 @@ class HFRolloutEngine(RolloutEngine):
         return generated, log_probs
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
+        self._kept = None
         with self._random_stream(params.seed):
             return Batch.concat([self._generate_chunk(chunk, params) for chunk in batch.split(self.batch_size_seqs)])
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams,
+                     continues: list[int | None] | None = None) -> list[Sample]:
+        """With ``continues`` and the dense forward, a prompt that extends the previous call's sample
+        ``continues[i]`` (checked token by token) starts from that sample's kept cache and runs only its new
+        tokens, and every sample's cache is kept for the next call; otherwise as the base engine's."""
+        kept, self._kept = self._kept or [], None
+        if continues is None or not isinstance(self.forward, DenseForward) or self.use_model_generation_config:
+            return super().generate_ids(prompts, params)
+        samples, conversations = [], []
+        with self._random_stream(params.seed):
+            for start in range(0, len(prompts), self.batch_size_seqs):
+                end = start + self.batch_size_seqs
+                samples += self._continue(prompts[start:end], continues[start:end], kept, params, conversations)
+        self._kept = conversations
+        return samples
+
+    def end_conversations(self) -> None:
+        self._kept = None
+
+    @torch.no_grad()
+    def _continue(self, prompts: list[list[int]], continues: list[int | None], kept: list[_Conversation],
+                  params: SamplingParams, conversations: list[_Conversation]) -> list[Sample]:
+        """Sample a chunk of :meth:`generate_ids`' prompts, each from its conversation's kept cache when it has
+        one, appending each sample's cache to ``conversations``."""
+        earlier = []
+        for prompt, index in zip(prompts, continues):
+            past = kept[index] if index is not None and index < len(kept) else None
+            extends = past is not None and len(prompt) > len(past.ids) and prompt[:len(past.ids)] == past.ids
+            earlier.append(past if extends else None)
+        new = [prompt[len(past.ids):] if past else prompt for prompt, past in zip(prompts, earlier)]
+        width = max(len(ids) for ids in new)
+        ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(new), width, dtype=torch.long, device=self.device)
+        for row, tokens in enumerate(new):
+            ids[row, width - len(tokens):] = torch.as_tensor(tokens, dtype=torch.long)
+            mask[row, width - len(tokens):] = 1
+        rows = {}
+        if any(earlier):
+            like = next(past.k for past in earlier if past)
+            cache = KeptCache.of_rows([(past.k, past.v) if past else None for past in earlier], like)
+            held = torch.tensor([len(past.ids) if past else 0 for past in earlier], device=self.device)
+            tokens, log_probs = self._sample(ids, mask, params, cache, held, keep_rows=rows)
+        else:
+            tokens, log_probs = self._sample(ids, mask, params, keep_rows=rows)
+        if not bool(torch.isfinite(log_probs).all()):
+            raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
+        stops = self._stop_ids(params)
+        lengths = response_mask_from_ids(tokens, tuple(stops)).sum(-1).tolist()
+        samples = []
+        for row, (prompt, length) in enumerate(zip(prompts, lengths)):
+            sampled = tokens[row, :length].tolist()
+            samples.append(Sample(sampled, log_probs[row, :length].tolist(), bool(sampled) and sampled[-1] in stops))
+            conversations.append(_Conversation(prompt + sampled[:-1], *rows[row]))
+        return samples
 
     @contextlib.contextmanager
     def _random_stream(self, seed: int | None):
@@ -174,6 +260,7 @@ class HFRolloutEngine(RolloutEngine):
         return True
 
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        self._kept = None
         _copy_in(self.model.state_dict(), buckets, "weight", "training and rollout models differ?")
 
     @torch.no_grad()

@@ -16,15 +16,20 @@ from rlplat.trainer.run import load_run_config
 from workers.helpers import ECHO_ENVIRONMENT, agent_prompts, check_trajectories, observation_ids
 
 class Recording:
-    """The engine, with each turn's prompts and samples kept."""
+    """The engine, with each turn's prompts and samples kept (``continuing=False``: the loop's ``continues``
+    not passed on, so every turn runs the whole conversation)."""
 
-    def __init__(self, engine):
-        self.engine, self.calls = engine, []
+    def __init__(self, engine, continuing: bool = True):
+        self.engine, self.calls, self.continuing, self.ended = engine, [], continuing, 0
 
-    def generate_ids(self, prompts, params):
-        samples = self.engine.generate_ids(prompts, params)
+    def generate_ids(self, prompts, params, continues=None):
+        samples = self.engine.generate_ids(prompts, params, continues if self.continuing else None)
         self.calls.append((prompts, samples))
         return samples
+
+    def end_conversations(self):
+        self.ended += 1
+        self.engine.end_conversations()
 
 
 def agent_setup(model_path, tmp_path, *overrides):
@@ -119,3 +124,34 @@ def test_an_observation_that_does_not_fit_ends_the_trajectory_with_nothing_of_it
         assert agent["messages"][-1]["role"] == "assistant"  # no observation left half-added
         assert out.tensors["responses"][row, :len(sample.ids)].tolist() == sample.ids
         assert out.tensors["attention_mask"][row, -12:].tolist() == [1] * len(sample.ids) + [0] * (12 - len(sample.ids))
+
+
+def test_the_hf_engine_runs_only_each_turns_new_tokens_and_samples_as_when_rerunning(embedded_cache, tmp_path):
+    """The dense forward keeps each trajectory's cache between turns: a later turn's forward runs only the
+    tokens added since (the last sampled token and the observation), and the trajectories, their ids and
+    log-probs, are those of running every conversation whole each turn (greedy, so no draw can differ)."""
+    model_path = str(embedded_model_dir())
+    cfg, tokenizer, engine = agent_setup(model_path, tmp_path)
+    prompts = agent_prompts(tokenizer, ["12+5=", "3+4=", "20+22=", "9+9="])
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    widths = []  # the tokens per row each forward pass starts with
+    start = engine.forward.start
+    engine.forward.start = lambda ids, *args: widths.append(ids.shape[1]) or start(ids, *args)
+    runs = []
+    for continuing in (True, False):
+        widths.clear()
+        recording = Recording(engine, continuing)
+        out = MultiTurn(cfg.rollout.agent, tokenizer, response_length=64).run(recording, prompts, params)
+        runs.append((out, recording.calls, list(widths)))
+        assert recording.ended == 1 and engine._kept is None  # the caches are dropped after the loop
+    (kept, kept_calls, kept_widths), (rerun, rerun_calls, rerun_widths) = runs
+    assert len(kept_calls) == len(rerun_calls) >= 2
+    for (prompts_kept, samples_kept), (prompts_rerun, samples_rerun) in zip(kept_calls, rerun_calls):
+        assert prompts_kept == prompts_rerun and [s.ids for s in samples_kept] == [s.ids for s in samples_rerun]
+        for a, b in zip(samples_kept, samples_rerun):
+            torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5, rtol=0)
+    assert kept.tensors["responses"].equal(rerun.tensors["responses"])
+    for turn, (conversations, samples) in enumerate(kept_calls[1:], start=1):
+        previous = {tuple(p + s.ids) for p, s in zip(*kept_calls[turn - 1])}
+        added = [len(p) - max(len(q) for q in previous if tuple(p[:len(q)]) == q) + 1 for p in conversations]
+        assert kept_widths[turn] == max(added) < rerun_widths[turn] == max(len(p) for p in conversations)
