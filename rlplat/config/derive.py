@@ -6,8 +6,8 @@ valid config; a size set explicitly is never changed, and validation still check
 
 * ``actor.mini_batch_size_prompts``: the largest divisor of ``data.train_batch_size_prompts`` <= 16.
 * ``actor.micro_batch_size_seqs_per_worker``: the largest divisor of the per-worker mini-batch
-  (mini-batch prompts x ``rollout.n`` / workers) <= 128; ``critic.micro_batch_size_seqs_per_worker``:
-  the actor's value.
+  (mini-batch prompts x ``rollout.n`` / the actor's data-parallel replicas: every worker of a replica
+  holds its share) <= 128; ``critic.micro_batch_size_seqs_per_worker``: the actor's value.
 
 One alias is resolved here too: ``algorithm.tis_cap=C`` is ``algorithm.off_policy.correction=tis``,
 ``level=token``, ``cap=C`` (what verl's and TRL's token truncation maps to), so the rest of rlplat reads
@@ -29,6 +29,20 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
     return next((d for d in range(min(n, cap), 0, -1) if n % d == 0), 1)
 
 
+def data_parallel_replicas(cfg: DictConfig, role: str, world: int) -> int:
+    """The model replicas ``role``'s training engine forms on ``world`` workers, each taking its share of a
+    batch: Megatron's split every model over tensor x pipeline-parallel workers, FSDP's over
+    ``fsdp.ulysses_size`` workers (at least 1)."""
+    section = cfg[role]
+    if section.strategy == "megatron":
+        split = section.megatron.tensor_model_parallel_size * section.megatron.pipeline_model_parallel_size
+    elif section.strategy == "fsdp":
+        split = section.fsdp.ulysses_size
+    else:  # an engine of one's own: every worker its own replica
+        split = 1
+    return max(1, world // split)
+
+
 def derive_batch_sizes(cfg: DictConfig) -> None:
     """Replace the ``None`` batch sizes of ``cfg`` (in place) by the values above."""
     actor, critic = cfg.actor, cfg.critic
@@ -36,9 +50,9 @@ def derive_batch_sizes(cfg: DictConfig) -> None:
         if actor.mini_batch_size_prompts is None:
             actor.mini_batch_size_prompts = largest_divisor_at_most(cfg.data.train_batch_size_prompts,
                                                                     MINI_BATCH_PROMPTS_CAP)
-        world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+        replicas = data_parallel_replicas(cfg, "actor", cfg.trainer.nnodes * cfg.trainer.workers_per_node)
         mini_seqs = actor.mini_batch_size_prompts * cfg.rollout.n
-        per_worker = mini_seqs // world if world > 0 and mini_seqs % world == 0 else MICRO_BATCH_SEQS_CAP
+        per_worker = mini_seqs // replicas if mini_seqs % replicas == 0 else MICRO_BATCH_SEQS_CAP
         if actor.micro_batch_size_seqs_per_worker is None:
             actor.micro_batch_size_seqs_per_worker = largest_divisor_at_most(per_worker, MICRO_BATCH_SEQS_CAP)
         if critic.micro_batch_size_seqs_per_worker is None:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlplat.algorithms import OverlongShaping, estimator_spec, policy_loss_config
 from rlplat.algorithms.advantages import SCALES as ADV_SCALES
 from rlplat.algorithms.off_policy import LEVELS as OFF_POLICY_LEVELS
+from rlplat.config.derive import data_parallel_replicas
 from rlplat.config.errors import ConfigError, check
 from rlplat.config.plan import OLD_LOG_PROBS, REFERENCE_PLACEMENTS, as_paths, reference_placement
 from rlplat.config.schema import count_keys
@@ -172,18 +173,19 @@ def _check_batches(cfg: DictConfig, world: int) -> None:
         f"actor.mini_batch_size_prompts={mini} must divide data.train_batch_size_prompts={step}",
     )
     mini_seqs = mini * n
-    check(
-        mini_seqs % world == 0,
-        f"actor.mini_batch_size_prompts x rollout.n = {mini_seqs} sequences must divide evenly over "
-        f"{world} workers (trainer.nnodes x trainer.workers_per_node)",
-    )
-    per_worker = mini_seqs // world
-    for key in ("actor.micro_batch_size_seqs_per_worker", "critic.micro_batch_size_seqs_per_worker"):
+    trained = ("actor", "critic") if estimator_spec(cfg.algorithm.adv_estimator).needs_values else ("actor",)
+    for role in trained:
+        replicas = data_parallel_replicas(cfg, role, world)
+        over = f"{world} workers (trainer.nnodes x trainer.workers_per_node)" if replicas == world else \
+            f"{replicas} data-parallel replicas of {role}.strategy={cfg[role].strategy} ({world} workers)"
+        check(mini_seqs % replicas == 0,
+              f"actor.mini_batch_size_prompts x rollout.n = {mini_seqs} sequences must divide evenly over {over}")
+        key, per_worker = f"{role}.micro_batch_size_seqs_per_worker", mini_seqs // replicas
         micro = _get(cfg, key)
         check(
             per_worker % micro == 0,
             f"{key}={micro} must divide the {per_worker} sequences each worker holds per mini-batch "
-            f"(actor.mini_batch_size_prompts x rollout.n / workers)",
+            f"(actor.mini_batch_size_prompts x rollout.n / {'workers' if replicas == world else 'replicas'})",
         )
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+from rlplat.config.derive import data_parallel_replicas
 from rlplat.engines.token_head import CHUNK_BYTES as HEAD_CHUNK_BYTES  # float32 logits per chunk
 from rlplat.rollout.agent_loop import prompt_tools
 
@@ -188,14 +189,13 @@ class Layout:
 
 
 def layout(cfg: DictConfig, role: str, world: int) -> Layout:
-    section = cfg[role]
+    section, replicas = cfg[role], data_parallel_replicas(cfg, role, world)
     if section.strategy == "megatron":
         m = section.megatron
         tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-        dp = max(1, world // (tp * pp))
-        return Layout("megatron", tp * pp, tp * pp * (dp if m.use_distributed_optimizer else 1), tp, pp, dp)
-    sp = section.fsdp.ulysses_size
-    return Layout("fsdp", world, world, replicas=max(1, world // sp), sp=sp)
+        return Layout("megatron", tp * pp, tp * pp * (replicas if m.use_distributed_optimizer else 1), tp, pp,
+                      replicas)
+    return Layout("fsdp", world, world, replicas=replicas, sp=section.fsdp.ulysses_size)
 
 
 def actor_state(shape: ModelShape, lay: Layout, compute_bytes: int, cfg: DictConfig, trained: bool,

@@ -124,3 +124,22 @@ def test_cli_help_lists_presets(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "algorithm: cispo, dapo, dppo_kl, dppo_tv, dr_grpo" in out and "rollout: hf" in out
+
+
+def test_batches_divide_over_the_data_parallel_replicas_not_the_workers():
+    """Workers that split one model (tensor / pipeline parallel, Ulysses) hold the same share of a batch, so
+    sizes are checked and derived per replica: 6 sequences over 4 workers in 2 replicas of tp 2 are 3 each."""
+    pytest.importorskip("megatron.core", reason="needs megatron-core")
+    tp2 = ["trainer.workers_per_node=4", "actor.strategy=megatron", "actor.megatron.tensor_model_parallel_size=2",
+           "data.train_batch_size_prompts=3", "rollout.n=2"]
+    cfg, _ = load_run_config(tp2)
+    assert cfg.actor.micro_batch_size_seqs_per_worker == 3  # the replica's whole share, derived
+    with pytest.raises(ConfigError, match=r"actor.micro_batch_size_seqs_per_worker=2 must divide the 3 sequences "
+                                          r"each worker holds per mini-batch \(actor.mini_batch_size_prompts x "
+                                          r"rollout.n / replicas\)"):
+        load_run_config([*tp2, "actor.micro_batch_size_seqs_per_worker=2"])
+    with pytest.raises(ConfigError, match=r"= 6 sequences must divide evenly over 4 workers \(trainer.nnodes"):
+        load_run_config(["trainer.workers_per_node=4", "data.train_batch_size_prompts=3", "rollout.n=2"])
+    cfg, _ = load_run_config(["trainer.workers_per_node=4", "actor.fsdp.ulysses_size=4",
+                              "data.train_batch_size_prompts=3", "rollout.n=2"])
+    assert cfg.actor.micro_batch_size_seqs_per_worker == 6  # one replica of four workers holds all six
