@@ -40,7 +40,7 @@ def data_parallel_replicas(cfg: DictConfig, role: str, world: int) -> int:
         split = section.fsdp.ulysses_size
     else:  # an engine of one's own: every worker its own replica
         split = 1
-    return max(1, world // split)
+    return max(1, world // split) if isinstance(split, int) and split >= 1 else world  # a bad size: validation says so
 
 
 def derive_batch_sizes(cfg: DictConfig) -> None:

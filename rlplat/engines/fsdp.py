@@ -182,32 +182,28 @@ class FSDPEngine(TrainingEngine):
             shard = sharded(local.shard)
             self._sequence_shard = local.shard if grad else None
 
-        def out(values: torch.Tensor) -> torch.Tensor:  # [N] -> [B, R]
-            return rows.scatter(combine(values))
+        def outs(*values: torch.Tensor) -> list[torch.Tensor]:  # each [N] -> [B, R], combined in one collective
+            return [rows.scatter(v) for v in combine(torch.stack(values, -1)).unbind(-1)]
 
         with torch.set_grad_enabled(grad), shard:
             if self.chunked_head:
                 log_prob, entropy, sum_sq = self._model(
                     **inputs, positions=positions, targets=targets, temperature=temperature,
                     need_entropy=need_entropy, need_sum_pi_squared=need_sum_pi_squared)
-                return ForwardOutput(
-                    log_probs=out(log_prob),
-                    entropy=out(entropy) if need_entropy else None,
-                    sum_pi_squared=out(sum_sq) if need_sum_pi_squared else None,
-                )
-            if self.value_head:
+            elif self.value_head:
                 values = self._model(**inputs, use_cache=False).logits.reshape(-1)[positions]
-                return ForwardOutput(values=out(values.float()))
-            from rlplat.algorithms import entropy_from_logits
+                return ForwardOutput(values=outs(values.float())[0])
+            else:
+                from rlplat.algorithms import entropy_from_logits
 
-            logits = self._model(**inputs, use_cache=False).logits
-            logits = logits.reshape(-1, logits.shape[-1])[positions]
-            log_probs, scaled = response_log_probs(logits, targets, temperature)
-            return ForwardOutput(
-                log_probs=out(log_probs),
-                entropy=out(entropy_from_logits(scaled)) if need_entropy else None,
-                sum_pi_squared=out(torch.softmax(scaled, dim=-1).square().sum(-1)) if need_sum_pi_squared else None,
-            )
+                logits = self._model(**inputs, use_cache=False).logits
+                logits = logits.reshape(-1, logits.shape[-1])[positions]
+                log_prob, scaled = response_log_probs(logits, targets, temperature)
+                entropy = entropy_from_logits(scaled) if need_entropy else None
+                sum_sq = torch.softmax(scaled, dim=-1).square().sum(-1) if need_sum_pi_squared else None
+            got = outs(log_prob, *([entropy] if need_entropy else []), *([sum_sq] if need_sum_pi_squared else []))
+            return ForwardOutput(log_probs=got[0], entropy=got[1] if need_entropy else None,
+                                 sum_pi_squared=got[-1] if need_sum_pi_squared else None)
 
     def _packing_matches_padding(self) -> bool:
         """Whether this model, given packed rows, scores each sequence as it does alone (see

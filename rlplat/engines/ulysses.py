@@ -112,15 +112,17 @@ class LocalRows:
     shard: SequenceShard
 
     def combine(self, values: torch.Tensor) -> torch.Tensor:
-        """This rank's outputs ``[n]`` -> all ``N`` positions' (each computed by one rank), the same on every rank
-        of the group. Its backward sums the group's gradients, so each rank's outputs get U times the gradient
-        of a loss that every rank computes alike: the engine scales its loss by the data-parallel size, not the
-        world size (:meth:`rlplat.engines.fsdp.FSDPEngine.backward`)."""
+        """This rank's outputs ``[n]`` (or ``[n, k]``: k kinds of output, gathered in one collective) -> all ``N``
+        positions' (each computed by one rank), the same on every rank of the group. Its backward sums the
+        group's gradients, so each rank's outputs get U times the gradient of a loss that every rank computes
+        alike: the engine scales its loss by the data-parallel size, not the world size
+        (:meth:`rlplat.engines.fsdp.FSDPEngine.backward`)."""
         from torch.distributed._functional_collectives import all_gather_single_autograd
 
-        full = values.new_zeros(self.held.shape[0]).masked_scatter(self.held, values)
+        held = self.held.view(-1, *(1,) * (values.dim() - 1)).expand(-1, *values.shape[1:])
+        full = values.new_zeros(held.shape).masked_scatter(held, values)
         gathered = all_gather_single_autograd(full, gather_dim=0, group=self.shard.group)
-        return gathered.view(self.shard.size, -1).sum(0)
+        return gathered.view(self.shard.size, *full.shape).sum(0)
 
 
 def split_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
