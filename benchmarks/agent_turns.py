@@ -1,17 +1,18 @@
 """The HF engine in an agent loop: a conversation's earlier turns kept in the cache, against run again each turn.
 
-    .venv/bin/python benchmarks/agent_turns.py                    # 32 conversations, 3 turns
+    .venv/bin/python benchmarks/agent_turns.py                    # 32 conversations, up to 3 turns
     .venv/bin/python benchmarks/agent_turns.py --repeats 5 --rows 32
 
-The ``tool`` agent loop (``rlplat.rollout.agent_loop.MultiTurn``) runs ``--rows`` conversations of three
-assistant turns with an environment that answers each turn with a short user message (the tests' echo
-environment), sampled with a fixed seed, a turn ending at EOS or a digit or after ``--new-tokens`` tokens, on a randomly initialised Qwen2 of 8 layers,
-hidden 512 (25M parameters) with the tests' character tokenizer, float32 on CPU. ``kept``: the engine keeps each
-trajectory's keys and values between turns and runs only the tokens added since; ``rerun``: the loop's
-``continues`` hint is withheld, so every turn runs the whole conversation. The two alternate
-``--repeats`` times (the machine's speed drifts); the table gives the median seconds of a rollout and the
-prompt tokens its forward passes ran (rows x width of each turn's first pass). Both sample the same
-distribution (``tests/rollout/test_agent_loop.py`` checks that greedy trajectories are the same).
+The ``tool`` agent loop (``rlplat.rollout.agent_loop.MultiTurn``) runs ``--rows`` conversations of up to
+three assistant turns with the tests' echo environment (``tests/workers/helpers.py``: a short user message
+after each turn), sampled with a fixed seed, a turn ending at EOS, at a digit or after ``--new-tokens``
+tokens, on a randomly initialised Qwen2 of 8 layers, hidden 512 (25M parameters) with the tests' character
+tokenizer, float32 on CPU. ``kept``: the engine keeps each trajectory's keys and values between turns and
+runs only the tokens added since; ``rerun``: the loop's ``continues`` hint is withheld, so every turn runs
+the whole conversation. The two alternate ``--repeats`` times (the machine's speed drifts); the table gives
+the median seconds of a rollout and the prompt tokens its forward passes ran (rows x width of each turn's
+first pass). Both sample the same distribution (``tests/rollout/test_agent_loop.py`` checks that greedy
+trajectories are the same).
 """
 
 from __future__ import annotations
@@ -26,22 +27,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-ECHO = '''
-from rlplat.agents.environment import Environment, Step
-
-class Echo(Environment):
-    def reset(self, row):
-        self.turns = 0
-        return list(row["prompt"])
-
-    def step(self, message):
-        self.turns += 1
-        if self.turns == 3:
-            return Step([], done=True)
-        return Step([{"role": "user", "content": f"turn {self.turns}: go on, and show the steps"}])
-'''
-
 
 class Withheld:
     """The engine without the loop's ``continues`` hint (each turn runs the whole conversation)."""
@@ -70,7 +55,7 @@ def main() -> int:
     from rlplat.rollout.hf import HFRolloutEngine
     from rlplat.trainer.run import load_run_config
     from rlplat.utils.quiet import quiet_third_party
-    from workers.helpers import agent_prompts
+    from workers.helpers import ECHO_ENVIRONMENT, agent_prompts
 
     quiet_third_party(verbose=False)
     with tempfile.TemporaryDirectory(prefix="rlplat-agent-turns-") as tmp:
@@ -78,7 +63,7 @@ def main() -> int:
                              intermediate_size=1536, max_position_embeddings=2048)
         model_dir = build_tiny_model(Path(tmp) / "model", spec, seed=0)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        (Path(tmp) / "echo.py").write_text(ECHO)
+        (Path(tmp) / "echo.py").write_text(ECHO_ENVIRONMENT)
         cfg = load_run_config(["rollout.agent.name=tool", f"rollout.agent.environment={tmp}/echo.py:Echo",
                                "rollout.agent.max_turns=3"])[0]
         setup = RolloutSetup(model_path=str(model_dir), tokenizer_path=str(model_dir), device=torch.device("cpu"),

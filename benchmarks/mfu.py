@@ -42,7 +42,7 @@ busy time against the update's wall time: a busy share well under 100% means the
 work fast enough (launch overhead, synchronisations), one near 100% points at the kernels themselves.
 
 **Strategies**: ``fsdp``, ``megatron`` (fp32 weights, bf16 compute) and ``megatron-bf16``
-(``actor.megatron.params_dtype=bf16``: bf16 weights and gradients, fp32 master copies and moments in the
+(``actor.megatron.params_dtype=bf16``: bf16 weights, fp32 gradients, fp32 master copies and moments in the
 optimizer). Beside peak memory, the table gives the training state the engine holds between updates:
 weights, their master copies and AdamW's moments (GiB).
 

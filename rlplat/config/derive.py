@@ -7,7 +7,8 @@ valid config; a size set explicitly is never changed, and validation still check
 * ``actor.mini_batch_size_prompts``: the largest divisor of ``data.train_batch_size_prompts`` <= 16.
 * ``actor.micro_batch_size_seqs_per_worker``: the largest divisor of the per-worker mini-batch
   (mini-batch prompts x ``rollout.n`` / the actor's data-parallel replicas: every worker of a replica
-  holds its share) <= 128; ``critic.micro_batch_size_seqs_per_worker``: the actor's value.
+  holds its share) <= 128; ``critic.micro_batch_size_seqs_per_worker``: the actor's value, or the largest
+  divisor of the critic's own per-worker share below it when the critic forms other replicas.
 
 One alias is resolved here too: ``algorithm.tis_cap=C`` is ``algorithm.off_policy.correction=tis``,
 ``level=token``, ``cap=C`` (what verl's and TRL's token truncation maps to), so the rest of rlplat reads
@@ -50,13 +51,18 @@ def derive_batch_sizes(cfg: DictConfig) -> None:
         if actor.mini_batch_size_prompts is None:
             actor.mini_batch_size_prompts = largest_divisor_at_most(cfg.data.train_batch_size_prompts,
                                                                     MINI_BATCH_PROMPTS_CAP)
-        replicas = data_parallel_replicas(cfg, "actor", cfg.trainer.nnodes * cfg.trainer.workers_per_node)
+        world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
         mini_seqs = actor.mini_batch_size_prompts * cfg.rollout.n
-        per_worker = mini_seqs // replicas if mini_seqs % replicas == 0 else MICRO_BATCH_SEQS_CAP
+
+        def per_worker(role: str) -> int:
+            replicas = data_parallel_replicas(cfg, role, world)
+            return mini_seqs // replicas if mini_seqs % replicas == 0 else MICRO_BATCH_SEQS_CAP
+
         if actor.micro_batch_size_seqs_per_worker is None:
-            actor.micro_batch_size_seqs_per_worker = largest_divisor_at_most(per_worker, MICRO_BATCH_SEQS_CAP)
+            actor.micro_batch_size_seqs_per_worker = largest_divisor_at_most(per_worker("actor"), MICRO_BATCH_SEQS_CAP)
         if critic.micro_batch_size_seqs_per_worker is None:
-            critic.micro_batch_size_seqs_per_worker = actor.micro_batch_size_seqs_per_worker
+            critic.micro_batch_size_seqs_per_worker = largest_divisor_at_most(
+                per_worker("critic"), actor.micro_batch_size_seqs_per_worker)
 
 
 def resolve_aliases(cfg: DictConfig) -> None:

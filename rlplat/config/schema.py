@@ -113,8 +113,8 @@ class MegatronConfig:
     use_distributed_optimizer: bool = True
     # auto = bf16 compute (CUDA autocast) with fp32 weights on GPU, fp32 on CPU | none | bf16 (GPU only)
     mixed_precision: str = "auto"
-    # fp32 | bf16: weights and gradients in bf16, stepped through fp32 master copies in the (sharded) optimizer
-    # (Megatron-LM's recipe: half the weights' memory; for GPUs, and needs mixed_precision auto or bf16)
+    # fp32 | bf16: bf16 weights, gradients summed in fp32, stepped through fp32 master copies in the (sharded)
+    # optimizer (Megatron-LM's recipe: half the weights' memory; for GPUs, and needs mixed_precision auto or bf16)
     params_dtype: str = "fp32"
 
 

@@ -12,10 +12,12 @@ The update is the unsharded one; the state takes 1 / dp of the memory. FSDP need
 weights, and so its moments, are already sharded.
 
 Weights kept in bf16 (``master_weights``; Megatron-LM's mixed-precision recipe, Micikevicius et al. 2018,
-"Mixed Precision Training") are stepped through fp32 master copies: AdamW updates an fp32 copy of each
-weight this process steps, with the gradient cast to fp32, and the weight takes the rounded result. Small
-updates then accumulate in the master instead of vanishing in bf16's 8-bit mantissa. With sharding, each
-replica holds the masters of its share only.
+"Mixed Precision Training") are stepped through fp32 master copies: each backward pass adds a weight's
+gradient into an fp32 buffer of its own (its "main gradient", :meth:`Optimizer.grad`, which the engine sums
+over the replicas), AdamW updates an fp32 copy of each weight this process steps with it, and the weight
+takes the rounded result. Gradients summed over micro-batches and replicas, and small updates, then keep
+the precision bf16's 8-bit mantissa would lose. With sharding, each replica holds the masters of its share
+only.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class Optimizer:
     computes the global gradient norm of ``params`` (default: over the local tensors, DTensors gathered);
     a tensor-parallel engine passes one that counts each shard once. ``shard_group``: the processes that
     hold the same ``params`` (data-parallel replicas) and share the optimizer state out among them.
-    ``master_weights``: step fp32 copies of the weights (kept in a lower precision). ``flat_state``: keep
+    ``master_weights``: accumulate fp32 gradients and step fp32 copies of the weights (kept in a lower
+    precision); the engine reads and reduces the gradients through :meth:`grad`. ``flat_state``: keep
     the gradients and AdamW's moments of plain (unsharded) fp32 ``params`` in flat buffers for the whole
     run (:func:`attach_flat_grads`)."""
 
@@ -65,12 +68,20 @@ class Optimizer:
         self.shard_group = shard_group if shard_group is not None and dist.get_world_size(shard_group) > 1 else None
         self.owners = shard_owners(self.params, dist.get_world_size(self.shard_group)) if self.shard_group else None
         self._owner_of = dict(zip(self.params, self.owners or ()))
+        if self.owners is not None and len(set(self.owners)) < dist.get_world_size(self.shard_group):
+            raise ValueError(f"the optimizer is sharded over {dist.get_world_size(self.shard_group)} replicas, more "
+                             f"than there are weights ({len(self.params)}); use fewer data-parallel replicas or an "
+                             f"unsharded optimizer")  # every replica computes the same owners: all of them stop
         self.stepped = [p for p in self.params if self.steps_locally(p)]
-        if not self.stepped:
-            raise ValueError(f"the optimizer is sharded over more replicas than there are weights "
-                             f"({len(self.params)}); use fewer data-parallel replicas or an unsharded optimizer")
         # each stepped weight's tensor that AdamW updates: an fp32 copy (master_weights), else the weight
         self.masters = {p: p.detach().to(torch.float32, copy=True) for p in self.stepped} if master_weights else None
+        # master_weights: every weight's gradient summed in fp32 (also those another replica steps: the engine
+        # sums them over the replicas), and which weights got one since the last step
+        self.main_grads = {p: torch.zeros_like(p, dtype=torch.float32) for p in self.params} if master_weights \
+            else None
+        self._touched: set[torch.nn.Parameter] = set()
+        for param in self.params if master_weights else ():
+            param.register_post_accumulate_grad_hook(self._accumulate)
         targets = self._targets()
         self.grad_buffer = attach_flat_grads(self.params) if flat_state and not (master_weights or self.owners) \
             else None
@@ -94,7 +105,7 @@ class Optimizer:
         grad_norm = self.grad_norm(self.params)
         if self.masters is not None:  # the fp32 gradients of the weights stepped here
             for param, master in self.masters.items():
-                master.grad = None if param.grad is None else param.grad.to(torch.float32)
+                master.grad = self.main_grads[param] if param in self._touched else None
         if self.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(self._targets(), self.grad_clip, grad_norm)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
@@ -108,8 +119,24 @@ class Optimizer:
             self.optimizer.zero_grad(set_to_none=True)
             for param in self.params:
                 param.grad = None
+        for grad in (self.main_grads or {}).values():
+            grad.zero_()
+        self._touched.clear()
         self.scheduler.step()
         return {"grad_norm": float(grad_norm), "lr": lr}
+
+    def grad(self, param: torch.nn.Parameter) -> torch.Tensor | None:
+        """``param``'s gradient as the optimizer will use it (to sum over replicas, to clip by): its fp32 main
+        gradient with ``master_weights`` (None before any backward pass reached it), else ``param.grad``."""
+        if self.main_grads is None:
+            return param.grad
+        return self.main_grads[param] if param in self._touched else None
+
+    def _accumulate(self, param: torch.nn.Parameter) -> None:
+        """After a backward pass put a bf16 gradient in ``param.grad``: add it to the fp32 main gradient."""
+        self.main_grads[param].add_(param.grad)
+        param.grad = None
+        self._touched.add(param)
 
     def _targets(self) -> list[torch.Tensor]:
         return list(self.masters.values()) if self.masters is not None else self.stepped

@@ -30,8 +30,8 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # frequencies fixed in adv
 
 @dataclass
 class KeptCache:
-    """The keys and values of earlier tokens for a batch of rows: ``k``, ``v`` ``[layers, B, kv_heads, H,
-    head_dim]``, ``valid`` ``[B, H]`` marking each row's tokens (right-aligned, in order)."""
+    """The keys and values of earlier tokens for a batch of rows: ``k``, ``v`` ``[layers, B, kv_heads, width,
+    head_dim]``, ``valid`` ``[B, width]`` marking each row's tokens (right-aligned, in order)."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -166,7 +166,7 @@ class DenseForward(Forward):
         """As :meth:`Forward.start`; with ``kept``, the rows' earlier tokens come from it (``positions`` then
         continue theirs) and only ``ids`` run."""
         rows, prompt = ids.shape
-        held = 0 if kept is None else kept.valid.shape[1]
+        held = 0 if kept is None else kept.valid.shape[1]  # the kept tokens' width (the rows right-aligned)
         weight = self.model.model.embed_tokens.weight
         shape = (len(self.layers), rows, self.kv_heads, held + prompt + new_tokens, self.head_dim)
         self.k = torch.empty(shape, dtype=weight.dtype, device=weight.device)
@@ -184,9 +184,9 @@ class DenseForward(Forward):
 
     def row_cache(self, row: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values of current row ``row``'s first ``tokens`` tokens (its kept ones, its prompt's
-        and those fed since), copied: ``[layers, kv_heads, tokens, head_dim]`` each."""
+        and those fed since), copied (indexing by positions copies): ``[layers, kv_heads, tokens, head_dim]`` each."""
         where = self.valid[row, :self.length].nonzero().squeeze(-1)[:tokens]
-        return self.k[:, row, :, where].clone(), self.v[:, row, :, where].clone()
+        return self.k[:, row, :, where], self.v[:, row, :, where]
 
     def step(self, tokens, positions):
         return self._forward(tokens[:, None], positions[:, None], self.valid[:, None, None, : self.length + 1])

@@ -135,6 +135,7 @@ class HFRolloutEngine(RolloutEngine):
         cached = mask.sum(-1) + (0 if held is None else held) - 1
         try:
             logits = self.forward.start(ids, mask, positions, limit, kept)
+            kept = None  # copied into the forward's cache
             positions = positions[:, -1]
             for step in range(limit):
                 scaled = logits.float() / temperature
@@ -162,8 +163,7 @@ class HFRolloutEngine(RolloutEngine):
     def _keep_rows(self, keep_rows: dict | None, current: torch.Tensor, live: torch.Tensor, cached: torch.Tensor):
         """Copy the cache of the ``current`` rows (indices into the batch as it is now) into ``keep_rows``."""
         if keep_rows is not None:
-            for row in current.tolist():
-                original = int(live[row])
+            for row, original in zip(current.tolist(), live[current].tolist()):
                 keep_rows[original] = self.forward.row_cache(row, int(cached[original]))
 
     def _generate_with_transformers(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams):
@@ -214,6 +214,8 @@ class HFRolloutEngine(RolloutEngine):
             past = kept[index] if index is not None and index < len(kept) else None
             extends = past is not None and len(prompt) > len(past.ids) and prompt[:len(past.ids)] == past.ids
             earlier.append(past if extends else None)
+            if index is not None and index < len(kept):
+                kept[index] = None  # a sample is continued once: its cache goes into this chunk's
         new = [prompt[len(past.ids):] if past else prompt for prompt, past in zip(prompts, earlier)]
         width = max(len(ids) for ids in new)
         ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long, device=self.device)
@@ -222,13 +224,9 @@ class HFRolloutEngine(RolloutEngine):
             ids[row, width - len(tokens):] = torch.as_tensor(tokens, dtype=torch.long)
             mask[row, width - len(tokens):] = 1
         rows = {}
-        if any(earlier):
-            like = next(past.k for past in earlier if past)
-            cache = KeptCache.of_rows([(past.k, past.v) if past else None for past in earlier], like)
-            held = torch.tensor([len(past.ids) if past else 0 for past in earlier], device=self.device)
-            tokens, log_probs = self._sample(ids, mask, params, cache, held, keep_rows=rows)
-        else:
-            tokens, log_probs = self._sample(ids, mask, params, keep_rows=rows)
+        held = torch.tensor([len(past.ids) if past else 0 for past in earlier], device=self.device)
+        # the kept rows as one batch, held by _sample alone until the forward has copied them into its cache
+        tokens, log_probs = self._sample(ids, mask, params, _batched(earlier), held, keep_rows=rows)
         if not bool(torch.isfinite(log_probs).all()):
             raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
         stops = self._stop_ids(params)
@@ -285,6 +283,16 @@ class HFRolloutEngine(RolloutEngine):
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         logits = self.model(input_ids=x).logits[0, :-1].float()
         return torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:, None]).squeeze(-1).cpu().tolist()
+
+
+def _batched(earlier: list[_Conversation | None]) -> KeptCache | None:
+    """The kept caches of a chunk's rows as one batch (None when no row has one); ``earlier`` is emptied, so
+    the batch is the only copy left once the rows' entries are dropped."""
+    pasts = [(past.k, past.v) if past else None for past in earlier]
+    earlier.clear()
+    if not any(pasts):
+        return None
+    return KeptCache.of_rows(pasts, next(k for k, _ in filter(None, pasts)))
 
 
 @torch.no_grad()

@@ -33,10 +33,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlplat.config.plan import RunPlan
+from rlplat.models.hf_files import EXPORT_TEMP_PREFIX
 from rlplat.trainer.components import Components
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import flatten
-from rlplat.models.hf_files import EXPORT_TEMP_PREFIX
 
 STEP_DIR = re.compile(r"step_(\d+)")
 MANIFEST = "manifest.json"

@@ -203,13 +203,13 @@ def actor_state(shape: ModelShape, lay: Layout, compute_bytes: int, cfg: DictCon
     """The weights (float32 master weights) and, for a trained model, gradients and AdamW's moments, on one
     device; with bf16 compute the bf16 copies FSDP gathers (one layer at a time, plus the next one it
     prefetches, or every layer when ``reshard_after_forward=false``). Megatron's bf16 weights
-    (``params_dtype=bf16``): bf16 weights and gradients, and fp32 master copies beside the moments."""
+    (``params_dtype=bf16``): bf16 weights, fp32 (main) gradients, and fp32 master copies beside the moments."""
     params = shape.params
     offloaded = lay.strategy == "fsdp" and cfg[role].fsdp.param_offload
     if lay.strategy == "megatron" and cfg[role].megatron.params_dtype == "bf16":
         parts = {f"{role} weights (bf16)": 2 * params / lay.shard}
         if trained:
-            parts[f"{role} gradients (bf16)"] = 2 * params / lay.shard
+            parts[f"{role} gradients (fp32)"] = 4 * params / lay.shard
             parts[f"{role} fp32 master weights"] = 4 * params / lay.optimizer_shard
             parts[f"{role} AdamW moments (fp32)"] = 8 * params / lay.optimizer_shard
         return parts

@@ -124,7 +124,7 @@ class _Role(Worker):
     def _export_hf(self, engine: TrainingEngine, path: str, model_path: str) -> None:
         """Every rank streams the weights out (collective); rank 0 writes each bucket as it comes
         (:func:`rlplat.models.hf_files.save_hf_model`), never holding the whole model."""
-        buckets = engine.export_weights()
+        buckets = engine.export_weights(bucket_bytes=self.cfg.rollout.weight_sync_bucket_mb * 2**20)
         try:
             if self.rank == 0:
                 save_hf_model(buckets, path, model_path, self.cfg.model)

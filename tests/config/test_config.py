@@ -143,3 +143,11 @@ def test_batches_divide_over_the_data_parallel_replicas_not_the_workers():
     cfg, _ = load_run_config(["trainer.workers_per_node=4", "actor.fsdp.ulysses_size=4",
                               "data.train_batch_size_prompts=3", "rollout.n=2"])
     assert cfg.actor.micro_batch_size_seqs_per_worker == 6  # one replica of four workers holds all six
+
+
+def test_the_critic_micro_batch_follows_its_own_replicas():
+    """A critic that does not split its model where the actor does (Ulysses on the actor only) holds a smaller
+    share per worker: its derived micro-batch divides that share."""
+    cfg, _ = load_run_config(["trainer.workers_per_node=4", "actor.fsdp.ulysses_size=2", "algorithm.adv_estimator=gae",
+                              "data.train_batch_size_prompts=4", "rollout.n=2"])
+    assert (cfg.actor.micro_batch_size_seqs_per_worker, cfg.critic.micro_batch_size_seqs_per_worker) == (4, 2)

@@ -1,5 +1,5 @@
-"""``actor.megatron.params_dtype=bf16`` on CPU (one in-process worker): bf16 weights and gradients stepped
-through fp32 master copies. The weights take half the memory, the update is the fp32-weights update within
+"""``actor.megatron.params_dtype=bf16`` on CPU (one in-process worker): bf16 weights, their gradients summed
+in fp32, stepped through fp32 master copies. The weights take half the memory, the update is the fp32-weights update within
 bf16's precision, the weights are always their masters rounded, and checkpoints carry the masters (a
 resume reads them back exactly; a checkpoint of fp32 weights gives the masters those weights exactly)."""
 
@@ -59,9 +59,9 @@ def test_bf16_weights_step_through_fp32_masters(tiny_model_path, device):
             rollout = group.generate_sequences(prompt_batch(tiny_model_path))
             log_probs = group.compute_log_probs(rollout).tensors["old_log_probs"]
             weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-            grads = []  # the dtype of a weight's gradient, at each backward pass
-            engine.model.decoder.layers[0].mlp.linear_fc1.weight.register_post_accumulate_grad_hook(
-                lambda p: grads.append(p.grad.dtype))
+            grads = []  # the dtype of the gradient the optimizer sums a weight's into, at each backward pass
+            fc1 = engine.model.decoder.layers[0].mlp.linear_fc1.weight
+            fc1.register_hook(lambda g: grads.append((g.dtype, engine.optim.grad(fc1))) or g)
             if params_dtype == "bf16":
                 assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
                 start = masters(group)  # from the fp32 checkpoint, not from the rounded weights
@@ -80,7 +80,10 @@ def test_bf16_weights_step_through_fp32_masters(tiny_model_path, device):
           f"max apart {(bf16_lp - fp32_lp)[mask].abs().max():.2e}; updates apart {error.norm() / update.norm():.3f} "
           f"(relative L2)")
     assert bf16_bytes * 2 == fp32_bytes
-    assert fp32_grads == [torch.float32] * len(fp32_grads) and bf16_grads == [torch.bfloat16] * len(bf16_grads) != []
+    # bf16 weights get bf16 gradients from each backward pass, summed into an fp32 main gradient
+    assert [dtype for dtype, _ in fp32_grads] == [torch.float32] * len(fp32_grads)
+    assert [dtype for dtype, _ in bf16_grads] == [torch.bfloat16] * len(bf16_grads) != []
+    assert [summed.dtype for _, summed in bf16_grads[1:]] == [torch.float32] * (len(bf16_grads) - 1)
     assert (bf16_lp - fp32_lp)[mask].abs().max() < 2e-2  # measured 3.1e-3
     # every trained weight has a master (the tied output layer is the embedding), and the masters' update is
     # the fp32 weights' update within bf16 precision (measured: 1.5% of its norm)
@@ -120,6 +123,8 @@ def test_a_checkpoint_restores_the_masters_and_one_of_fp32_weights_gives_them(ti
     (["actor.megatron.params_dtype=fp16"], "actor.megatron.params_dtype='fp16' is not one of: fp32, bf16"),
     (["actor.megatron.params_dtype=bf16", "actor.megatron.mixed_precision=none"],
      "actor.megatron.params_dtype=bf16 computes in bf16, and actor.megatron.mixed_precision=none asks for fp32"),
+    (["actor.megatron.params_dtype=bf16", "algorithm.use_kl_loss=true", "ref.sync_steps=2", "ref.sync_alpha=0.05"],
+     "ref.megatron.params_dtype=bf16 with ref.sync_alpha=0.05 < 1: mixing a small share of the actor into bf16"),
 ])
 def test_params_dtype_is_checked_in_one_line(tiny_model_path, extra, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):

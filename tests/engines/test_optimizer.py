@@ -32,7 +32,7 @@ def steps(net: torch.nn.Module, optim: Optimizer, rank: int, world: int) -> None
         net((mine + step) % 11).square().mean().mul(len(mine) / len(ids)).backward()
         for param in net.parameters():
             if world > 1:
-                dist.all_reduce(param.grad)
+                dist.all_reduce(optim.grad(param))  # bf16 weights: the fp32 main gradient
         optim.step()
 
 
@@ -110,3 +110,20 @@ def test_flat_gradients_only_for_plain_tensors_of_one_dtype():
     net[2].double()
     assert Optimizer(net.parameters(), CFG, total_steps=1, flat_state=True).grad_buffer is None
     assert all(p.grad is None for p in net.parameters())
+
+
+def test_bf16_weights_sum_their_gradients_in_fp32():
+    """256 micro-batches each adding 1e-3 to a bf16 weight's gradient: summed in bf16 each addition rounds to
+    bf16's spacing (2^-10 above 0.125), and the sum ends at 0.252; the fp32 main gradient holds 0.2561."""
+    weight = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    optim = Optimizer([weight], CFG, total_steps=1, master_weights=True)
+    plain = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    for _ in range(256):
+        (weight * 1e-3).sum().backward()
+        (plain * 1e-3).sum().backward()
+    assert weight.grad is None and optim.grad(weight).dtype == torch.float32
+    each = torch.tensor(1e-3, dtype=torch.bfloat16).float()  # one micro-batch's gradient, as bf16 holds it
+    torch.testing.assert_close(optim.grad(weight), torch.full((4,), 256 * float(each)), atol=1e-6, rtol=0)
+    assert abs(float(plain.grad[0]) - 256 * float(each)) > 3e-3  # what summing in bf16 gives
+    optim.step()
+    assert optim.grad(weight) is None and weight.dtype == torch.bfloat16 and float(weight[0]) < 1

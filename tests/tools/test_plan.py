@@ -230,8 +230,8 @@ def test_the_plan_gives_each_ulysses_worker_its_slice_of_the_activations():
 
 
 def test_the_plan_counts_megatron_bf16_weights_with_fp32_masters():
-    """actor.megatron.params_dtype=bf16: the weights and gradients take half the bytes, and the sharded
-    optimizer holds fp32 master copies beside the moments (1 / dp each)."""
+    """actor.megatron.params_dtype=bf16: the weights take half the bytes, the gradients are summed in fp32,
+    and the sharded optimizer holds fp32 master copies beside the moments (1 / dp each)."""
     from transformers import Qwen2Config
 
     from rlplat.trainer.run import load_run_config
@@ -243,6 +243,6 @@ def test_the_plan_counts_megatron_bf16_weights_with_fp32_masters():
                                   f"actor.megatron.params_dtype={dtype}"])
         parts[dtype] = dry_run.actor_state(shape, dry_run.layout(cfg, "actor", 2), 4, cfg, trained=True)
     assert parts["bf16"]["actor weights (bf16)"] == parts["fp32"]["actor weights (fp32)"] / 2 == 2 * shape.params
-    assert parts["bf16"]["actor gradients (bf16)"] == parts["fp32"]["actor gradients (fp32)"] / 2
+    assert parts["bf16"]["actor gradients (fp32)"] == parts["fp32"]["actor gradients (fp32)"]
     assert parts["bf16"]["actor fp32 master weights"] == 4 * shape.params / 2  # two replicas share the optimizer
     assert parts["bf16"]["actor AdamW moments (fp32)"] == parts["fp32"]["actor AdamW moments (fp32)"]

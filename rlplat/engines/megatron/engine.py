@@ -123,6 +123,10 @@ class MegatronEngine(TrainingEngine):
         if engine_cfg.params_dtype not in PARAMS_DTYPES:
             raise ConfigError(f"{key}.params_dtype={engine_cfg.params_dtype!r} is not one of: "
                               f"{', '.join(PARAMS_DTYPES)}")
+        if role == "ref" and engine_cfg.params_dtype == "bf16" and cfg.ref.sync_steps > 0 and cfg.ref.sync_alpha < 1:
+            raise ConfigError(f"{key}.params_dtype=bf16 with ref.sync_alpha={cfg.ref.sync_alpha} < 1: mixing a small "
+                              f"share of the actor into bf16 weights rounds most of it away; set {key}.params_dtype="
+                              f"fp32 (the reference then keeps fp32 weights)")
         if engine_cfg.params_dtype == "bf16" and engine_cfg.mixed_precision == "none":
             raise ConfigError(f"{key}.params_dtype=bf16 computes in bf16, and {key}.mixed_precision=none asks for "
                               f"fp32 compute; set one of them differently")
@@ -342,13 +346,13 @@ class MegatronEngine(TrainingEngine):
         from megatron.core import parallel_state
 
         for param in self.optim.params:
-            if param.grad is not None:
-                dist.all_reduce(param.grad, group=self.dp_group)
+            if (grad := self.optim.grad(param)) is not None:  # bf16 weights: the fp32 main gradient
+                dist.all_reduce(grad, group=self.dp_group)
                 if getattr(param, "sequence_parallel", False):
-                    dist.all_reduce(param.grad, group=self.tp_group)
+                    dist.all_reduce(grad, group=self.tp_group)
         if self.pp > 1 and self.tied_output and parallel_state.is_rank_in_embedding_group():
             weight = self._model.shared_embedding_or_output_weight()
-            dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+            dist.all_reduce(self.optim.grad(weight), group=parallel_state.get_embedding_group())
 
     def _grad_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
         """The global gradient norm: tensor-parallel shards counted once each, replicated weights once, the
@@ -357,9 +361,9 @@ class MegatronEngine(TrainingEngine):
 
         squares = torch.zeros((), dtype=torch.float64, device=self.device)
         for param in params:
-            if param.grad is not None and param_is_not_tensor_parallel_duplicate(param) \
-                    and not getattr(param, "shared", False):
-                squares += param.grad.double().square().sum()
+            grad = self.optim.grad(param)
+            if grad is not None and param_is_not_tensor_parallel_duplicate(param) and not getattr(param, "shared", False):
+                squares += grad.double().square().sum()
         dist.all_reduce(squares, group=self.model_parallel_group)
         return squares.sqrt().float()
 
