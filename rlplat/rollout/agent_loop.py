@@ -5,8 +5,8 @@
 ``tool`` runs a conversation per prompt: the engine samples an assistant turn for every trajectory still
 going (:meth:`~rlplat.rollout.base.RolloutEngine.generate_ids`, the conversation so far as token ids,
 and which of the previous turn's samples each one continues, so that an engine keeping its cache runs only
-the new tokens), each trajectory's environment reacts (runs the tool calls, or a user's environment replies), and the
-observation messages are rendered by the chat template as a suffix of the conversation
+the new tokens), each trajectory's environment reacts (runs the tool calls, or a user's environment
+replies), and the observation messages are rendered by the chat template as a suffix of the conversation
 (:mod:`rlplat.agents.trajectory`), until the environment says it is done, ``rollout.agent.max_turns``
 turns have run, or the trajectory's token budget (``rollout.agent.max_total_tokens``) is spent.
 
@@ -158,7 +158,7 @@ class MultiTurn(AgentLoop):
         rewards: list[dict[str, float]] = [{} for _ in rows]
         infos: list[dict[str, Any]] = [{} for _ in rows]
         active = list(range(len(rows)))
-        stops = {*([] if params.ignore_eos else [self.tokenizer.eos_token_id]), *params.stop_token_ids}
+        stops = set(params.stop_ids(self.tokenizer.eos_token_id))
         asked: dict[int, int] = {}  # trajectory -> its index in the last generate_ids call
         with ThreadPoolExecutor(max_workers=16) as pool, _conversations(engine):
             for _turn in range(self.cfg.max_turns):

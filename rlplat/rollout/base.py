@@ -42,6 +42,10 @@ class SamplingParams:
     # untouched (validation uses it, so its schedule never changes the training samples).
     seed: int | None = None
 
+    def stop_ids(self, eos_token_id: int) -> list[int]:
+        """The ids that end a response: EOS (unless ``ignore_eos``), then ``stop_token_ids``."""
+        return [*([] if self.ignore_eos else [eos_token_id]), *self.stop_token_ids]
+
 
 @dataclass(frozen=True)
 class RolloutSetup:
@@ -127,21 +131,10 @@ class RolloutEngine(ABC):
         shared prefixes itself) and the prompts are left-padded into a batch for :meth:`generate`."""
         if not prompts:
             return []
-        width = max(len(ids) for ids in prompts)
-        ids = torch.full((len(prompts), width), self.setup.pad_token_id, dtype=torch.long)
-        mask = torch.zeros(len(prompts), width, dtype=torch.long)
-        for row, tokens in enumerate(prompts):
-            if tokens:
-                ids[row, width - len(tokens):] = torch.as_tensor(tokens, dtype=torch.long)
-                mask[row, width - len(tokens):] = 1
+        ids, mask = left_padded(prompts, self.setup.pad_token_id)
         out = self.generate(Batch.from_dict({"prompts": ids, "prompt_mask": mask}), params).tensors
-        stops = {*([] if params.ignore_eos else [self.setup.eos_token_id]), *params.stop_token_ids}
-        samples = []
-        for tokens, length, log_probs in zip(out["responses"].tolist(), out["response_mask"].sum(-1).tolist(),
-                                             out["rollout_log_probs"].tolist()):
-            sampled = tokens[:length]
-            samples.append(Sample(sampled, log_probs[:length], bool(sampled) and sampled[-1] in stops))
-        return samples
+        return samples_of(out["responses"], out["rollout_log_probs"], out["response_mask"].sum(-1).tolist(),
+                          params.stop_ids(self.setup.eos_token_id))
 
     def end_conversations(self) -> None:
         """Drop what :meth:`generate_ids` kept for continuing the conversations (the agent loop is done)."""
@@ -244,6 +237,29 @@ def pad_responses(
         mask[row, : len(toks)] = 1
         lps[row, : len(lp)] = torch.as_tensor(lp, dtype=torch.float32)
     return ids, mask, lps
+
+
+def left_padded(prompts: list[list[int]], pad_token_id: int,
+                device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists of any lengths as one left-padded batch: ids and mask ``[B, longest]``."""
+    width = max(len(ids) for ids in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long, device=device)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    for row, tokens in enumerate(prompts):
+        if tokens:
+            ids[row, width - len(tokens):] = torch.as_tensor(tokens, dtype=torch.long)
+            mask[row, width - len(tokens):] = 1
+    return ids, mask
+
+
+def samples_of(tokens: torch.Tensor, log_probs: torch.Tensor, lengths: list[int], stops: list[int]) -> list[Sample]:
+    """Each row's first ``lengths`` sampled ids ``tokens`` ``[B, R]`` and their log-probs as a :class:`Sample`
+    (stopped: its last id is one of ``stops``)."""
+    samples = []
+    for ids, row_log_probs, length in zip(tokens.tolist(), log_probs.tolist(), lengths):
+        sampled = ids[:length]
+        samples.append(Sample(sampled, row_log_probs[:length], bool(sampled) and sampled[-1] in stops))
+    return samples
 
 
 def prompt_token_lists(prompts: Batch) -> list[list[int]]:

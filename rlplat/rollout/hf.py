@@ -33,6 +33,7 @@ from rlplat.config.plan import RolloutDeclaration
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     NonFiniteLogitsError, RolloutEngine, RolloutSetup, Sample, SamplingParams, WeightBucket, assemble_rollout,
+    left_padded, samples_of,
 )
 from rlplat.rollout.decoder import DenseForward, KeptCache, ModelForward, matches_model
 from rlplat.rollout.weight_sync import named_checksums
@@ -90,16 +91,13 @@ class HFRolloutEngine(RolloutEngine):
         greedy = params.temperature == 0
         config = copy.deepcopy(self.model.generation_config)
         config.update(do_sample=not greedy, temperature=params.temperature or 1.0,
-                      max_new_tokens=params.max_new_tokens, eos_token_id=self._stop_ids(params) or None,
+                      max_new_tokens=params.max_new_tokens, eos_token_id=params.stop_ids(self.eos_token_id) or None,
                       pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
         if params.top_p < 1:
             config.top_p = params.top_p
         if params.top_k > 0:
             config.top_k = params.top_k
         return config
-
-    def _stop_ids(self, params: SamplingParams) -> list[int]:
-        return [*([] if params.ignore_eos else [self.eos_token_id]), *params.stop_token_ids]
 
     @torch.no_grad()
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -111,7 +109,7 @@ class HFRolloutEngine(RolloutEngine):
             generated, log_probs = self._sample(ids, mask, params)
         if not bool(torch.isfinite(log_probs).all()):  # greedy decoding picks a NaN logit without complaint
             raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
-        response_mask = response_mask_from_ids(generated, tuple(self._stop_ids(params)))
+        response_mask = response_mask_from_ids(generated, tuple(params.stop_ids(self.eos_token_id)))
         generated = generated.masked_fill(response_mask == 0, self.pad_token_id)
         return assemble_rollout(prompts, generated.cpu(), response_mask.cpu(), log_probs.float().cpu())
 
@@ -126,7 +124,7 @@ class HFRolloutEngine(RolloutEngine):
         rows, limit = ids.shape[0], params.max_new_tokens
         tokens = torch.full((rows, limit), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros(rows, limit, dtype=torch.float32, device=self.device)
-        stops = torch.tensor(self._stop_ids(params), dtype=torch.long, device=self.device)
+        stops = torch.tensor(params.stop_ids(self.eos_token_id), dtype=torch.long, device=self.device)
         temperature = params.temperature if params.temperature > 0 else 1.0
         live = torch.arange(rows, device=self.device)  # the original row of each row still in the batch
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
@@ -216,26 +214,18 @@ class HFRolloutEngine(RolloutEngine):
             earlier.append(past if extends else None)
             if index is not None and index < len(kept):
                 kept[index] = None  # a sample is continued once: its cache goes into this chunk's
-        new = [prompt[len(past.ids):] if past else prompt for prompt, past in zip(prompts, earlier)]
-        width = max(len(ids) for ids in new)
-        ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros(len(new), width, dtype=torch.long, device=self.device)
-        for row, tokens in enumerate(new):
-            ids[row, width - len(tokens):] = torch.as_tensor(tokens, dtype=torch.long)
-            mask[row, width - len(tokens):] = 1
+        ids, mask = left_padded([prompt[len(past.ids):] if past else prompt for prompt, past in zip(prompts, earlier)],
+                                self.pad_token_id, self.device)
         rows = {}
         held = torch.tensor([len(past.ids) if past else 0 for past in earlier], device=self.device)
         # the kept rows as one batch, held by _sample alone until the forward has copied them into its cache
         tokens, log_probs = self._sample(ids, mask, params, _batched(earlier), held, keep_rows=rows)
         if not bool(torch.isfinite(log_probs).all()):
             raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
-        stops = self._stop_ids(params)
-        lengths = response_mask_from_ids(tokens, tuple(stops)).sum(-1).tolist()
-        samples = []
-        for row, (prompt, length) in enumerate(zip(prompts, lengths)):
-            sampled = tokens[row, :length].tolist()
-            samples.append(Sample(sampled, log_probs[row, :length].tolist(), bool(sampled) and sampled[-1] in stops))
-            conversations.append(_Conversation(prompt + sampled[:-1], *rows[row]))
+        stops = params.stop_ids(self.eos_token_id)
+        samples = samples_of(tokens, log_probs, response_mask_from_ids(tokens, tuple(stops)).sum(-1).tolist(), stops)
+        for row, (prompt, sample) in enumerate(zip(prompts, samples)):
+            conversations.append(_Conversation(prompt + sample.ids[:-1], *rows[row]))
         return samples
 
     @contextlib.contextmanager

@@ -68,7 +68,7 @@ class SGLangRolloutEngine(RolloutEngine):
             "top_p": 1.0 if greedy else params.top_p,
             "top_k": -1 if greedy or params.top_k <= 0 else params.top_k,
             "max_new_tokens": params.max_new_tokens,
-            "stop_token_ids": [*([] if params.ignore_eos else [self.setup.eos_token_id]), *params.stop_token_ids],
+            "stop_token_ids": params.stop_ids(self.setup.eos_token_id),
             "ignore_eos": params.ignore_eos,
         }
         prompts = prompt_token_lists(batch)

@@ -212,9 +212,8 @@ class MegatronEngine(TrainingEngine):
             if optim_cfg else None
         if self.optim is not None and self.optim.masters:  # the masters start from the fp32 weights, not the bf16 ones
             with torch.no_grad():
-                for name, param in self._model.named_parameters():
-                    if param in self.optim.masters:
-                        self.optim.masters[param].copy_(weights[name])
+                for name, master in self._masters_here().items():
+                    master.copy_(weights[name])
 
     @property
     def model(self) -> torch.nn.Module:
@@ -452,12 +451,13 @@ class MegatronEngine(TrainingEngine):
         then: beside its own shard a rank holds about one bucket (the conversion only moves and slices, so it
         commutes with the blend)."""
         waiting = hf_sources(self.names, self.hf_names, self.shape, self.first_layer)
+        needed = set().union(*waiting.values())  # the Hugging Face weights a waiting tensor is built from
         state, pending, given = self._model.state_dict(), {}, set()
         with torch.no_grad():
             for bucket in buckets:
                 for name, tensor in bucket:
                     given.add(name)
-                    if any(name in sources for sources in waiting.values()):
+                    if name in needed:
                         piece = tp_slice(tensor, hf_split_dim(name), self.tp, self.tp_rank)
                         pending[name] = piece if piece is tensor else piece.clone()  # not a view of the whole
                 ready = [name for name, sources in waiting.items() if sources <= pending.keys()]
