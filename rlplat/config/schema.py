@@ -211,6 +211,14 @@ class RolloutConfig:
     # torch.distributed group of the actor's rank 0 and the rollout workers (gloo on CPU, NCCL on GPU) |
     # object_store = through Ray's object store and the controller
     weight_transport: str = "distributed"
+    # rollout.mode=separate: prompt groups per generation call: 0 = each step's batch is one call, split over the
+    # rollout workers | N = calls of N groups, each on one rollout worker; a step takes the first
+    # data.train_batch_size_prompts groups scored, in any order, at most trainer.async_steps updates old (docs/async.md)
+    stream_groups: int = 0
+    # rollout.mode=separate: a weight update that reaches a rollout worker while it generates: finish = waits for
+    # the calls submitted before it | resume = is loaded between two tokens of the call under way, which goes on
+    # under the new weights (single-turn, hf engine; docs/async.md)
+    partial: str = "finish"
     n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)

@@ -35,6 +35,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
     "algorithm.old_log_probs": OLD_LOG_PROBS,
     "rollout.mode": ("colocated", "separate", "server"),
+    "rollout.partial": ("finish", "resume"),
     "rollout.verify_weights": ("every", "first", "off"),
     "rollout.weight_transport": ("distributed", "object_store"),
     "rollout.lora_sync": ("merged", "adapter"),
@@ -254,6 +255,19 @@ def _check_placement(cfg: DictConfig, world: int) -> None:
           f"trainer.async_steps={async_steps} generates the next batches while the actor trains, which needs rollout "
           f"workers of their own: set rollout.mode=separate (rollout.mode={cfg.rollout.mode} generates on the "
           f"training workers)")
+    stream, batch = cfg.rollout.stream_groups, cfg.data.train_batch_size_prompts
+    check(stream >= 0, f"rollout.stream_groups must be >= 0 (0 = whole batches), got {stream}")
+    check(stream == 0 or cfg.rollout.mode == "separate",
+          f"rollout.stream_groups={stream} streams generation calls to rollout workers of their own: set "
+          f"rollout.mode=separate (rollout.mode={cfg.rollout.mode} generates each step's batch on the training workers)")
+    check(cfg.rollout.partial == "finish" or cfg.rollout.mode == "separate",
+          f"rollout.partial={cfg.rollout.partial} loads weight updates into rollout workers of their own while they "
+          f"generate: set rollout.mode=separate (rollout.mode={cfg.rollout.mode} generates between updates)")
+    check(cfg.rollout.partial == "finish" or cfg.rollout.agent.name == "single_turn",
+          f"rollout.partial=resume pauses single-turn generation for a weight update; rollout.agent.name="
+          f"{cfg.rollout.agent.name} keeps each conversation's cache across turns: use rollout.partial=finish")
+    check(stream == 0 or batch % stream == 0,
+          f"rollout.stream_groups={stream} must divide data.train_batch_size_prompts={batch} (a step takes whole calls)")
 
 
 def validate(cfg: DictConfig) -> None:

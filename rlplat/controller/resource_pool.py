@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlplat.utils.errors import RunError
+
 PLACEMENT_TIMEOUT_S = 120
 
 
@@ -24,9 +26,14 @@ class ResourcePool:
     # CPU pools: the workers, of all pools, that compute on each node's cores at the same time (None = this
     # pool's workers_per_node): a separate rollout pool generates while the actor trains
     cores_shared_by: int | None = None
+    section: str = "trainer"  # the config section that sizes the pool (its nnodes, workers_per_node keys)
     placement_groups: list[Any] = field(default_factory=list, init=False)
     node_ids: list[str] = field(default_factory=list, init=False)
     threads_per_worker: int = field(default=1, init=False)  # CPU threads each worker computes with (CPU pools)
+
+    def _sizes(self) -> str:
+        nodes = f"{self.section}.nnodes={self.nnodes} x " if self.section in ("trainer", "rollout") else ""  # others: one node
+        return f"{nodes}{self.section}.workers_per_node={self.workers_per_node}"
 
     @property
     def world_size(self) -> int:
@@ -50,8 +57,8 @@ class ResourcePool:
             and all(node["Resources"].get(k, 0) >= v * self.workers_per_node for k, v in need.items())
         ]
         if len(fits) < self.nnodes:
-            raise RuntimeError(
-                f"trainer.nnodes={self.nnodes} x trainer.workers_per_node={self.workers_per_node} needs "
+            raise RunError(
+                f"{self._sizes()} needs "
                 f"{self.nnodes} Ray nodes each with {self.workers_per_node} x {need}; only {len(fits)} "
                 f"node(s) qualify (ray.nodes() lists {len(ray.nodes())})"
             )
@@ -77,9 +84,11 @@ class ResourcePool:
         ready, _ = ray.wait([pg.ready() for pg in self.placement_groups], num_returns=self.nnodes,
                             timeout=PLACEMENT_TIMEOUT_S)
         if len(ready) < self.nnodes:
-            raise RuntimeError(
-                f"could not reserve {self.world_size} x {self._bundle()} within {PLACEMENT_TIMEOUT_S}s; "
-                f"cluster resources: {ray.cluster_resources()}"
+            free = {key: value for key, value in ray.available_resources().items() if key in ("CPU", "GPU")}
+            raise RunError(
+                f"could not reserve {self._sizes()} workers of {self._bundle()} each within {PLACEMENT_TIMEOUT_S} s: "
+                f"the Ray cluster has {free or 'nothing'} free after the pools before it; make the pools smaller, or give "
+                f"Ray more (a CPU machine: ray start --head --num-cpus=N, then trainer.ray_address=auto)"
             )
         return self
 

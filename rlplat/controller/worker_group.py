@@ -20,7 +20,7 @@ from rlplat.controller.dispatch import collect_results, split_arguments
 from rlplat.controller.resource_pool import ResourcePool
 from rlplat.utils.errors import RunError
 from rlplat.engines import ParallelLayout
-from rlplat.workers.base import Dispatch, Worker, dispatch_mode
+from rlplat.workers.base import Dispatch, Worker, concurrency_group, dispatch_mode
 
 
 #: the worker calls that (re)build a worker's engines, and with them its place among the replicas
@@ -69,6 +69,17 @@ class WorkerGroup(ABC):
         started = self._start(name, per_worker)
         return Pending(lambda: collect_results(started.result(), pad, layouts))
 
+    def submit_to(self, rank: int, name: str, *args, **kwargs) -> Pending:
+        """Start ``name`` on worker ``rank`` alone, with the arguments as they are (not split): work one worker
+        does by itself, e.g. a rollout worker generating a few prompt groups. :meth:`Pending.result` is that
+        worker's answer."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"no worker {rank} in a group of {self.world_size}")
+        return self._start_one(rank, name, args, kwargs)
+
+    @abstractmethod
+    def _start_one(self, rank: int, name: str, args: tuple, kwargs: dict) -> Pending: ...
+
     def layouts(self) -> list[ParallelLayout]:
         """Each worker's place among the data-parallel replicas (asked once after each set-up call)."""
         if self._layouts is None:
@@ -107,6 +118,10 @@ class InProcessWorkerGroup(WorkerGroup):
         value = [getattr(self.worker, name)(*args, **kwargs)]  # computed now: one process, nothing to overlap
         return Pending(lambda: value)
 
+    def _start_one(self, rank, name, args, kwargs):
+        value = getattr(self.worker, name)(*args, **kwargs)
+        return Pending(lambda: value)
+
     def shutdown(self) -> None:
         import torch.distributed as dist
 
@@ -126,7 +141,8 @@ class RayWorkerGroup(WorkerGroup):
         import ray
 
         super().__init__(worker_cls)
-        remote_cls = ray.remote(worker_cls)
+        groups = worker_cls.concurrency_groups
+        remote_cls = ray.remote(concurrency_groups=groups)(worker_cls) if groups else ray.remote(worker_cls)
         self.actors = [
             remote_cls.options(**pool.actor_options(index, share)).remote(
                 rank=index, world_size=pool.world_size, device=pool.device, **worker_kwargs
@@ -149,11 +165,25 @@ class RayWorkerGroup(WorkerGroup):
         return len(self.actors)
 
     def _start(self, name, per_rank):
+        self._set_up()
+        refs = [self._method(actor, name).remote(*a, **k) for actor, (a, k) in zip(self.actors, per_rank)]
+        return Pending(lambda: self._results(refs, list(range(len(refs))), f"{name}()"))
+
+    def _start_one(self, rank, name, args, kwargs):
+        self._set_up()
+        ref = self._method(self.actors[rank], name).remote(*args, **kwargs)
+        return Pending(lambda: self._results([ref], [rank], f"{name}()")[0])
+
+    def _method(self, actor, name: str):
+        """The actor's method ``name``, in its concurrency group when it has one."""
+        group = concurrency_group(self.worker_cls, name)
+        return getattr(actor, name) if group is None else getattr(actor, name).options(concurrency_group=group)
+
+    def _set_up(self) -> None:
+        """Wait for the set-up calls queued at start (once), raising their errors."""
         if self._setup is not None:
             (setup, ranks), self._setup = self._setup, None
             self._results(setup, ranks, "set-up")
-        refs = [getattr(actor, name).remote(*a, **k) for actor, (a, k) in zip(self.actors, per_rank)]
-        return Pending(lambda: self._results(refs, list(range(len(refs))), f"{name}()"))
 
     def _results(self, refs: list, ranks: list[int], what: str) -> list[Any]:
         """The values of ``refs`` in order; a worker's error or death is raised as soon as it happens."""

@@ -14,8 +14,9 @@ engine's memory is free while the actor trains. Engines without a sleep mode tre
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,24 @@ class NonFiniteLogitsError(RuntimeError):
     diverged update, a float16 overflow). Raised by the engines that can see their logits."""
 
 
+class UpdateSlot:
+    """Where a weight update waits for the generation under way to take it between two tokens
+    (``rollout.partial=resume``): the rollout worker offers a callable that loads it, the engine takes it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._update: Callable[[], None] | None = None
+
+    def offer(self, update: Callable[[], None]) -> None:
+        with self._lock:
+            self._update = update
+
+    def take(self) -> Callable[[], None] | None:
+        with self._lock:
+            update, self._update = self._update, None
+            return update
+
+
 class RolloutEngine(ABC):
     """Interface of the generation backends (registry: ``ROLLOUT_ENGINES``, key ``rollout.name``).
 
@@ -94,6 +113,16 @@ class RolloutEngine(ABC):
     #: whether :meth:`load_weights` must run before the first generation (weights not read from disk)
     needs_initial_weights: bool = False
     setup: RolloutSetup  # kept by every engine's __init__
+    #: ``rollout.partial=resume``: the rollout worker's updates, which :meth:`generate` takes between two tokens
+    #: (engines for which :meth:`pauses_for_updates` is true); the output then has ``weight_updates`` ``[B]``,
+    #: how many updates each row's tokens span after its first
+    updates: UpdateSlot | None = None
+
+    @classmethod
+    def pauses_for_updates(cls, engine_cfg) -> bool:
+        """Whether :meth:`generate` with its section ``engine_cfg`` can load a weight update between two tokens
+        and go on under it (``rollout.partial=resume``)."""
+        return False
 
     @property
     def weights_discarded_by_sleep(self) -> bool:
@@ -216,6 +245,30 @@ def assemble_rollout(
         }
     )
     return prompts.union(generated)
+
+
+#: the fields of a generated batch that start with the prompt (left-padded to the batch's longest)
+PROMPT_SIDE_FIELDS = ("prompts", "prompt_mask", "input_ids", "attention_mask", "position_ids")
+
+
+def join_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
+    """Generated batches (the layout of this module) as one, rows in order: each batch's prompt side is
+    left-padded to the widest prompt first (every batch pads its prompts to its own longest)."""
+    widths = {batch.tensors["prompts"].shape[1] for batch in batches if "prompts" in batch.tensors.keys()}
+    if len(widths) <= 1:
+        return Batch.concat(batches)
+    width = max(widths)
+    padded = []
+    for batch in batches:
+        extra = width - batch.tensors["prompts"].shape[1]
+        if extra:
+            fields = {key: torch.nn.functional.pad(batch.tensors[key], (extra, 0), value=pad_token_id if key in
+                                                   ("prompts", "input_ids") else 0)
+                      for key in PROMPT_SIDE_FIELDS}
+            batch = batch.select(tensor_keys=[k for k in batch.tensors.keys() if k not in fields]).union(
+                Batch.from_dict(fields))
+        padded.append(batch)
+    return Batch.concat(padded)
 
 
 def pad_responses(

@@ -57,6 +57,11 @@ class HFRolloutEngine(RolloutEngine):
         start-up), so in float32 its log-probs are the actor's own to float error."""
         return replace(super().declare(engine_cfg, device), actor_log_probs=True)
 
+    @classmethod
+    def pauses_for_updates(cls, engine_cfg) -> bool:
+        """Its own sampling loop can (not transformers' ``generate``: ``use_model_generation_config``)."""
+        return not engine_cfg.use_model_generation_config
+
     def __init__(self, setup: RolloutSetup, engine_cfg):
         from transformers import AutoModelForCausalLM
 
@@ -103,25 +108,34 @@ class HFRolloutEngine(RolloutEngine):
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> Batch:
         ids = prompts.tensors["prompts"].to(self.device)
         mask = prompts.tensors["prompt_mask"].to(self.device)
+        updates = torch.zeros(ids.shape[0], dtype=torch.long)
         if self.use_model_generation_config:
             generated, log_probs = self._generate_with_transformers(ids, mask, params)
         else:
-            generated, log_probs = self._sample(ids, mask, params)
+            generated, log_probs, updates = self._sample(ids, mask, params)
         if not bool(torch.isfinite(log_probs).all()):  # greedy decoding picks a NaN logit without complaint
             raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
         response_mask = response_mask_from_ids(generated, tuple(params.stop_ids(self.eos_token_id)))
         generated = generated.masked_fill(response_mask == 0, self.pad_token_id)
-        return assemble_rollout(prompts, generated.cpu(), response_mask.cpu(), log_probs.float().cpu())
+        out = assemble_rollout(prompts, generated.cpu(), response_mask.cpu(), log_probs.float().cpu())
+        if self.updates is not None:
+            out = out.union(Batch.from_dict({"weight_updates": updates.cpu()}))
+        return out
 
     def _sample(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, kept: KeptCache | None = None,
                 held: torch.Tensor | None = None, keep_rows: dict | None = None):
         """Sample up to ``max_new_tokens`` per row with the KV cache; rows that have stopped leave the batch
         (their cache rows are dropped once a quarter of the batch has stopped), so a batch of varied
         lengths costs the tokens it generates, not its longest response times its size. Returns
-        ``[B, max_new_tokens]`` tokens (pad after a stop) and their log-probs under softmax(logits / T).
-        ``kept``: the rows' earlier tokens' cache (``held`` ``[B]`` tokens each, which ``ids`` follow);
-        ``keep_rows``: filled with each row's cache (prompt and sampled tokens but the last), by row."""
+        ``[B, max_new_tokens]`` tokens (pad after a stop), their log-probs under softmax(logits / T), and how many
+        weight updates each row took. ``kept``: the rows' earlier tokens' cache (``held`` ``[B]`` tokens each,
+        which ``ids`` follow); ``keep_rows``: filled with each row's cache (prompt and sampled tokens but the last),
+        by row. Without those, an update offered to :attr:`updates` is loaded between two tokens and the rows
+        still sampling go on under it: their cache is computed again with the new weights (prompt and tokens so
+        far), so each token's log-prob is exactly that of the weights that sampled it."""
         rows, limit = ids.shape[0], params.max_new_tokens
+        pausable = self.updates is not None and kept is None and held is None and keep_rows is None
+        updates = torch.zeros(rows, dtype=torch.long, device=self.device)
         tokens = torch.full((rows, limit), self.pad_token_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros(rows, limit, dtype=torch.float32, device=self.device)
         stops = torch.tensor(params.stop_ids(self.eos_token_id), dtype=torch.long, device=self.device)
@@ -152,11 +166,24 @@ class HFRolloutEngine(RolloutEngine):
                     self.forward.keep(keep)
                     live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
                 positions = positions + 1
-                logits = self.forward.step(token, positions)
+                if pausable and (update := self.updates.take()) is not None:
+                    update()  # the new weights: the live rows' cache is computed again under them
+                    updates[live] += 1
+                    logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1)
+                else:
+                    logits = self.forward.step(token, positions)
             self._keep_rows(keep_rows, torch.arange(len(live), device=self.device), live, cached)
         finally:  # the cache (every layer x row x token) is not held through the other stages
             self.forward.release()
-        return tokens, log_probs
+        return tokens, log_probs, updates
+
+    def _restart(self, ids: torch.Tensor, mask: torch.Tensor, sampled: torch.Tensor, remaining: int) -> torch.Tensor:
+        """A fresh cache of the prompts ``ids`` and the tokens ``sampled`` so far (all live: none has stopped); the
+        logits of the next token."""
+        self.forward.release()
+        context = torch.cat([ids, sampled], dim=1)
+        attended = torch.cat([mask, torch.ones_like(sampled)], dim=1)
+        return self.forward.start(context, attended, position_ids_from_mask(attended), remaining)
 
     def _keep_rows(self, keep_rows: dict | None, current: torch.Tensor, live: torch.Tensor, cached: torch.Tensor):
         """Copy the cache of the ``current`` rows (indices into the batch as it is now) into ``keep_rows``."""
@@ -219,7 +246,7 @@ class HFRolloutEngine(RolloutEngine):
         rows = {}
         held = torch.tensor([len(past.ids) if past else 0 for past in earlier], device=self.device)
         # the kept rows as one batch, held by _sample alone until the forward has copied them into its cache
-        tokens, log_probs = self._sample(ids, mask, params, _batched(earlier), held, keep_rows=rows)
+        tokens, log_probs, _ = self._sample(ids, mask, params, _batched(earlier), held, keep_rows=rows)
         if not bool(torch.isfinite(log_probs).all()):
             raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
         stops = params.stop_ids(self.eos_token_id)

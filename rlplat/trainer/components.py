@@ -47,6 +47,32 @@ class Scores:
     metrics: dict[str, float]  # errors, per-function means, extra fields of dict rewards
 
 
+def join_scores(parts: list[Scores]) -> Scores:
+    """The :class:`Scores` of several batches as those of their rows in order: rows' scores and terms joined,
+    metrics over all rows (means weighted by rows, counts added, the largest latency, each function's std
+    pooled from the parts' means and stds)."""
+    if len(parts) == 1:
+        return parts[0]
+    rows = [len(part.scores) for part in parts]
+    metrics = {}
+    for key in dict.fromkeys(key for part in parts for key in part.metrics):
+        having = [(part.metrics[key], n, part.metrics) for part, n in zip(parts, rows) if key in part.metrics]
+        total = sum(n for _, n, _ in having)
+        calls = key.startswith("reward_calls/")
+        if key == "reward/num_errors" or calls and key.endswith(("_errors", "_timeouts")):
+            metrics[key] = sum(value for value, _, _ in having)
+        elif key.endswith("_latency_max_s"):
+            metrics[key] = max(value for value, _, _ in having)
+        elif calls and key.endswith("_std") and all((of := f"reward/{key[13:-4]}_mean") in m for _, _, m in having):
+            mean = sum(m[of] * n for _, n, m in having) / total
+            second = sum((value ** 2 + m[of] ** 2) * n for value, n, m in having) / total
+            metrics[key] = max(second - mean ** 2, 0.0) ** 0.5
+        else:
+            metrics[key] = sum(value * n for value, n, _ in having) / total
+    return Scores(torch.cat([part.scores for part in parts]), torch.cat([part.terms for part in parts]),
+                  parts[0].weights, metrics)
+
+
 @dataclass
 class Components:
     cfg: DictConfig
@@ -84,7 +110,8 @@ class Components:
         probe = list(self.val_data[0]["prompt_ids"])  # a fixed sequence: the first validation prompt
         update = self.actor.weight_update(version, verify, probe if len(probe) > 1 else None, tolerance,
                                           corruption_for_test())[0]
-        self.weight_syncs.append(self.rollout.submit("receive_weights", update))
+        receive = "receive_weights_between_tokens" if self.cfg.rollout.partial == "resume" else "receive_weights"
+        self.weight_syncs.append(self.rollout.submit(receive, update))
         self.verified_once = self.verified_once or verify
 
     def check_weight_syncs(self) -> None:
@@ -306,13 +333,13 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
     critic = RayWorkerGroup(CriticWorker, pool, share=share, **kwargs) if plan.needs_critic else None
     ref = None
     if plan.reference == "separate":
-        ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device).create()
+        ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device, section="ref").create()
         pools.append(ref_pool)
         ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
     rollout = None
     if cfg.rollout.mode == "separate":
         rollout_pool = ResourcePool(cfg.rollout.nnodes, cfg.rollout.workers_per_node, plan.device,
-                                    cores_shared_by=computing).create()
+                                    cores_shared_by=computing, section="rollout").create()
         pools.append(rollout_pool)
         rollout = RayWorkerGroup(RolloutWorker, rollout_pool, **kwargs)
     model_groups = []
@@ -322,7 +349,8 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
         elif scorer in colocated:
             model_groups.append(RayWorkerGroup(scorer[0], pool, share=share, **kwargs))
         else:
-            own = ResourcePool(1, scorer[1].workers_per_node, plan.device).create()
+            section = "reward.model" if scorer[0] is RewardModelWorker else "reward.judge"
+            own = ResourcePool(1, scorer[1].workers_per_node, plan.device, section=section).create()
             pools.append(own)
             model_groups.append(RayWorkerGroup(scorer[0], own, **kwargs))
     return actor, ref, critic, rollout, tuple(model_groups), pools

@@ -52,6 +52,7 @@ from rlplat.controller import Pending
 from rlplat.controller.dispatch import balanced_order
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
+from rlplat.rollout.base import join_rollouts
 from rlplat.trainer.advantage_input import advantage_input
 from rlplat.trainer.checkpoint import Checkpointer
 from rlplat.trainer.components import Components, Scores
@@ -134,12 +135,14 @@ class PPOTrainer:
         self.load_state_dict(state)
         return int(state["step"])
 
-    def tag_groups(self, prompts: Batch, start: int | None = None) -> Batch:
+    def tag_groups(self, prompts: Batch, numbers: list[int] | None = None) -> Batch:
         """Give each prompt a uid; its n responses share it (the group of group estimators). The uids count on
-        from the prompts seen so far, or from ``start`` (a batch drawn before a resume, drawn again)."""
-        if start is None:
-            start, self.prompts_seen = self.prompts_seen, self.prompts_seen + len(prompts)
-        uids = np.array([f"p{i}" for i in range(start, start + len(prompts))], dtype=object)
+        from the prompts seen so far, or are ``numbers`` (prompts the rollout queue numbered: drawn before a
+        resume or dropped as too old, drawn again)."""
+        if numbers is None:
+            numbers = range(self.prompts_seen, self.prompts_seen + len(prompts))
+            self.prompts_seen += len(prompts)
+        uids = np.array([f"p{i}" for i in numbers], dtype=object)
         return prompts.union(Batch.from_dict(non_tensors={"uid": uids}))
 
     # ---------------------------------------------------------------- the loop
@@ -299,9 +302,9 @@ class PPOTrainer:
         queued, self.queued_prompts = self.queued_prompts[:num_prompts], self.queued_prompts[num_prompts:]
         return queued + self.components.sampler.next_batch(num_prompts - len(queued)) if len(queued) < num_prompts else queued
 
-    def next_prompts(self, entries: list[int | dict], uid_start: int | None = None) -> Batch:
+    def next_prompts(self, entries: list[int | dict], uids: list[int] | None = None) -> Batch:
         """The prompt batch of ``entries``, each prompt a group with its uid (:meth:`tag_groups`)."""
-        prompts = self.tag_groups(self.components.train_prompts(len(entries), entries), uid_start)
+        prompts = self.tag_groups(self.components.train_prompts(len(entries), entries), uids)
         prompts.meta.update(step=self.step, temperature=self.cfg.rollout.temperature)
         return prompts
 
@@ -322,18 +325,22 @@ class PPOTrainer:
             return out
         return out.union(Batch.from_dict({"truncated": self.components.truncated(out)}))
 
-    def start_rollout(self, prompts: Batch) -> tuple[Pending, Pending | None]:
-        """Submit the generation of ``prompts`` (``rollout.n`` responses each) to the generating workers, and of
-        one greedy response each when the estimator needs a baseline (ReMax), right after it (the same weights)."""
+    def start_rollout(self, prompts: Batch, rank: int | None = None) -> tuple[Pending, Pending | None]:
+        """Submit the generation of ``prompts`` (``rollout.n`` responses each) to the generating workers (split
+        over them, or to worker ``rank`` alone), and of one greedy response each when the estimator needs a
+        baseline (ReMax), right after it (the same weights)."""
         repeated = prompts.repeat(self.cfg.rollout.n, interleave=True)
         generator = self.components.generator
         # an agent loop reads the rows (its environments do); the single-turn loop needs the tensors only
         sent = tensors_only(repeated) if self.cfg.rollout.agent.name == "single_turn" else repeated
-        sampled = generator.submit("generate_sequences", sent)
+        def submit(batch: Batch) -> Pending:
+            return (generator.submit("generate_sequences", batch) if rank is None else
+                    generator.submit_to(rank, "generate_sequences", batch))
+
+        sampled = submit(sent)
         greedy = None
         if self.plan.estimator.needs_baseline:
-            greedy = Batch.from_dict(dict(prompts.tensors), prompts.non_tensors, {**prompts.meta, "temperature": 0.0})
-            greedy = generator.submit("generate_sequences", greedy)
+            greedy = submit(Batch.from_dict(dict(prompts.tensors), prompts.non_tensors, {**prompts.meta, "temperature": 0.0}))
         return sampled, greedy
 
     def finish_rollout(self, prompts: Batch, started: tuple[Pending, Pending | None]) -> Batch:
@@ -383,7 +390,8 @@ class PPOTrainer:
         ``generate`` and ``reward`` stages again (a recipe's overrides included) until
         ``data.train_batch_size_prompts`` groups are kept or ``max_gen_batches`` rounds ran.
 
-        Metrics the repeated stages report are averaged over the rounds. When the rounds run out, the
+        With a streamed rollout pool (``rollout.stream_groups``) each later round takes only the calls that hold
+        the groups still missing. Metrics the repeated stages report are averaged over the rounds. When the rounds run out, the
         batch is topped up with dropped (all-equal) groups, each used once: a kept group is never
         repeated, so no uid ever names two groups.
         """
@@ -404,6 +412,8 @@ class PPOTrainer:
             if have >= want or rounds >= self.cfg.algorithm.dynamic_sampling.max_gen_batches:
                 break
             extra: dict[str, float] = {}
+            if self.rollouts is not None and self.rollouts.streams:
+                self.rollouts.next_take = want - have  # pulled from the stream: the missing groups' calls only
             batch = self.reward(self.generate(None, extra), extra)
             for key, value in extra.items():
                 round_metrics.setdefault(key, [metrics[key]] if key in metrics else []).append(value)
@@ -413,7 +423,7 @@ class PPOTrainer:
         metrics["batch/gen_rounds"] = rounds
         metrics["batch/filled_groups"] = max(0, want - have)
         pieces = [b for b in kept + dropped if len(b) > 0]  # kept groups first, then the fill-up
-        return Batch.concat(pieces)[torch.arange(want * n)]
+        return join_rollouts(pieces, self.components.tokenizer.pad_token_id)[torch.arange(want * n)]
 
     def balance_batch(self, batch: Batch, metrics: dict) -> Batch:
         """Reorder the rows so that each data-parallel replica gets about the same number of tokens (the

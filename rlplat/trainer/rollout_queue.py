@@ -1,36 +1,47 @@
-"""Batches generated ahead on a separate rollout pool (``rollout.mode=separate``, ``trainer.async_steps=K``).
+"""Batches generated ahead on a separate rollout pool (``rollout.mode=separate``, ``trainer.async_steps=K``),
+whole or streamed by prompt group (``rollout.stream_groups``).
 
 While step s trains on the actor's workers, the rollout workers generate the batches of steps s+1 .. s+K.
 The controller submits those generations and the weight syncs to the rollout workers, which run their calls
-in the order submitted, so each batch is sampled by the newest weights sent before it was submitted::
+in the order submitted, so each call is sampled by the newest weights sent before it was submitted::
 
     step s:  take batch s  (submitting batch s+K first, after the weights of update s-1)
              reward, log-probs, advantages, update       | rollout pool: generates batches s+1 .. s+K
              send the weights of update s                 |   then loads them
     step s+1 ...
 
-Each batch is scored in the queue's thread as soon as its generation arrives, so an I/O-bound reward also
-overlaps the training (unless a recipe overrides the trainer's ``reward`` stage).
+Each call's batch is scored in a thread of the queue as soon as its generation arrives, so an I/O-bound
+reward also overlaps the training (unless a recipe overrides the trainer's ``reward`` stage).
 
-The batch of step t is submitted after the weights of update t-1-K were sent, so every sample is at most K
-updates old: ``off_policy/staleness_max`` (asserted, never exceeded). K = 0 generates each batch with
-the weights of the update just before it, as a colocated run does.
+A call submitted after the weights of update v may be trained on at steps up to v + 1 + K, so no sample is
+more than K updates old: ``off_policy/staleness_max`` (asserted, never exceeded). K = 0 generates each batch
+with the weights of the update just before it, as a colocated run does.
 
-A checkpoint records the prompts of the batches still in flight (dataset indices or queued rows, and their
+Whole batches (``rollout.stream_groups=0``): each step's batch is one call split over the rollout workers, and
+steps take them in order. Streaming (``rollout.stream_groups=N``): calls of N prompt groups, each to the
+rollout worker with the fewest calls under way; a step takes the first ``data.train_batch_size_prompts``
+groups scored, from whichever calls finished (the oldest weights first among those), so a call with a long
+response holds up its own groups only. A call not taken by its last allowed step is dropped
+(``rollout/dropped_groups``) and its prompts are generated again, first, by newer weights. Dynamic sampling
+(DAPO) pulls only the calls it needs for the groups still missing (:attr:`RolloutQueue.next_take`).
+
+A checkpoint records the prompts of the calls still in flight (dataset indices or queued rows, and their
 uids); a resumed run generates them again, with the resumed weights, before drawing new prompts: no prompt
 is trained on twice or skipped.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlplat.controller import Pending
 from rlplat.protocol import Batch
+from rlplat.rollout.base import join_rollouts
+from rlplat.trainer.components import join_scores
 from rlplat.utils.errors import RunError
 
 
@@ -44,35 +55,47 @@ class Trainer(Protocol):
     prompts_seen: int
 
     def next_prompt_entries(self, num_prompts: int) -> list: ...
-    def next_prompts(self, entries: list, uid_start: int | None = None) -> Batch: ...
-    def start_rollout(self, prompts: Batch) -> tuple[Pending, Pending | None]: ...
+    def next_prompts(self, entries: list, uids: list[int] | None = None) -> Batch: ...
+    def start_rollout(self, prompts: Batch, rank: int | None = None) -> tuple[Pending, Pending | None]: ...
     def finish_rollout(self, prompts: Batch, started: tuple[Pending, Pending | None]) -> Batch: ...
 
 
 @dataclass
 class InFlight:
-    """A batch submitted to the rollout pool and not yet trained on."""
+    """A generation call submitted to the rollout pool and not yet trained on."""
 
     entries: list  # its prompts as dataset indices, or rows queued by data.dynamic_prompts_fn
-    uid_start: int  # the uid number of its first prompt group
-    ready: Future  # -> (the generated batch, its scores or None, the scoring's wall-clock span)
+    uids: list[int]  # the uid number of each prompt group
+    version: int  # the newest weights sent before it was submitted: those that generate it
+    rank: int | None  # the rollout worker generating it (None: split over all of them)
+    ready: Future | None = None  # -> (the generated batch, its scores or None, the scoring's wall-clock span)
+    dropped: bool = False  # too old to train on: its prompts are generated again
 
     def state(self) -> dict:
-        return {"entries": self.entries, "uid_start": self.uid_start}
+        return {"entries": self.entries, "uids": self.uids}
 
 
 class RolloutQueue:
-    """The batches in flight on the rollout pool, oldest first, and the weights sent to it."""
+    """The generation calls in flight on the rollout pool, and the weights sent to it."""
 
     def __init__(self, trainer: Trainer, score_ahead: bool):
+        cfg = trainer.cfg
         self.trainer = trainer
-        self.ahead = trainer.cfg.trainer.async_steps
-        self.in_flight: deque[InFlight] = deque()
-        self.redo: list[dict] = []  # batches in flight at the checkpoint a run resumed from (their state())
-        # each generated batch is scored as soon as it arrives, in this thread (in order), unless the trainer's
-        # reward stage is a recipe's own (it then scores when the step runs it)
+        self.ahead = cfg.trainer.async_steps
+        self.batch_groups = cfg.data.train_batch_size_prompts
+        self.streams = cfg.rollout.stream_groups > 0
+        self.call_groups = cfg.rollout.stream_groups or self.batch_groups
+        self.in_flight: list[InFlight] = []  # oldest first
+        # (entry, uid) of prompts to generate before new ones: in flight at the checkpoint a run resumed from,
+        # or dropped as too old
+        self.redo: list[tuple[Any, int]] = []
+        self.next_take: int | None = None  # the groups the next take() returns (None: a batch's)
+        # each generated call is scored as soon as it arrives (one at a time), unless the trainer's reward stage is
+        # a recipe's own (it then scores when the step runs it)
         self.score_ahead = score_ahead
-        self.finisher = ThreadPoolExecutor(1, thread_name_prefix="rlplat-rollout-queue")
+        self._scoring = threading.Lock()
+        calls = (self.ahead + 3) * (self.batch_groups // self.call_groups)  # in flight, pulled, and dropped ones ending
+        self.waiters = ThreadPoolExecutor(min(calls, 64), thread_name_prefix="rlplat-rollout-queue")
 
     def start(self, step: int) -> None:
         """Send the actor's weights (version ``step``: the initial model, or the resumed checkpoint's) before
@@ -80,22 +103,35 @@ class RolloutQueue:
         self.trainer.components.push_weights(step)
 
     def take(self, metrics: dict) -> Batch:
-        """The oldest batch in flight (submitting the batches of the next K steps first), with its samples'
-        staleness in ``metrics``."""
+        """This step's groups (``next_take`` of them, else a batch's), submitting the calls of the next K steps
+        first, with their samples' staleness in ``metrics``."""
         trainer = self.trainer
-        self.fill(1 + min(self.ahead, max(trainer.cfg.trainer.total_steps - trainer.step, 0)))
-        flight = self.in_flight.popleft()
-        out, scores, scoring = flight.ready.result()  # a reward error is raised here, in the step that needs it
+        want, self.next_take = self.next_take or self.batch_groups, None
+        calls = -(-want // self.call_groups)
+        dropped = self._drop_expired()
+        remaining = max(trainer.cfg.trainer.total_steps - trainer.step, 0)
+        self.fill(calls + self.batch_groups // self.call_groups * min(self.ahead, remaining))
+        taken = self._first_ready(calls) if self.streams else self.in_flight[:calls]
+        for flight in taken:
+            self.in_flight.remove(flight)
+        parts = [flight.ready.result() for flight in sorted(taken, key=lambda f: f.uids[0])]  # a reward error is raised here
         trainer.components.check_weight_syncs()
+        out = join_rollouts([part[0] for part in parts], trainer.components.tokenizer.pad_token_id)
         spans = out.pop(["generated_from", "generated_until"]).tensors  # each rollout worker's call, for the timeline
         for start, end in sorted(set(zip(spans["generated_from"].tolist(), spans["generated_until"].tolist()))):
             trainer.timeline.add("rollout", "generate", start, end)
-        if scores is not None:
-            trainer.timeline.add("controller", "reward (ahead)", *scoring)
-            out.meta["scores"] = scores  # the reward stage takes them
+        if self.score_ahead:
+            for _, _, scoring in parts:
+                trainer.timeline.add("controller", "reward (ahead)", *scoring)
+            out.meta["scores"] = join_scores([part[1] for part in parts])  # the reward stage takes them
         staleness = (trainer.step - 1) - out.tensors["policy_version"]
         metrics["off_policy/staleness_mean"] = float(staleness.float().mean())
         metrics["off_policy/staleness_max"] = float(staleness.max())
+        if self.streams:
+            metrics["rollout/dropped_groups"] = float(dropped)
+        if "policy_version_last" in out.tensors.keys():  # rollout.partial=resume
+            spans = out.tensors["policy_version_last"] - out.tensors["policy_version"]
+            metrics["rollout/resumed_frac"] = float((spans > 0).float().mean())  # samples spanning two weights or more
         if int(staleness.max()) > self.ahead or int(staleness.min()) < 0:
             raise RunError(f"step {trainer.step} got samples of policy versions {sorted(set(out.tensors['policy_version'].tolist()))} "
                            f"for weights of update {trainer.step - 1}: outside trainer.async_steps={self.ahead} (a bug in "
@@ -103,37 +139,76 @@ class RolloutQueue:
         return out
 
     def fill(self, count: int) -> None:
-        """Submit batches until ``count`` are in flight: first those of the checkpoint resumed from."""
+        """Submit calls until ``count`` are in flight: the prompts to generate again first, then new ones."""
         trainer = self.trainer
         while len(self.in_flight) < count:
-            if self.redo:
-                state = self.redo.pop(0)
-                entries, uid_start = state["entries"], state["uid_start"]
-            else:
-                entries, uid_start = trainer.next_prompt_entries(trainer.cfg.data.train_batch_size_prompts), None
-            start = trainer.prompts_seen if uid_start is None else uid_start
-            prompts = trainer.next_prompts(entries, uid_start)
-            prompts.meta["step"] = trainer.step + len(self.in_flight)  # the step it is for (in error messages)
-            started = trainer.start_rollout(prompts)
-            self.in_flight.append(InFlight(entries, start, self.finisher.submit(self._finish, prompts, started)))
+            again, self.redo = self.redo[:self.call_groups], self.redo[self.call_groups:]
+            entries, uids = [entry for entry, _ in again], [uid for _, uid in again]
+            if (fresh := self.call_groups - len(again)) > 0:
+                entries += trainer.next_prompt_entries(fresh)
+                uids += range(trainer.prompts_seen, trainer.prompts_seen + fresh)
+                trainer.prompts_seen += fresh
+            prompts = trainer.next_prompts(entries, uids)
+            ahead = sum(len(flight.uids) for flight in self.in_flight) // self.batch_groups
+            prompts.meta["step"] = trainer.step + ahead  # the step it is for (in error messages)
+            flight = InFlight(entries, uids, trainer.step - 1, self._least_busy() if self.streams else None)
+            prompts.meta["weights_at_least"] = flight.version  # rollout.partial=resume loads them beside the calls
+            started = trainer.start_rollout(prompts, flight.rank)
+            flight.ready = self.waiters.submit(self._finish, flight, prompts, started)
+            self.in_flight.append(flight)
 
-    def _finish(self, prompts: Batch, started: tuple[Pending, Pending | None]) -> tuple:
-        """In the queue's thread: wait for a batch's generation, then score it (the reward overlaps the steps
+    def _drop_expired(self) -> int:
+        """Drop the calls this step may no longer train on (generated by weights more than K updates old); their
+        prompts go back to be generated again. Returns the groups dropped."""
+        oldest = self.trainer.step - 1 - self.ahead
+        expired = [flight for flight in self.in_flight if flight.version < oldest]
+        for flight in expired:
+            flight.dropped = True
+            self.in_flight.remove(flight)
+        self.redo = sorted(self.redo + [pair for flight in expired for pair in zip(flight.entries, flight.uids)],
+                           key=lambda pair: pair[1])
+        return sum(len(flight.uids) for flight in expired)
+
+    def _first_ready(self, calls: int) -> list[InFlight]:
+        """The first ``calls`` calls to be generated and scored (the oldest weights first among those ready)."""
+        while True:
+            ready = [flight for flight in self.in_flight if flight.ready.done()]
+            if len(ready) >= calls:
+                return sorted(ready, key=lambda f: (f.version, f.uids[0]))[:calls]
+            wait([flight.ready for flight in self.in_flight if not flight.ready.done()], return_when=FIRST_COMPLETED)
+
+    def _least_busy(self) -> int:
+        """The rollout worker with the fewest calls under way (the lowest rank among equals)."""
+        busy = [0] * self.trainer.components.generator.world_size
+        for flight in self.in_flight:
+            if not flight.ready.done():
+                busy[flight.rank] += 1
+        return min(range(len(busy)), key=lambda rank: (busy[rank], rank))
+
+    def _finish(self, flight: InFlight, prompts: Batch, started: tuple[Pending, Pending | None]) -> tuple:
+        """In a thread of the queue: wait for a call's generation, then score it (the reward overlaps the steps
         training meanwhile; an I/O-bound reward, a judge or a sandbox, waits off the step's path)."""
-        out = self.trainer.finish_rollout(prompts, started)
-        if not self.score_ahead:
-            return out, None, None
-        start = time.time()
-        scores = self.trainer.components.score_batch(out)
-        return out, scores, (start, time.time())
+        started[0].result()  # the generation, waited for outside the lock
+        with self._scoring:
+            out = self.trainer.finish_rollout(prompts, started)
+            if not self.score_ahead or flight.dropped:
+                return out, None, None
+            start = time.time()
+            scores = self.trainer.components.score_batch(out)
+            return out, scores, (start, time.time())
 
     def close(self) -> None:
-        """Drop the batches not yet finished (the end of the run, or an error)."""
-        self.finisher.shutdown(wait=False, cancel_futures=True)
+        """Drop the calls not yet finished (the end of the run, or an error)."""
+        self.waiters.shutdown(wait=False, cancel_futures=True)
 
     def state(self) -> list[dict]:
-        """What a checkpoint keeps of the batches in flight: their prompts, generated again on resume."""
-        return self.redo + [flight.state() for flight in self.in_flight]
+        """What a checkpoint keeps of the calls in flight: their prompts, generated again on resume."""
+        redo = [{"entries": [entry for entry, _ in self.redo], "uids": [uid for _, uid in self.redo]}] if self.redo else []
+        return redo + [flight.state() for flight in self.in_flight]
 
     def restore(self, state: list[dict]) -> None:
-        self.redo = list(state)
+        """The prompts a checkpoint had in flight (``uid_start``: a checkpoint of whole batches before streaming)."""
+        self.redo = []
+        for saved in state:
+            uids = saved.get("uids") or list(range(saved["uid_start"], saved["uid_start"] + len(saved["entries"])))
+            self.redo += zip(saved["entries"], uids)

@@ -36,7 +36,8 @@ class Validator:
         for done, prompts in enumerate(components.val_prompts(), start=1):
             pid = np.array([f"v{len(pids) + i}" for i in range(len(prompts))], dtype=object)
             prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
-            prompts.meta.update(step=step, temperature=cfg.rollout.val_temperature, validation=True)
+            # weights_at_least: a separate rollout pool scores the newest weights (those of this step's update)
+            prompts.meta.update(step=step, temperature=cfg.rollout.val_temperature, validation=True, weights_at_least=step)
             out = components.generator.generate_sequences(prompts.repeat(cfg.rollout.val_n, interleave=True))
             if "policy_version" in out.tensors.keys():  # a separate rollout pool: the weights it scored
                 versions.update(out.tensors["policy_version"].tolist())

@@ -28,6 +28,7 @@ from rlplat.engines.base import ParallelLayout
 from rlplat.engines.dist import DistContext, free_port, init_distributed, node_ip
 
 DISPATCH_ATTR = "__rlplat_dispatch__"
+GROUP_ATTR = "__rlplat_concurrency_group__"
 
 
 class Dispatch(enum.Enum):
@@ -36,14 +37,21 @@ class Dispatch(enum.Enum):
     DP_SPLIT_EXACT = "dp_split_exact"
 
 
-def register(mode: Dispatch) -> Callable[[Callable], Callable]:
-    """Mark a worker method as callable from the controller, with its dispatch mode."""
+def register(mode: Dispatch, concurrency_group: str | None = None) -> Callable[[Callable], Callable]:
+    """Mark a worker method as callable from the controller, with its dispatch mode. A worker runs its calls one
+    at a time in the order submitted; a method of a ``concurrency_group`` (one of the class's
+    :attr:`Worker.concurrency_groups`) runs in that group's thread instead, beside the others (Ray workers)."""
 
     def decorator(fn: Callable) -> Callable:
         setattr(fn, DISPATCH_ATTR, mode)
+        setattr(fn, GROUP_ATTR, concurrency_group)
         return fn
 
     return decorator
+
+
+def concurrency_group(worker_cls: type, name: str) -> str | None:
+    return getattr(getattr(worker_cls, name, None), GROUP_ATTR, None)
 
 
 def dispatch_mode(worker_cls: type, name: str) -> Dispatch:
@@ -61,6 +69,9 @@ def dispatch_mode(worker_cls: type, name: str) -> Dispatch:
 class Worker:
     """Base of every role class. Subclasses receive their rank and world size and the role's kwargs;
     heavy set-up belongs in a ``@register(Dispatch.ONE_TO_ALL)`` method the controller calls."""
+
+    #: threads of their own for some methods (``register(..., concurrency_group=name)``): name -> calls at once
+    concurrency_groups: dict[str, int] = {}
 
     def __init__(self, rank: int, world_size: int, device: str):
         self.rank, self.world_size, self.device_type = rank, world_size, device

@@ -72,6 +72,9 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
         raise ConfigError(f"rollout.verify_weights={verify} compares the checksums of the weights the rollout "
                           f"engine holds and its log-probs of a probe with the actor's, and the {cfg.rollout.name} "
                           f"engine can do neither; set rollout.verify_weights=off")
+    if cfg.rollout.partial == "resume" and not rollout_cls.pauses_for_updates(rollout_section):
+        raise ConfigError(f"rollout.partial=resume loads a weight update between two tokens of a generation under way, "
+                          f"which the {cfg.rollout.name} engine cannot do with these settings; use rollout.partial=finish")
     if cfg.rollout.lora_sync == "adapter" and not applies_adapters(rollout_cls):
         server = cfg.rollout.mode == "server"
         engine = "a rollout server (rollout.mode=server)" if server else f"the {cfg.rollout.name} engine"

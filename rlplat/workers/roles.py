@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 
 import torch
@@ -27,7 +28,7 @@ from rlplat.models.hf_files import save_hf_model
 from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
 from rlplat.rollout.agent_loop import AgentLoop
-from rlplat.rollout.base import NonFiniteLogitsError, RolloutEngine, assemble_rollout
+from rlplat.rollout.base import NonFiniteLogitsError, RolloutEngine, UpdateSlot, assemble_rollout
 from rlplat.rollout.weight_channel import WeightChannel
 from rlplat.rollout.weight_sync import WeightUpdate, corrupt_for_test, probe_mismatch, weight_mismatch
 from rlplat.utils.errors import RunError
@@ -384,12 +385,19 @@ class ActorRolloutRefWorker(_Generates):
 class RolloutWorker(_Generates):
     """A rollout engine alone, on a pool of its own (``rollout.mode=separate``): it holds no training copy of
     the model and no optimizer, receives the actor's weights as numbered :class:`WeightUpdate` s, and
-    tags every sample with the ``policy_version`` that generated it."""
+    tags every sample with the ``policy_version`` that generated it (and, with ``rollout.partial=resume``, the
+    ``policy_version_last`` its last token was sampled by)."""
+
+    concurrency_groups = {"weights": 1}  # rollout.partial=resume receives updates while a generation runs
 
     def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
         super().__init__(rank, world_size, device, cfg, plan)
         self.rollout = self.agent = None
-        self.version = 0  # the actor update whose weights the engine holds (0 = the model it loaded)
+        # the actor update whose weights the engine holds: -1 = none yet (the controller sends the first, the initial
+        # model's or a resumed checkpoint's, before any generation: calls wait for it, see weights_at_least)
+        self.version = -1
+        self.loaded = threading.Condition()  # notified when ``version`` changes
+        self.engine_lock = threading.Lock()  # held while the engine generates, or loads weights between calls
         self.weight_channel: WeightChannel | None = None  # rollout.weight_transport=distributed
 
     @register(Dispatch.ONE_TO_ALL)
@@ -401,6 +409,8 @@ class RolloutWorker(_Generates):
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
         self.rollout = build_rollout_engine(cfg, self.plan, model_path, tokenizer, self.dist)
         self.agent = build_agent_loop(cfg, self.plan, tokenizer)
+        if cfg.rollout.partial == "resume":
+            self.rollout.updates = UpdateSlot()
 
     @register(Dispatch.ONE_TO_ALL)
     def join_weight_channel(self, host: str, port: int, size: int) -> None:
@@ -410,20 +420,52 @@ class RolloutWorker(_Generates):
     @register(Dispatch.ONE_TO_ALL)
     def receive_weights(self, update: WeightUpdate) -> str | None:
         """Load ``update`` into the engine (its buckets, or those arriving over the weight channel, one at a
-        time), then make the checks it carries (those the engine can: checksums of the tensors it holds, its
-        log-probs of the probe). Returns what differs in one line, or None."""
+        time) after the calls submitted before it, then make the checks it carries (those the engine can:
+        checksums of the tensors it holds, its log-probs of the probe). Returns what differs in one line, or None."""
+        if not update.layouts:
+            return self._load(update, update.buckets)
+        arriving = self.weight_channel.receive(update.layouts)
+        try:
+            return self._load(update, arriving)
+        finally:  # an engine that stopped reading still takes the rest: the sender must not wait forever
+            for _ in arriving:
+                pass
+
+    @register(Dispatch.ONE_TO_ALL, concurrency_group="weights")
+    def receive_weights_between_tokens(self, update: WeightUpdate) -> str | None:
+        """``rollout.partial=resume``: :meth:`receive_weights` in a thread of its own, beside the generation. The
+        update is received whole (held in memory), then loaded by the generation under way between two of its
+        tokens (it goes on under the new weights), or as soon as no generation runs."""
+        buckets = list(self.weight_channel.receive(update.layouts)) if update.layouts else update.buckets
+        applied, outcome = threading.Event(), {}
+
+        def apply() -> None:
+            try:
+                outcome["problem"] = self._load(update, buckets)
+            except BaseException as err:  # raised in this thread, not in the generation's
+                outcome["error"] = err
+            finally:
+                applied.set()
+
+        self.rollout.updates.offer(apply)
+        while not applied.wait(0.01):
+            if self.engine_lock.acquire(blocking=False):  # no generation runs: load it here
+                try:
+                    if (update_now := self.rollout.updates.take()) is not None:
+                        update_now()
+                finally:
+                    self.engine_lock.release()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["problem"]
+
+    def _load(self, update: WeightUpdate, buckets) -> str | None:
         load = (functools.partial(self.rollout.load_adapters, lora_cfg=self.cfg.model.lora)
                 if self._sends_adapters() else self.rollout.load_weights)
-        if update.layouts:
-            arriving = self.weight_channel.receive(update.layouts)
-            try:
-                load(arriving)
-            finally:  # an engine that stopped reading still takes the rest: the sender must not wait forever
-                for _ in arriving:
-                    pass
-        else:
-            load(update.buckets)
-        self.version = update.version
+        load(buckets)
+        with self.loaded:
+            self.version = update.version
+            self.loaded.notify_all()
         held = self.rollout.weight_checksums() if update.checksums else None
         if held is not None and (problem := weight_mismatch(update, held)):
             return problem
@@ -433,15 +475,27 @@ class RolloutWorker(_Generates):
     @register(Dispatch.DP_SPLIT)
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Also per row: ``policy_version``, and when this worker generated it (``generated_from``,
-        ``generated_until``: wall-clock seconds of the call, for the run's timeline)."""
-        start = time.time()
-        out = super().generate_sequences(prompts)
+        ``generated_until``: wall-clock seconds of the call, for the run's timeline). A call whose
+        ``meta["weights_at_least"]`` is v starts once the weights of update v are loaded."""
+        if (needed := prompts.meta.get("weights_at_least")) is not None:
+            self._wait_for_version(needed)
+        with self.engine_lock:
+            start, version = time.time(), self.version
+            out = super().generate_sequences(prompts)
         rows = len(out)
-        return out.union(Batch.from_dict({
-            "policy_version": torch.full((rows,), self.version, dtype=torch.long),
-            "generated_from": torch.full((rows,), start, dtype=torch.float64),
-            "generated_until": torch.full((rows,), time.time(), dtype=torch.float64),
-        }))
+        fields = {"policy_version": torch.full((rows,), version, dtype=torch.long),
+                  "generated_from": torch.full((rows,), start, dtype=torch.float64),
+                  "generated_until": torch.full((rows,), time.time(), dtype=torch.float64)}
+        if "weight_updates" in out.tensors.keys():  # rollout.partial=resume: the updates loaded between tokens
+            fields["policy_version_last"] = version + out.pop(["weight_updates"]).tensors["weight_updates"]
+        return out.union(Batch.from_dict(fields))
+
+    def _wait_for_version(self, version: int, timeout_s: float = 1800.0) -> None:
+        with self.loaded:
+            if not self.loaded.wait_for(lambda: self.version >= version, timeout=timeout_s):
+                held = f"those of update {self.version}" if self.version >= 0 else "none yet"
+                raise RunError(f"rollout worker {self.rank}: the weights of update {version} did not arrive within "
+                               f"{timeout_s:.0f} s (it holds {held})")
 
 
 class RefWorker(_Role):

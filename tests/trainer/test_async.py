@@ -39,6 +39,16 @@ SEPARATE = "rollout.mode=separate"
     ([SEPARATE, "rollout.verify_weights=sometimes"], r"rollout.verify_weights='sometimes' is not one of: every, first, off"),
     ([SEPARATE, "rollout.workers_per_node=0"], r"rollout.workers_per_node must be >= 1, got 0"),
     ([SEPARATE, "rollout.weight_transport=nccl"], r"rollout.weight_transport='nccl' is not one of: distributed, object_store"),
+    (["rollout.stream_groups=2"], r"rollout.stream_groups=2 streams generation calls to rollout workers of their "
+                                  r"own: set rollout.mode=separate"),
+    ([SEPARATE, "rollout.stream_groups=3", "data.train_batch_size_prompts=8"],
+     r"rollout.stream_groups=3 must divide data.train_batch_size_prompts=8"),
+    ([SEPARATE, "rollout.stream_groups=-1"], r"rollout.stream_groups must be >= 0 \(0 = whole batches\), got -1"),
+    (["rollout.partial=resume"], r"rollout.partial=resume loads weight updates into rollout workers of their own while "
+                                 r"they generate: set rollout.mode=separate"),
+    ([SEPARATE, "rollout.partial=sometimes"], r"rollout.partial='sometimes' is not one of: finish, resume"),
+    ([SEPARATE, "rollout.partial=resume", "rollout.agent.name=tool"],
+     r"rollout.partial=resume pauses single-turn generation for a weight update; rollout.agent.name=tool keeps"),
 ])
 def test_async_settings_are_checked(extra, message):
     with pytest.raises(ConfigError, match=message):
@@ -52,6 +62,11 @@ def test_an_engine_that_can_neither_show_its_weights_nor_score_a_probe_needs_ver
         load_run_config([SEPARATE, "rollout.name=sglang"], require_installed=False, device="cuda")
     load_run_config([SEPARATE, "rollout.name=sglang", "rollout.verify_weights=off"], require_installed=False, device="cuda")
     load_run_config([SEPARATE, "rollout.name=vllm"], require_installed=False)  # the probe only: vLLM fuses its tensors
+    with pytest.raises(ConfigError, match=r"rollout.partial=resume loads a weight update between two tokens of a "
+                                          r"generation under way, which the vllm engine cannot do"):
+        load_run_config([SEPARATE, "rollout.name=vllm", "rollout.partial=resume"], require_installed=False)
+    with pytest.raises(ConfigError, match=r"which the hf engine cannot do with these settings"):  # transformers' generate
+        load_run_config([SEPARATE, "rollout.partial=resume", "rollout.hf.use_model_generation_config=true"])
     with pytest.raises(ConfigError, match=r"rollout.verify_log_prob_tol must be > 0 \(or null: by rollout.dtype\), got 0"):
         load_run_config([SEPARATE, "rollout.verify_log_prob_tol=0"])
 
@@ -212,6 +227,38 @@ def test_generating_two_steps_ahead_never_trains_on_older_samples(embedded_cache
     assert idle.keys() == {"trainer", "rollout"} and all(0 <= v < 1 for v in idle.values())
     assert all(0 <= steps[s]["timing/trainer_idle_frac"] < 1 for s in (1, 2, 3, 4))
     assert (out / "report" / "timeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_streaming_by_prompt_group_on_two_rollout_workers_trains_every_group_once(embedded_cache, small_val, tmp_path, ray_cluster):
+    # calls of 2 prompt groups, each on one of 2 rollout workers, a step taking the first 8 groups scored.
+    # Which groups a step gets depends on timing; what may not: staleness within K, each group trained at most
+    # once, and every drawn group either trained or still in flight at the end (never skipped)
+    out = tmp_path / "stream"
+    _train(out, 4, small_val, SEPARATE, "trainer.async_steps=1", "rollout.stream_groups=2", "rollout.workers_per_node=2")
+    steps = metrics(out)
+    assert [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    assert all(steps[s]["rollout/dropped_groups"] >= 0 for s in (1, 2, 3, 4))
+    state = json.loads((out / "checkpoints" / "step_000004" / "trainer.json").read_text())
+    trained = [n for start, end in state["ledger"] for n in range(start, end)]
+    in_flight = [n for saved in state["in_flight"] for n in saved["uids"]]
+    assert len(trained) == 4 * 8
+    assert sorted(trained + in_flight) == list(range(state["prompts_seen"]))
+
+
+@pytest.mark.slow
+def test_weight_updates_loaded_between_two_tokens_keep_the_bound_on_staleness(embedded_cache, small_val, tmp_path, ray_cluster):
+    # rollout.partial=resume: each update reaches the rollout worker while it generates the next batch (long
+    # responses, one step ahead) and is loaded between two tokens; the samples say so (rollout/resumed_frac), their
+    # first weights stay within K, every checksum and probe passes, and validation scores the newest weights
+    out = tmp_path / "resume"
+    _train(out, 3, small_val, SEPARATE, "trainer.async_steps=1", "rollout.partial=resume", "rollout.ignore_eos=true",
+           "data.max_response_length=128")
+    steps = metrics(out)
+    assert [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3)] == [0, 1, 1]
+    assert steps[1]["rollout/resumed_frac"] == 0  # generated before any update was sent
+    assert max(steps[s]["rollout/resumed_frac"] for s in (2, 3)) > 0
+    assert steps[3]["val/policy_version"] == 3 and _ledger(out) == [[0, 24]]
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ The dynamic-sampling tests drive ``filter_groups`` through a trainer subclass th
 ``generate`` and ``reward`` stages with scripted scores, the way a recipe overrides a stage.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,7 @@ class ScriptedTrainer(PPOTrainer):
     """``generate`` samples WANT prompts; ``reward`` scores each group by a per-round script."""
 
     def __init__(self, cfg, plan, rounds: list[list[tuple[float, float]]]):
-        super().__init__(cfg, plan, components=None)
+        super().__init__(cfg, plan, components=SimpleNamespace(tokenizer=SimpleNamespace(pad_token_id=0)))
         self.rounds, self.generated = rounds, 0
 
     def generate(self, batch, metrics):
@@ -72,6 +74,26 @@ def test_later_rounds_use_the_generate_override_and_keep_reward_metrics():
     assert (metrics["batch/gen_rounds"], metrics["batch/filled_groups"]) == (2, 1)
     scores = batch.tensors["token_level_scores"].flatten().tolist()
     assert scores == [1, 0, 0, 1, 1, 1]
+
+
+def test_a_streamed_rollout_pool_is_asked_for_the_missing_groups_only():
+    # with rollout.stream_groups the queue hands out calls of a few groups: each later round asks for the groups
+    # still missing (round 1 kept p0: 2 missing; round 2 kept p4: 1 missing), not a whole batch
+    class Streamed(ScriptedTrainer):
+        def generate(self, batch, metrics):
+            self.asked.append(self.rollouts.next_take)
+            self.rollouts.next_take = None
+            return super().generate(batch, metrics)
+
+    cfg, plan = load_run_config(["algorithm=dapo", f"rollout.n={N}", f"data.train_batch_size_prompts={WANT}",
+                                 f"actor.mini_batch_size_prompts={WANT}", "actor.micro_batch_size_seqs_per_worker=2",
+                                 "algorithm.dynamic_sampling.max_gen_batches=3"])
+    trainer = Streamed(cfg, plan, [[(1, 0), (1, 1), (0, 0)], [(0, 0), (0, 1), (0, 0)], [(1, 0), (0, 0), (0, 0)]])
+    trainer.rollouts, trainer.asked = SimpleNamespace(streams=True, next_take=None), []
+    metrics: dict = {}
+    batch = trainer.filter_groups(trainer.reward(trainer.generate(None, metrics), metrics), metrics)
+    assert trainer.asked == [None, 2, 1]
+    assert batch.non_tensors["uid"].tolist() == ["p0", "p0", "p4", "p4", "p6", "p6"]
 
 
 def test_enough_varied_groups_stop_early_without_fill():

@@ -1,0 +1,177 @@
+"""The rollout queue streaming by prompt group (rollout.stream_groups), driven by a scripted trainer: calls are
+held back until the test releases them, so which call finishes first is the test's choice, not the machine's.
+Whole runs on Ray are in test_async.py."""
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rlplat.controller import Pending
+from rlplat.protocol import Batch
+from rlplat.sequence import position_ids_from_mask
+from rlplat.trainer.components import Scores, join_scores
+from rlplat.trainer.rollout_queue import RolloutQueue
+
+PAD, RESPONSE = 9, 2
+
+
+class Scripted:
+    """What the queue uses of a trainer and its components. A call generates nothing until the test releases
+    it (by its first uid); its samples carry the weights pushed before it was submitted."""
+
+    def __init__(self, ahead: int, stream: int, batch: int, steps: int, workers: int):
+        self.cfg = OmegaConf.create({"trainer": {"async_steps": ahead, "total_steps": steps},
+                                     "data": {"train_batch_size_prompts": batch}, "rollout": {"stream_groups": stream}})
+        self.components = self
+        self.timeline = SimpleNamespace(add=lambda *span: None)
+        self.tokenizer = SimpleNamespace(pad_token_id=PAD)
+        self.generator = SimpleNamespace(world_size=workers)
+        self.step = self.prompts_seen = self.drawn = self.version = 0
+        self.gates: dict[int, threading.Event] = {}  # first uid of a call -> released
+        self.calls: list[tuple[list[int], int | None, int]] = []  # (uids, rank, version) as submitted
+
+    # the trainer
+    def next_prompt_entries(self, count):
+        self.drawn += count
+        return list(range(self.drawn - count, self.drawn))
+
+    def next_prompts(self, entries, uids):
+        return Batch.from_dict(non_tensors={"uid": [f"p{u}" for u in uids], "index": list(entries)})
+
+    def start_rollout(self, prompts, rank):
+        uids = [int(u[1:]) for u in prompts.non_tensors["uid"]]
+        gate, version = self.gates.setdefault(uids[0], threading.Event()), self.version
+        self.calls.append((uids, rank, version))
+
+        def generate():
+            gate.wait()
+            width = 3 + uids[0] % 3  # each call pads its prompts to its own longest
+            rows = len(uids)
+            prompt_mask = torch.zeros(rows, width, dtype=torch.long)
+            prompt_mask[:, -2:] = 1
+            attention = torch.cat([prompt_mask, torch.ones(rows, RESPONSE, dtype=torch.long)], dim=1)
+            prompts_ids = torch.where(prompt_mask.bool(), torch.tensor(uids)[:, None], PAD)
+            return prompts.union(Batch.from_dict({
+                "prompts": prompts_ids, "prompt_mask": prompt_mask,
+                "input_ids": torch.cat([prompts_ids, torch.ones(rows, RESPONSE, dtype=torch.long)], dim=1),
+                "attention_mask": attention, "position_ids": position_ids_from_mask(attention),
+                "policy_version": torch.full((rows,), version), "generated_from": torch.zeros(rows, dtype=torch.float64),
+                "generated_until": torch.ones(rows, dtype=torch.float64)}))
+        return Pending(generate), None
+
+    def finish_rollout(self, prompts, started):
+        return started[0].result()
+
+    # the components
+    def push_weights(self, version):
+        self.version = version
+
+    def check_weight_syncs(self):
+        pass
+
+    def score_batch(self, out):
+        scores = torch.tensor([float(u[1:]) for u in out.non_tensors["uid"]])
+        return Scores(scores, scores[:, None], torch.ones(1), {"reward/score_mean": float(scores.mean())})
+
+
+def step(trainer: Scripted, queue: RolloutQueue, release: list[int]):
+    """One step: take its groups while releasing the calls starting with ``release``, one after another (each
+    generated and scored before the next is released); then the weights of this update are sent."""
+    trainer.step += 1
+    taken, metrics = [], {}
+    thread = threading.Thread(target=lambda: taken.append(queue.take(metrics)))
+    thread.start()
+    for first in release:
+        deadline = time.monotonic() + 30
+        while not any(call[0][0] == first for call in trainer.calls) and time.monotonic() < deadline:
+            time.sleep(0.005)  # submitted by this take's fill
+        flight = next((f for f in list(queue.in_flight) if f.uids[0] == first), None)  # None: taken in order already
+        trainer.gates[first].set()
+        if flight is not None:
+            flight.ready.result(timeout=30)
+    thread.join(timeout=30)
+    assert taken, "take() did not return"
+    queue.start(trainer.step)  # the sync_rollout stage
+    return taken[0], metrics
+
+
+def uids(batch):
+    return [int(u[1:]) for u in batch.non_tensors["uid"]]
+
+
+def test_a_step_takes_the_first_groups_ready_and_drops_calls_that_grew_too_old():
+    trainer = Scripted(ahead=1, stream=2, batch=4, steps=4, workers=2)
+    queue = RolloutQueue(trainer, score_ahead=True)
+    queue.start(0)
+    # step 1: calls [0 1] [2 3] [4 5] [6 7] by weights 0; [2 3] and [6 7] finish first: they are the step's
+    batch, metrics = step(trainer, queue, release=[2, 6])
+    assert uids(batch) == [2, 3, 6, 7]
+    assert [call[0] for call in trainer.calls] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert (metrics["off_policy/staleness_max"], metrics["rollout/dropped_groups"]) == (0, 0)
+    assert batch.meta["scores"].scores.tolist() == [2, 3, 6, 7]  # scored as they arrived, joined in row order
+    # the prompts, padded to their own longest (5 and 3 tokens), now share the widest: same tokens, positions
+    assert batch.tensors["prompts"].shape == (4, 5) and batch.tensors["prompt_mask"].sum().item() == 8
+    assert batch.tensors["position_ids"].tolist() == position_ids_from_mask(batch.tensors["attention_mask"]).tolist()
+    assert batch.tensors["input_ids"][2].tolist() == [PAD, PAD, PAD, 6, 6, 1, 1]
+    assert batch.tensors["attention_mask"][2].tolist() == [0, 0, 0, 1, 1, 1, 1]
+    # step 2: [10 11] (weights 1) is ready before [4 5] (weights 0): both are taken, the older weights first
+    batch, metrics = step(trainer, queue, release=[10, 4])
+    assert uids(batch) == [4, 5, 10, 11]
+    assert batch.tensors["policy_version"].tolist() == [0, 0, 1, 1]
+    assert (metrics["off_policy/staleness_max"], metrics["off_policy/staleness_mean"]) == (1, 0.5)
+    # step 3 may train weights 1 and 2 only: [0 1] (weights 0, still generating) is dropped and generated again
+    batch, metrics = step(trainer, queue, release=[0, 8])
+    assert metrics["rollout/dropped_groups"] == 2
+    assert [call for call in trainer.calls if call[0] == [0, 1]] == [([0, 1], 0, 0), ([0, 1], 0, 2)]
+    assert uids(batch) == [0, 1, 8, 9] and batch.tensors["policy_version"].tolist() == [2, 2, 1, 1]
+    assert metrics["off_policy/staleness_max"] == 1
+    # dynamic sampling pulls one call (the groups it misses), not a batch
+    queue.next_take = 1
+    batch, metrics = step(trainer, queue, release=[12])
+    assert uids(batch) == [12, 13]
+    # a checkpoint now keeps the call still in flight; a resumed queue generates it first, with its uids
+    assert queue.state() == [{"entries": [14, 15], "uids": [14, 15]}]
+    resumed = Scripted(ahead=1, stream=2, batch=4, steps=6, workers=2)
+    resumed.step, resumed.prompts_seen, resumed.drawn = 4, trainer.prompts_seen, trainer.drawn
+    again = RolloutQueue(resumed, score_ahead=True)
+    again.restore(queue.state())
+    again.start(4)
+    batch, _ = step(resumed, again, release=[14, 16])
+    assert uids(batch) == [14, 15, 16, 17]
+    for scripted, q in ((trainer, queue), (resumed, again)):
+        for gate in scripted.gates.values():
+            gate.set()
+        q.close()
+
+
+def test_whole_batches_are_taken_in_order():
+    trainer = Scripted(ahead=2, stream=0, batch=2, steps=3, workers=2)
+    queue = RolloutQueue(trainer, score_ahead=False)
+    queue.start(0)
+    for expected_staleness, first in zip((0, 1, 2), (0, 2, 4)):
+        batch, metrics = step(trainer, queue, release=[first])
+        assert uids(batch) == [first, first + 1] and metrics["off_policy/staleness_max"] == expected_staleness
+        assert "rollout/dropped_groups" not in metrics and "scores" not in batch.meta
+    assert [rank for _, rank, _ in trainer.calls] == [None, None, None]  # split over the pool
+    queue.close()
+
+
+def test_scores_of_several_calls_join_as_those_of_all_their_rows():
+    def part(values, errors, latency):
+        scores = torch.tensor(values, dtype=torch.float32)
+        mean = sum(values) / len(values)
+        std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+        return Scores(scores, scores[:, None], torch.ones(1), {
+            "reward/f_mean": mean, "reward_calls/f_std": std, "reward_calls/f_errors": errors,
+            "timing/reward_calls/f_latency_max_s": latency, "reward/num_errors": errors})
+
+    joined = join_scores([part([1.0, 0.0], 1.0, 0.2), part([1.0, 1.0, 1.0, 0.0], 2.0, 0.5)])
+    assert joined.scores.tolist() == [1, 0, 1, 1, 1, 0] and joined.terms.shape == (6, 1)
+    assert joined.metrics["reward/f_mean"] == pytest.approx(4 / 6)
+    assert joined.metrics["reward_calls/f_std"] == pytest.approx((4 / 6 - (4 / 6) ** 2) ** 0.5)
+    assert (joined.metrics["reward_calls/f_errors"], joined.metrics["reward/num_errors"]) == (3, 3)
+    assert joined.metrics["timing/reward_calls/f_latency_max_s"] == 0.5
