@@ -2,6 +2,7 @@
 
     python benchmarks/async.py                                # both workloads, sync / K=1 / K=2, 20 steps
     python benchmarks/async.py --workloads heavy --steps 12 --repeats 2
+    python benchmarks/async.py --workloads heavy --modes sync async1 async1-stream async1-resume
 
 Each run is a fresh process training with Ray on this machine's cores, in the order sync, K=1, K=2 (then
 again with ``--repeats``, so a slow hour hits every mode alike). Workloads:
@@ -13,6 +14,9 @@ again with ``--repeats``, so a slow hour hits every mode alike). Workloads:
   does (``rollout.stop_token_ids=[11]``: ~2.3% of the embedded model's tokens after its answer, so the
   lengths are about geometric: most responses stop within 60 tokens, the longest run to 128); every
   reward call waits 50 ms before it scores (a remote judge or sandbox), on 8 reward workers.
+
+Further modes (``--modes``): ``async1-stream`` (K = 1, calls of 4 prompt groups: ``rollout.stream_groups=4``) and
+``async1-resume`` (K = 1, updates loaded between two tokens: ``rollout.partial=resume``).
 
 Printed per run: samples per second over the steps after the first two (the timeline's wall-clock span of
 those steps), each pool's idle fraction over the run (``summary.json`` ``idle_frac``: the trainer pool, and
@@ -32,7 +36,11 @@ import tempfile
 from pathlib import Path
 
 MODES = {"sync": [], "async1": ["rollout.mode=separate", "trainer.async_steps=1"],
-         "async2": ["rollout.mode=separate", "trainer.async_steps=2"]}
+         "async2": ["rollout.mode=separate", "trainer.async_steps=2"],
+         # K = 1 with calls of 4 prompt groups scored as each arrives, or updates loaded between two tokens
+         "async1-stream": ["rollout.mode=separate", "trainer.async_steps=1", "rollout.stream_groups=4"],
+         "async1-resume": ["rollout.mode=separate", "trainer.async_steps=1", "rollout.partial=resume"]}
+DEFAULT_MODES = ["sync", "async1", "async2"]
 SLOW_REWARD = '''import time
 
 from rlplat.reward.scorers import arithmetic
@@ -78,7 +86,7 @@ def measure(out: Path, samples_per_step: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["quickstart", "heavy"])
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=DEFAULT_MODES)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--one", nargs=4, metavar=("MODE", "WORKLOAD", "OUT", "REWARD"), help=argparse.SUPPRESS)

@@ -51,6 +51,8 @@ RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inproces
 #   ROLLOUT_MODE        rollout.mode: colocated | separate (rollout workers on a pool of their own, docs/async.md)
 #   ROLLOUT_WORKERS     rollout.workers_per_node: rollout workers (devices) per node of the separate pool
 #   ASYNC_STEPS         trainer.async_steps: steps the separate rollout pool generates ahead (0 = in turn)
+#   STREAM_GROUPS       rollout.stream_groups: prompt groups per generation call of the separate pool (0 = whole batches)
+#   PARTIAL             rollout.partial: finish | resume (load weight updates between two tokens; hf engine)
 #   LORA_RANK           model.lora.rank: LoRA adapters of this rank on the actor (docs/lora.md; 0 = off)
 #   ULYSSES             actor.fsdp.ulysses_size and ref.fsdp.ulysses_size: workers each sequence is split over
 #                       (Ulysses sequence parallelism, FSDP; docs/long_context.md)
@@ -90,6 +92,8 @@ run_rlplat() {
     optional ROLLOUT_MODE rollout.mode
     optional ROLLOUT_WORKERS rollout.workers_per_node
     optional ASYNC_STEPS trainer.async_steps
+    optional STREAM_GROUPS rollout.stream_groups
+    optional PARTIAL rollout.partial
     optional LORA_RANK model.lora.rank
     optional ULYSSES actor.fsdp.ulysses_size ref.fsdp.ulysses_size
     set -x

@@ -6,7 +6,8 @@
 # +0.073 +- 0.011 against the synchronous run's +0.080 +- 0.008, and +0.059 +- 0.018 without it; docs/async.md).
 # Needs Ray (the default; RAY_ADDRESS=inprocess cannot run two pools). On 2 CPU cores the two pools share the
 # cores, so it shows the mechanism rather than a speed-up (e.g. ASYNC_STEPS=2 bash examples/cpu/grpo_async.sh).
-# Knobs: examples/common.sh (ROLLOUT_WORKERS, ASYNC_STEPS among them); extra args are Hydra overrides.
+# Knobs: examples/common.sh (ROLLOUT_WORKERS, ASYNC_STEPS, STREAM_GROUPS, PARTIAL among them: PARTIAL=resume
+# loads each weight update between two tokens); extra args are Hydra overrides.
 set -euo pipefail
 ALGO=grpo
 EXPERIMENT=${EXPERIMENT:-grpo_async}

@@ -217,7 +217,7 @@ class RolloutConfig:
     stream_groups: int = 0
     # rollout.mode=separate: a weight update that reaches a rollout worker while it generates: finish = waits for
     # the calls submitted before it | resume = is loaded between two tokens of the call under way, which goes on
-    # under the new weights (single-turn, hf engine; docs/async.md)
+    # under the new weights (single-turn; hf and vllm engines; docs/async.md)
     partial: str = "finish"
     n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)

@@ -28,6 +28,7 @@ from rlplat.utils.progress import MODES as PROGRESS_MODES
 from rlplat.utils.tracking import LOGGERS
 
 #: micro-batch token budgets: None (count sequences) or a number of tokens
+MAX_CALLS_IN_FLIGHT = 64  # rollout.stream_groups: generation calls in flight (the controller waits for each in a thread)
 TOKEN_BUDGETS = ("actor.micro_batch_max_tokens_per_worker", "critic.micro_batch_max_tokens_per_worker",
                  "ref.log_prob_micro_batch_max_tokens_per_worker")
 
@@ -268,6 +269,12 @@ def _check_placement(cfg: DictConfig, world: int) -> None:
           f"{cfg.rollout.agent.name} keeps each conversation's cache across turns: use rollout.partial=finish")
     check(stream == 0 or batch % stream == 0,
           f"rollout.stream_groups={stream} must divide data.train_batch_size_prompts={batch} (a step takes whole calls)")
+    calls = batch // stream * (async_steps + 1) if stream > 0 and batch % stream == 0 else 0
+    check(calls <= MAX_CALLS_IN_FLIGHT,
+          f"rollout.stream_groups={stream} keeps {calls} generation calls in flight (data.train_batch_size_prompts="
+          f"{batch} / {stream} per step, for trainer.async_steps + 1 = {async_steps + 1} steps), each waited for by a "
+          f"thread of the controller; at most {MAX_CALLS_IN_FLIGHT}: use calls of at least "
+          f"{-(-batch * (async_steps + 1) // MAX_CALLS_IN_FLIGHT)} groups (dividing the batch)")
 
 
 def validate(cfg: DictConfig) -> None:

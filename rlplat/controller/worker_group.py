@@ -31,8 +31,12 @@ class Pending:
     """A worker-group call under way (:meth:`WorkerGroup.submit`): :meth:`result` waits for it and returns what
     :meth:`WorkerGroup.call` would have, raising the workers' errors the same way."""
 
-    def __init__(self, finish: Callable[[], Any]):
-        self._finish, self._value, self._done = finish, None, False
+    def __init__(self, finish: Callable[[], Any], ready: Callable[[], bool] | None = None):
+        self._finish, self._ready, self._value, self._done = finish, ready, None, False
+
+    def done(self) -> bool:
+        """Whether :meth:`result` returns (or raises) without waiting."""
+        return self._done or (self._ready is not None and self._ready())
 
     def result(self) -> Any:
         if not self._done:
@@ -120,7 +124,7 @@ class InProcessWorkerGroup(WorkerGroup):
 
     def _start_one(self, rank, name, args, kwargs):
         value = getattr(self.worker, name)(*args, **kwargs)
-        return Pending(lambda: value)
+        return Pending(lambda: value, ready=lambda: True)
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -171,8 +175,11 @@ class RayWorkerGroup(WorkerGroup):
 
     def _start_one(self, rank, name, args, kwargs):
         self._set_up()
+        import ray
+
         ref = self._method(self.actors[rank], name).remote(*args, **kwargs)
-        return Pending(lambda: self._results([ref], [rank], f"{name}()")[0])
+        return Pending(lambda: self._results([ref], [rank], f"{name}()")[0],
+                       ready=lambda: not ray.wait([ref], timeout=0)[1])
 
     def _method(self, actor, name: str):
         """The actor's method ``name``, in its concurrency group when it has one."""

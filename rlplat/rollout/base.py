@@ -114,8 +114,9 @@ class RolloutEngine(ABC):
     needs_initial_weights: bool = False
     setup: RolloutSetup  # kept by every engine's __init__
     #: ``rollout.partial=resume``: the rollout worker's updates, which :meth:`generate` takes between two tokens
-    #: (engines for which :meth:`pauses_for_updates` is true); the output then has ``weight_updates`` ``[B]``,
-    #: how many updates each row's tokens span after its first
+    #: (engines for which :meth:`pauses_for_updates` is true); the output then has, per row, how many of the
+    #: call's updates were loaded before its first token (``weight_updates_before`` ``[B]``) and while it was
+    #: sampled (``weight_updates`` ``[B]``)
     updates: UpdateSlot | None = None
 
     @classmethod

@@ -75,6 +75,7 @@ class HFRolloutEngine(RolloutEngine):
         self.use_model_generation_config = engine_cfg.use_model_generation_config
         self.forward = self._choose_forward(engine_cfg.dense_forward, setup)
         self._kept: list[_Conversation] | None = None  # the last generate_ids call's samples, to continue
+        self._updates_taken = 0
 
     def _choose_forward(self, dense: bool, setup: RolloutSetup):
         """The dense forward when the model is one it computes and its logits agree with the model's
@@ -108,9 +109,10 @@ class HFRolloutEngine(RolloutEngine):
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> Batch:
         ids = prompts.tensors["prompts"].to(self.device)
         mask = prompts.tensors["prompt_mask"].to(self.device)
-        updates = torch.zeros(ids.shape[0], dtype=torch.long)
+        before = self._updates_taken  # loaded by earlier chunks of this call: before these rows' first token
         if self.use_model_generation_config:
             generated, log_probs = self._generate_with_transformers(ids, mask, params)
+            updates = torch.zeros(ids.shape[0], dtype=torch.long)
         else:
             generated, log_probs, updates = self._sample(ids, mask, params)
         if not bool(torch.isfinite(log_probs).all()):  # greedy decoding picks a NaN logit without complaint
@@ -119,7 +121,8 @@ class HFRolloutEngine(RolloutEngine):
         generated = generated.masked_fill(response_mask == 0, self.pad_token_id)
         out = assemble_rollout(prompts, generated.cpu(), response_mask.cpu(), log_probs.float().cpu())
         if self.updates is not None:
-            out = out.union(Batch.from_dict({"weight_updates": updates.cpu()}))
+            out = out.union(Batch.from_dict({"weight_updates_before": torch.full_like(updates.cpu(), before),
+                                             "weight_updates": updates.cpu()}))
         return out
 
     def _sample(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, kept: KeptCache | None = None,
@@ -167,7 +170,10 @@ class HFRolloutEngine(RolloutEngine):
                     live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
                 positions = positions + 1
                 if pausable and (update := self.updates.take()) is not None:
-                    update()  # the new weights: the live rows' cache is computed again under them
+                    update()  # the new weights: the cache of the rows still sampling is computed again under them
+                    self._updates_taken += 1
+                    keep = (~done).nonzero().squeeze(-1)
+                    live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
                     updates[live] += 1
                     logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1)
                 else:
@@ -207,6 +213,7 @@ class HFRolloutEngine(RolloutEngine):
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         self._kept = None
+        self._updates_taken = 0  # rollout.partial=resume: the updates this call has loaded so far
         with self._random_stream(params.seed):
             return Batch.concat([self._generate_chunk(chunk, params) for chunk in batch.split(self.batch_size_seqs)])
 

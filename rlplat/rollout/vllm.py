@@ -17,6 +17,9 @@
   weights from the model files (whatever ``load_format`` says: the frozen base never changes); each update
   writes the adapters as a PEFT directory in a temporary folder and loads them under a new adapter id
   (:meth:`VLLMRolloutEngine.load_adapters`), which every generation then names.
+* ``rollout.partial=resume``: the engine is driven step by step (``LLM.generate``'s own loop); an update offered
+  between two steps aborts the requests under way, loads the weights, and each goes on as a new request of
+  its prompt and the tokens so far (its cache computed under the new weights) for the tokens it has left.
 * On CPU the KV cache size must be explicit (``rollout.vllm.kv_cache_gb``, default 1 GiB) and CUDA
   graphs do not exist, so the engine runs eagerly and skips vLLM's warm-up compilation (starts in
   seconds instead of a minute).
@@ -66,6 +69,11 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ConfigError(f"{key}.kv_cache_gb must be > 0 (or null), got {engine_cfg.kv_cache_gb}")
 
     @classmethod
+    def pauses_for_updates(cls, engine_cfg) -> bool:
+        """Between two engine steps (:meth:`_generate_resumable`)."""
+        return True
+
+    @classmethod
     def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
         """vLLM sleeps between rollouts with ``sleep_level`` > 0, on CUDA only."""
         return replace(super().declare(engine_cfg, device), sleeps=engine_cfg.sleep_level > 0 and device == "cuda")
@@ -113,6 +121,7 @@ class VLLMRolloutEngine(RolloutEngine):
             **lora,
         )
         self._asleep = self._weights_dropped = False
+        self._calls = 0  # numbers the requests of rollout.partial=resume's own loop
 
     @property
     def weights_discarded_by_sleep(self) -> bool:
@@ -140,16 +149,65 @@ class VLLMRolloutEngine(RolloutEngine):
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_lists(batch)]
-        outputs = self.llm.generate(prompts, self._sampling_params(params, len(prompts)), use_tqdm=False,
-                                    lora_request=self._lora_request)
-        token_ids, log_probs = [], []
-        for out in outputs:
-            sample = out.outputs[0]
-            token_ids.append(list(sample.token_ids))
-            log_probs.append([step[token].logprob for token, step in zip(sample.token_ids, sample.logprobs)])
+        token_lists = prompt_token_lists(batch)
+        sampling = self._sampling_params(params, len(token_lists))
+        taken = None
+        if self.updates is not None:
+            token_ids, log_probs, taken = self._generate_resumable(token_lists, sampling)
+        else:
+            prompts = [TokensPrompt(prompt_token_ids=ids) for ids in token_lists]
+            outputs = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self._lora_request)
+            token_ids, log_probs = map(list, zip(*(_sampled(out) for out in outputs))) if outputs else ([], [])
         responses, mask, lps = pad_responses(token_ids, log_probs, params.max_new_tokens, self.setup.pad_token_id)
-        return assemble_rollout(batch, responses, mask, lps)
+        out = assemble_rollout(batch, responses, mask, lps)
+        if taken is not None:
+            out = out.union(Batch.from_dict({key: torch.tensor(counts, dtype=torch.long) for key, counts in taken.items()}))
+        return out
+
+    def _generate_resumable(self, prompts: list[list[int]], sampling: list) -> tuple[list, list, dict[str, list[int]]]:
+        """``rollout.partial=resume``: ``LLM.generate``'s loop of engine steps, with :attr:`updates` taken between
+        two steps. The requests under way are then aborted, the weights loaded, and each goes on as a new request
+        of its prompt and its tokens so far, for the tokens it has left. Returns each prompt's sampled ids, their
+        log-probs, and per prompt the updates loaded before its first token and while it was sampled."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine, self._calls = self.llm.llm_engine, self._calls + 1
+        tokens, log_probs = [[] for _ in prompts], [[] for _ in prompts]
+        taken = {"weight_updates_before": [0] * len(prompts), "weight_updates": [0] * len(prompts)}
+        live: dict[str, int] = {}  # request id -> prompt index
+
+        def submit(i: int) -> None:
+            params = sampling[i].clone()
+            params.max_tokens = sampling[i].max_tokens - len(tokens[i])
+            params.output_kind = RequestOutputKind.DELTA  # each step: the tokens it added
+            request = f"rlplat-{self._calls}-{i}-{sum(taken[k][i] for k in taken)}"
+            engine.add_request(request, TokensPrompt(prompt_token_ids=prompts[i] + tokens[i]), params,
+                               lora_request=self._lora_request)
+            live[request] = i
+
+        try:
+            for i in range(len(prompts)):
+                submit(i)
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    i = live[out.request_id]
+                    ids, lps = _sampled(out)
+                    tokens[i] += ids
+                    log_probs[i] += lps
+                    if out.finished:
+                        del live[out.request_id]
+                if live and (update := self.updates.take()) is not None:
+                    engine.abort_request(list(live))
+                    going, live = list(live.values()), {}
+                    update()  # the new weights (the prefix cache is reset with them)
+                    for i in going:  # unfinished: no stop token yet, tokens left
+                        taken["weight_updates" if tokens[i] else "weight_updates_before"][i] += 1
+                        submit(i)
+        finally:
+            if live:  # an error: nothing of this call stays in the engine for the next one
+                engine.abort_request(list(live))
+        return tokens, log_probs, taken
 
     def sequence_log_probs(self, ids: list[int]) -> list[float]:
         """vLLM's prompt log-probs (``prompt_logprobs=0``: each prompt token's own) of ``ids``."""
@@ -166,7 +224,8 @@ class VLLMRolloutEngine(RolloutEngine):
         for bucket in buckets:
             self.llm.collective_rpc("rlplat_load_weights", args=(bucket,))
         self.llm.collective_rpc("rlplat_finish_weight_update")
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if not self.llm.reset_prefix_cache():  # cached KV blocks were computed with the old weights
+            raise RuntimeError("vLLM kept its prefix cache after a weight update (requests still hold blocks)")
         self._weights_dropped = False
 
     def load_adapters(self, buckets: Iterable[WeightBucket], lora_cfg) -> None:
@@ -205,6 +264,12 @@ class VLLMRolloutEngine(RolloutEngine):
     def named_weights(self) -> dict[str, torch.Tensor]:
         """vLLM's weights under its own names (CPU copies), for tests and debugging."""
         return self.llm.collective_rpc("rlplat_named_weights")[0]
+
+
+def _sampled(out) -> tuple[list[int], list[float]]:
+    """A request output's sampled ids and each one's log-prob."""
+    sample = out.outputs[0]
+    return list(sample.token_ids), [step[token].logprob for token, step in zip(sample.token_ids, sample.logprobs)]
 
 
 def _vllm_lora_rank(rank: int) -> int:

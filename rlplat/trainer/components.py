@@ -92,7 +92,8 @@ class Components:
     reward_model: WorkerGroup | None = None  # RewardModelWorker group when reward.model.path is set
     judge: Any = None  # JudgeWorker group (reward.judge.model_path) or ServerJudge (reward.judge.url)
     rollout: WorkerGroup | None = None  # RolloutWorker group on its own pool (rollout.mode=separate)
-    weight_syncs: list[Pending] = field(default_factory=list)  # the rollout workers' receipts not yet checked
+    # the rollout workers' receipts not yet checked: (rank, weight version, receipt)
+    weight_syncs: list[tuple[int, int, Pending]] = field(default_factory=list)
     verified_once: bool = False  # rollout.verify_weights=first: the first sync was checked
 
     @property
@@ -111,19 +112,24 @@ class Components:
         update = self.actor.weight_update(version, verify, probe if len(probe) > 1 else None, tolerance,
                                           corruption_for_test())[0]
         receive = "receive_weights_between_tokens" if self.cfg.rollout.partial == "resume" else "receive_weights"
-        self.weight_syncs.append(self.rollout.submit(receive, update))
+        self.weight_syncs += [(rank, version, self.rollout.submit_to(rank, receive, update))
+                              for rank in range(self.rollout.world_size)]
         self.verified_once = self.verified_once or verify
 
-    def check_weight_syncs(self) -> None:
-        """Wait for the weight syncs sent so far; a rollout worker that does not hold exactly what the actor
-        sent stops the run (:class:`RunError`, naming the tensor)."""
-        syncs, self.weight_syncs = self.weight_syncs, []
-        for receipt in syncs:
-            for rank, problem in enumerate(receipt.result()):
-                if problem:
-                    raise RunError(f"weight sync to rollout worker {rank}: {problem}; the run stops rather than "
-                                   f"train on samples of weights that are not the actor's (rollout.verify_weights="
-                                   f"{self.cfg.rollout.verify_weights})")
+    def check_weight_syncs(self, needed: dict[int, int] | None = None) -> None:
+        """Read the rollout workers' receipts of the weight syncs: those already back, and, waiting for them,
+        those of each rank in ``needed`` up to its version (the weights of the samples about to be trained;
+        None: every sync sent so far). A rollout worker that does not hold exactly what the actor sent stops the
+        run (:class:`RunError`, naming the tensor)."""
+        waiting = []
+        for rank, version, receipt in self.weight_syncs:
+            if needed is not None and version > needed.get(rank, -1) and not receipt.done():
+                waiting.append((rank, version, receipt))
+            elif problem := receipt.result():
+                raise RunError(f"weight sync to rollout worker {rank}: {problem}; the run stops rather than "
+                               f"train on samples of weights that are not the actor's (rollout.verify_weights="
+                               f"{self.cfg.rollout.verify_weights})")
+        self.weight_syncs = waiting
 
     def _batch(self, items: list[dict]) -> Batch:
         tensors, lists = collate(items, self.tokenizer.pad_token_id)

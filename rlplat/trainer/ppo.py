@@ -74,6 +74,14 @@ from rlplat.workers.actor_loss import old_log_probs_key
 SCORE_FREE_STAGES = frozenset({"old_log_probs", "reference", "values"})
 
 
+def over_rounds(key: str, values: list[float]) -> float:
+    """A metric of several generation rounds (dynamic sampling): timings and dropped groups add up, maxima are
+    the largest, everything else is the mean of the rounds."""
+    if key.startswith("timing/") or key == "rollout/dropped_groups":
+        return sum(values)
+    return max(values) if key.endswith("_max") else sum(values) / len(values)
+
+
 def tensors_only(batch: Batch) -> Batch:
     """What a model stage sends its workers: the tensors and meta. The text columns (prompts, ground
     truths, extra_info, uid) stay on the controller, which reads them (rewards, groups); pickling them
@@ -417,9 +425,7 @@ class PPOTrainer:
             batch = self.reward(self.generate(None, extra), extra)
             for key, value in extra.items():
                 round_metrics.setdefault(key, [metrics[key]] if key in metrics else []).append(value)
-        # timings add up over the rounds; everything else is a per-round mean
-        metrics.update({key: sum(values) / (1 if key.startswith("timing/") else len(values))
-                        for key, values in round_metrics.items()})
+        metrics.update({key: over_rounds(key, values) for key, values in round_metrics.items()})
         metrics["batch/gen_rounds"] = rounds
         metrics["batch/filled_groups"] = max(0, want - have)
         pieces = [b for b in kept + dropped if len(b) > 0]  # kept groups first, then the fill-up

@@ -11,7 +11,10 @@ in the order submitted, so each call is sampled by the newest weights sent befor
     step s+1 ...
 
 Each call's batch is scored in a thread of the queue as soon as its generation arrives, so an I/O-bound
-reward also overlaps the training (unless a recipe overrides the trainer's ``reward`` stage).
+reward also overlaps the training (unless a recipe overrides the trainer's ``reward`` stage). With
+``rollout.partial=resume`` a rollout worker loads an update beside its calls, between two tokens of the one
+under way (:class:`rlplat.workers.roles.RolloutWorker`); a call still never starts before the weights it
+was submitted after (``weights_at_least``).
 
 A call submitted after the weights of update v may be trained on at steps up to v + 1 + K, so no sample is
 more than K updates old: ``off_policy/staleness_max`` (asserted, never exceeded). K = 0 generates each batch
@@ -70,6 +73,7 @@ class InFlight:
     rank: int | None  # the rollout worker generating it (None: split over all of them)
     ready: Future | None = None  # -> (the generated batch, its scores or None, the scoring's wall-clock span)
     dropped: bool = False  # too old to train on: its prompts are generated again
+    generated: bool = False  # its rollout worker is done with it
 
     def state(self) -> dict:
         return {"entries": self.entries, "uids": self.uids}
@@ -86,6 +90,7 @@ class RolloutQueue:
         self.streams = cfg.rollout.stream_groups > 0
         self.call_groups = cfg.rollout.stream_groups or self.batch_groups
         self.in_flight: list[InFlight] = []  # oldest first
+        self.dropped: list[InFlight] = []  # dropped calls their rollout workers may still be generating
         # (entry, uid) of prompts to generate before new ones: in flight at the checkpoint a run resumed from,
         # or dropped as too old
         self.redo: list[tuple[Any, int]] = []
@@ -94,8 +99,10 @@ class RolloutQueue:
         # a recipe's own (it then scores when the step runs it)
         self.score_ahead = score_ahead
         self._scoring = threading.Lock()
-        calls = (self.ahead + 3) * (self.batch_groups // self.call_groups)  # in flight, pulled, and dropped ones ending
-        self.waiters = ThreadPoolExecutor(min(calls, 64), thread_name_prefix="rlplat-rollout-queue")
+        # a thread per call in flight (the config keeps them few: rlplat.config.validate), and room for the calls
+        # dynamic sampling pulls and the dropped ones still ending
+        calls = (self.ahead + 3) * (self.batch_groups // self.call_groups)
+        self.waiters = ThreadPoolExecutor(calls, thread_name_prefix="rlplat-rollout-queue")
 
     def start(self, step: int) -> None:
         """Send the actor's weights (version ``step``: the initial model, or the resumed checkpoint's) before
@@ -114,11 +121,12 @@ class RolloutQueue:
         taken = self._first_ready(calls) if self.streams else self.in_flight[:calls]
         for flight in taken:
             self.in_flight.remove(flight)
-        parts = [flight.ready.result() for flight in sorted(taken, key=lambda f: f.uids[0])]  # a reward error is raised here
-        trainer.components.check_weight_syncs()
+        taken.sort(key=lambda f: f.uids[0])
+        parts = [flight.ready.result() for flight in taken]  # a reward error is raised here
+        trainer.components.check_weight_syncs(self._weights_used(taken, [part[0] for part in parts]))
         out = join_rollouts([part[0] for part in parts], trainer.components.tokenizer.pad_token_id)
-        spans = out.pop(["generated_from", "generated_until"]).tensors  # each rollout worker's call, for the timeline
-        for start, end in sorted(set(zip(spans["generated_from"].tolist(), spans["generated_until"].tolist()))):
+        calls = out.pop(["generated_from", "generated_until"]).tensors  # each rollout worker's call, for the timeline
+        for start, end in sorted(set(zip(calls["generated_from"].tolist(), calls["generated_until"].tolist()))):
             trainer.timeline.add("rollout", "generate", start, end)
         if self.score_ahead:
             for _, _, scoring in parts:
@@ -157,6 +165,16 @@ class RolloutQueue:
             flight.ready = self.waiters.submit(self._finish, flight, prompts, started)
             self.in_flight.append(flight)
 
+    def _weights_used(self, taken: list[InFlight], batches: list[Batch]) -> dict[int, int]:
+        """Each rollout worker's newest weights among the samples of ``taken``: the syncs to check before training."""
+        used: dict[int, int] = {}
+        for flight, batch in zip(taken, batches):
+            versions = batch.tensors.get("policy_version_last", batch.tensors["policy_version"])
+            ranks = range(self.trainer.components.generator.world_size) if flight.rank is None else [flight.rank]
+            for rank in ranks:
+                used[rank] = max(used.get(rank, -1), int(versions.max()))
+        return used
+
     def _drop_expired(self) -> int:
         """Drop the calls this step may no longer train on (generated by weights more than K updates old); their
         prompts go back to be generated again. Returns the groups dropped."""
@@ -165,6 +183,7 @@ class RolloutQueue:
         for flight in expired:
             flight.dropped = True
             self.in_flight.remove(flight)
+        self.dropped = [flight for flight in self.dropped + expired if not flight.generated]
         self.redo = sorted(self.redo + [pair for flight in expired for pair in zip(flight.entries, flight.uids)],
                            key=lambda pair: pair[1])
         return sum(len(flight.uids) for flight in expired)
@@ -178,10 +197,10 @@ class RolloutQueue:
             wait([flight.ready for flight in self.in_flight if not flight.ready.done()], return_when=FIRST_COMPLETED)
 
     def _least_busy(self) -> int:
-        """The rollout worker with the fewest calls under way (the lowest rank among equals)."""
+        """The rollout worker with the fewest calls under way, dropped ones included (the lowest rank among equals)."""
         busy = [0] * self.trainer.components.generator.world_size
-        for flight in self.in_flight:
-            if not flight.ready.done():
+        for flight in self.in_flight + self.dropped:
+            if not flight.generated:
                 busy[flight.rank] += 1
         return min(range(len(busy)), key=lambda rank: (busy[rank], rank))
 
@@ -189,6 +208,7 @@ class RolloutQueue:
         """In a thread of the queue: wait for a call's generation, then score it (the reward overlaps the steps
         training meanwhile; an I/O-bound reward, a judge or a sandbox, waits off the step's path)."""
         started[0].result()  # the generation, waited for outside the lock
+        flight.generated = True
         with self._scoring:
             out = self.trainer.finish_rollout(prompts, started)
             if not self.score_ahead or flight.dropped:

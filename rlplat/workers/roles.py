@@ -396,7 +396,8 @@ class RolloutWorker(_Generates):
         # the actor update whose weights the engine holds: -1 = none yet (the controller sends the first, the initial
         # model's or a resumed checkpoint's, before any generation: calls wait for it, see weights_at_least)
         self.version = -1
-        self.loaded = threading.Condition()  # notified when ``version`` changes
+        self.loaded = threading.Condition()  # notified when ``version`` changes, or a load fails
+        self.load_error: str | None = None  # why the last update could not be loaded (calls waiting for it stop)
         self.engine_lock = threading.Lock()  # held while the engine generates, or loads weights between calls
         self.weight_channel: WeightChannel | None = None  # rollout.weight_transport=distributed
 
@@ -462,7 +463,13 @@ class RolloutWorker(_Generates):
     def _load(self, update: WeightUpdate, buckets) -> str | None:
         load = (functools.partial(self.rollout.load_adapters, lora_cfg=self.cfg.model.lora)
                 if self._sends_adapters() else self.rollout.load_weights)
-        load(buckets)
+        try:
+            load(buckets)
+        except BaseException as err:
+            with self.loaded:
+                self.load_error = f"loading the weights of update {update.version} failed: {err}"
+                self.loaded.notify_all()
+            raise
         with self.loaded:
             self.version = update.version
             self.loaded.notify_all()
@@ -486,13 +493,18 @@ class RolloutWorker(_Generates):
         fields = {"policy_version": torch.full((rows,), version, dtype=torch.long),
                   "generated_from": torch.full((rows,), start, dtype=torch.float64),
                   "generated_until": torch.full((rows,), time.time(), dtype=torch.float64)}
-        if "weight_updates" in out.tensors.keys():  # rollout.partial=resume: the updates loaded between tokens
-            fields["policy_version_last"] = version + out.pop(["weight_updates"]).tensors["weight_updates"]
+        if "weight_updates" in out.tensors.keys():  # rollout.partial=resume: the updates loaded during the call
+            taken = out.pop(["weight_updates_before", "weight_updates"]).tensors
+            fields["policy_version"] = version + taken["weight_updates_before"]
+            fields["policy_version_last"] = fields["policy_version"] + taken["weight_updates"]
         return out.union(Batch.from_dict(fields))
 
     def _wait_for_version(self, version: int, timeout_s: float = 1800.0) -> None:
         with self.loaded:
-            if not self.loaded.wait_for(lambda: self.version >= version, timeout=timeout_s):
+            arrived = self.loaded.wait_for(lambda: self.version >= version or self.load_error, timeout=timeout_s)
+            if self.load_error and self.version < version:
+                raise RunError(f"rollout worker {self.rank}: {self.load_error}")
+            if not arrived:
                 held = f"those of update {self.version}" if self.version >= 0 else "none yet"
                 raise RunError(f"rollout worker {self.rank}: the weights of update {version} did not arrive within "
                                f"{timeout_s:.0f} s (it holds {held})")

@@ -55,7 +55,7 @@ ALL += commands(f"```\n{USAGE}\n```", "--help")
 
 # How many trainer commands each document prints. Change it with the docs: a change to how blocks are read
 # that drops (or invents) a command fails here instead of quietly testing fewer commands.
-PRINTED = {"README.md": 4, "agents.md": 1, "async.md": 4, "concepts.md": 2, "long_context.md": 1, "lora.md": 2, "megatron.md": 1, "migrating.md": 3, "options.md": 3,
+PRINTED = {"README.md": 4, "agents.md": 1, "async.md": 5, "concepts.md": 2, "long_context.md": 1, "lora.md": 2, "megatron.md": 1, "migrating.md": 3, "options.md": 3,
            "performance.md": 1, "plan.md": 1, "report.md": 1, "rollout.md": 5, "troubleshooting.md": 7, "--help": 3}
 
 
@@ -134,8 +134,8 @@ def test_documented_vllm_command_runs(where, args, skip_missing, tiny_model_path
 
 
 def test_the_docs_print_vllm_commands():
-    assert len(VLLM) == 7 and sum("rollout.mode=server" in args for _, args in VLLM) == 1
-    assert sum("rollout.mode=separate" in args for _, args in VLLM) == 1
+    assert len(VLLM) == 8 and sum("rollout.mode=server" in args for _, args in VLLM) == 1
+    assert sum("rollout.mode=separate" in args for _, args in VLLM) == 2
 
 
 @pytest.mark.parametrize("knob", ["rollout.n=4", "rollout.n=2", "data.train_batch_size_prompts=8",

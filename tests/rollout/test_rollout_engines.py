@@ -170,10 +170,11 @@ def test_nan_logits_raise_a_typed_error_also_when_greedy(nan_model_path, tempera
 
 @pytest.mark.parametrize("dense_forward", [True, False], ids=["dense", "model-forward"])
 def test_a_weight_update_offered_during_generation_is_loaded_between_two_tokens(tiny_model_path, tmp_path, dense_forward):
-    """rollout.partial=resume: an update waiting when the hf engine samples is taken after the first token; the
-    rows go on under the new weights with their cache computed again, so (greedy) the first token is the old
-    model's choice and every later one the new model's choice given all before it, each with the log-prob of the
-    model that sampled it, and each row counts the update it took."""
+    """rollout.partial=resume: an update waiting when the hf engine samples is taken after the first token of its
+    first chunk of rows; those rows go on under the new weights with their cache computed again, so (greedy) their
+    first token is the old model's choice and every later one the new model's choice given all before it, each
+    with the log-prob of the model that sampled it; the next chunk samples from the new model alone. Each row
+    counts the updates loaded during its sampling, or before it."""
     from transformers import AutoTokenizer
 
     from rlplat.models.tiny import build_tiny_model
@@ -186,7 +187,8 @@ def test_a_weight_update_offered_during_generation_is_loaded_between_two_tokens(
     setup = RolloutSetup(model_path=tiny_model_path, tokenizer_path=tiny_model_path, device=torch.device("cpu"),
                          dtype=torch.float32, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          max_model_len=256, seed=0, rank=0, world_size=1)
-    section = load_run_config([f"rollout.hf.dense_forward={str(dense_forward).lower()}"])[0].rollout.hf
+    section = load_run_config([f"rollout.hf.dense_forward={str(dense_forward).lower()}",
+                               "rollout.hf.batch_size_seqs_per_worker=2"])[0].rollout.hf
     engine = HFRolloutEngine(setup, section)
     old = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "other", seed=1), dtype=torch.float32)
@@ -198,17 +200,19 @@ def test_a_weight_update_offered_during_generation_is_loaded_between_two_tokens(
     engine.updates.offer(lambda: engine.load_weights([list(new.state_dict().items())]))
     prompts = prompt_batch(tiny_model_path, n=3)
     out = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)).tensors
-    assert out["weight_updates"].tolist() == [1, 1, 1] and engine.updates.take() is None
+    assert out["weight_updates"].tolist() == [1, 1, 0] and out["weight_updates_before"].tolist() == [0, 0, 1]
+    assert engine.updates.take() is None
     width = prompts.tensors["prompts"].shape[1]
     ids, mask = out["input_ids"], out["attention_mask"]
     with torch.no_grad():
         scored = {name: torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
                                           .logits[:, width - 1:-1].float(), dim=-1) for name, model in (("old", old), ("new", new))}
-    chosen = {name: lp.argmax(-1) for name, lp in scored.items()}
-    assert out["responses"][:, 0].tolist() == chosen["old"][:, 0].tolist()
-    assert out["responses"][:, 1:].tolist() == chosen["new"][:, 1:].tolist()
-    assert not torch.equal(chosen["old"][:, 1:], chosen["new"][:, 1:])  # the two models do choose otherwise
-    expected = torch.cat([scored["old"][:, :1], scored["new"][:, 1:]], dim=1).gather(-1, out["responses"][..., None])[..., 0]
+    by_old = torch.zeros(out["responses"].shape, dtype=torch.bool)
+    by_old[:2, 0] = True  # the first chunk's first token; everything else the new model's
+    sampler = torch.where(by_old[..., None], scored["old"], scored["new"])
+    assert out["responses"].tolist() == sampler.argmax(-1).tolist()
+    assert not torch.equal(scored["old"].argmax(-1), scored["new"].argmax(-1))  # the two models do choose otherwise
+    expected = sampler.gather(-1, out["responses"][..., None])[..., 0]
     # float error of the sampling forward against the model's own (the spread weights give logits of ~10); a
     # cache kept from the old weights, or a token scored by the wrong model, is off by far more
     torch.testing.assert_close(out["rollout_log_probs"], expected, atol=5e-5, rtol=0)

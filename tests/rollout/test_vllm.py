@@ -66,6 +66,46 @@ def test_after_an_update_vllm_samples_from_the_new_weights(vllm_group, tiny_mode
                                dict(worker.actor.full_weights())["model.norm.weight"], atol=0, rtol=0)
 
 
+def test_a_weight_update_offered_during_generation_is_loaded_between_two_vllm_steps(vllm_group, tiny_model_path):
+    # rollout.partial=resume on vLLM: an update waiting when the engine generates is taken after its first step
+    # (the first token); the requests go on as new ones of prompt + token, under the new weights. Greedy: the first
+    # token is the old weights' choice and every later one the new weights' given all before it, each with the
+    # log-prob of the weights that sampled it (vLLM's kernels against transformers': 1e-3)
+    from rlplat.rollout.base import SamplingParams, UpdateSlot
+    from rlplat.sequence import position_ids_from_mask
+
+    group, _ = vllm_group
+    worker = group.worker
+    engine = worker.rollout
+    current = dict(worker.actor.full_weights())
+    torch.manual_seed(1)
+    spread = {name: tensor + torch.randn_like(tensor) for name, tensor in current.items()}
+    models = {}
+    for name, weights in (("old", current), ("new", spread)):
+        models[name] = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        models[name].load_state_dict(weights, strict=False)
+    prompts = prompt_batch(tiny_model_path, n=3)
+    engine.updates = UpdateSlot()
+    try:
+        engine.updates.offer(lambda: engine.load_weights([list(spread.items())]))
+        out = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)).tensors
+    finally:
+        engine.updates = None
+        engine.load_weights([list(current.items())])  # the module's other tests sample the actor's weights
+    assert out["weight_updates"].tolist() == [1, 1, 1] and out["weight_updates_before"].tolist() == [0, 0, 0]
+    width = prompts.tensors["prompts"].shape[1]
+    ids, mask = out["input_ids"], out["attention_mask"]
+    with torch.no_grad():
+        scored = {name: torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+                                          .logits[:, width - 1:-1].float(), dim=-1) for name, model in models.items()}
+    chosen = {name: lp.argmax(-1) for name, lp in scored.items()}
+    assert out["responses"][:, 0].tolist() == chosen["old"][:, 0].tolist()
+    assert out["responses"][:, 1:].tolist() == chosen["new"][:, 1:].tolist()
+    assert not torch.equal(chosen["old"][:, 1:], chosen["new"][:, 1:])  # the two weights do choose otherwise
+    expected = torch.cat([scored["old"][:, :1], scored["new"][:, 1:]], dim=1).gather(-1, out["responses"][..., None])[..., 0]
+    torch.testing.assert_close(out["rollout_log_probs"], expected, atol=1e-3, rtol=0)
+
+
 def test_validation_sampling_is_reproducible_and_leaves_training_randomness_alone(vllm_group, tiny_model_path):
     group, _ = vllm_group
     prompts = prompt_batch(tiny_model_path, temperature=1.0)

@@ -44,6 +44,9 @@ SEPARATE = "rollout.mode=separate"
     ([SEPARATE, "rollout.stream_groups=3", "data.train_batch_size_prompts=8"],
      r"rollout.stream_groups=3 must divide data.train_batch_size_prompts=8"),
     ([SEPARATE, "rollout.stream_groups=-1"], r"rollout.stream_groups must be >= 0 \(0 = whole batches\), got -1"),
+    ([SEPARATE, "rollout.stream_groups=1", "trainer.async_steps=1", "data.train_batch_size_prompts=64",
+      "actor.mini_batch_size_prompts=64"],
+     r"rollout.stream_groups=1 keeps 128 generation calls in flight .*; at most 64: use calls of at least 2 groups"),
     (["rollout.partial=resume"], r"rollout.partial=resume loads weight updates into rollout workers of their own while "
                                  r"they generate: set rollout.mode=separate"),
     ([SEPARATE, "rollout.partial=sometimes"], r"rollout.partial='sometimes' is not one of: finish, resume"),
@@ -62,9 +65,11 @@ def test_an_engine_that_can_neither_show_its_weights_nor_score_a_probe_needs_ver
         load_run_config([SEPARATE, "rollout.name=sglang"], require_installed=False, device="cuda")
     load_run_config([SEPARATE, "rollout.name=sglang", "rollout.verify_weights=off"], require_installed=False, device="cuda")
     load_run_config([SEPARATE, "rollout.name=vllm"], require_installed=False)  # the probe only: vLLM fuses its tensors
+    load_run_config([SEPARATE, "rollout.name=vllm", "rollout.partial=resume"], require_installed=False)  # between steps
     with pytest.raises(ConfigError, match=r"rollout.partial=resume loads a weight update between two tokens of a "
-                                          r"generation under way, which the vllm engine cannot do"):
-        load_run_config([SEPARATE, "rollout.name=vllm", "rollout.partial=resume"], require_installed=False)
+                                          r"generation under way, which the sglang engine cannot do"):
+        load_run_config([SEPARATE, "rollout.name=sglang", "rollout.verify_weights=off", "rollout.partial=resume"],
+                        require_installed=False, device="cuda")
     with pytest.raises(ConfigError, match=r"which the hf engine cannot do with these settings"):  # transformers' generate
         load_run_config([SEPARATE, "rollout.partial=resume", "rollout.hf.use_model_generation_config=true"])
     with pytest.raises(ConfigError, match=r"rollout.verify_log_prob_tol must be > 0 \(or null: by rollout.dtype\), got 0"):
@@ -244,6 +249,31 @@ def test_streaming_by_prompt_group_on_two_rollout_workers_trains_every_group_onc
     in_flight = [n for saved in state["in_flight"] for n in saved["uids"]]
     assert len(trained) == 4 * 8
     assert sorted(trained + in_flight) == list(range(state["prompts_seen"]))
+
+
+@pytest.mark.slow
+def test_a_rollout_pool_on_two_nodes_streams_and_syncs_across_them(embedded_cache, small_val, tmp_path):
+    # rollout.nnodes=2 on a two-node Ray cluster (two raylets on this machine): one rollout worker per node, the
+    # weight channel spanning the nodes, calls streamed to both
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)  # the training worker may land on either node: each keeps a CPU for a rollout worker
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        out = tmp_path / "nodes"
+        _train(out, 3, small_val, SEPARATE, "trainer.async_steps=1", "rollout.nnodes=2", "rollout.stream_groups=4")
+        steps = metrics(out)
+        assert [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3)] == [0, 1, 1]
+        state = json.loads((out / "checkpoints" / "step_000003" / "trainer.json").read_text())
+        trained = [n for start, end in state["ledger"] for n in range(start, end)]
+        in_flight = [n for saved in state["in_flight"] for n in saved["uids"]]
+        assert len(trained) == 3 * 8 and sorted(trained + in_flight) == list(range(state["prompts_seen"]))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ class Scripted:
         self.step = self.prompts_seen = self.drawn = self.version = 0
         self.gates: dict[int, threading.Event] = {}  # first uid of a call -> released
         self.calls: list[tuple[list[int], int | None, int]] = []  # (uids, rank, version) as submitted
+        self.checked: list[dict | None] = []  # the syncs each take() asked to be checked: rank -> newest version used
 
     # the trainer
     def next_prompt_entries(self, count):
@@ -70,8 +71,8 @@ class Scripted:
     def push_weights(self, version):
         self.version = version
 
-    def check_weight_syncs(self):
-        pass
+    def check_weight_syncs(self, needed=None):
+        self.checked.append(needed)
 
     def score_batch(self, out):
         scores = torch.tensor([float(u[1:]) for u in out.non_tensors["uid"]])
@@ -121,6 +122,9 @@ def test_a_step_takes_the_first_groups_ready_and_drops_calls_that_grew_too_old()
     # step 2: [10 11] (weights 1) is ready before [4 5] (weights 0): both are taken, the older weights first
     batch, metrics = step(trainer, queue, release=[10, 4])
     assert uids(batch) == [4, 5, 10, 11]
+    # before training, the syncs of the weights used are checked: rank -> newest version its taken calls used
+    # (step 1: [2 3] and [6 7] on worker 1; step 2: [4 5] on worker 0, [10 11] on worker 1)
+    assert trainer.checked == [{1: 0}, {0: 0, 1: 1}]
     assert batch.tensors["policy_version"].tolist() == [0, 0, 1, 1]
     assert (metrics["off_policy/staleness_max"], metrics["off_policy/staleness_mean"]) == (1, 0.5)
     # step 3 may train weights 1 and 2 only: [0 1] (weights 0, still generating) is dropped and generated again
