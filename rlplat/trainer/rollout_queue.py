@@ -90,7 +90,7 @@ class RolloutQueue:
         self.streams = cfg.rollout.stream_groups > 0
         self.call_groups = cfg.rollout.stream_groups or self.batch_groups
         self.in_flight: list[InFlight] = []  # oldest first
-        self.dropped: list[InFlight] = []  # dropped calls their rollout workers may still be generating
+        self.ending: list[InFlight] = []  # dropped calls their rollout workers may still be generating
         # (entry, uid) of prompts to generate before new ones: in flight at the checkpoint a run resumed from,
         # or dropped as too old
         self.redo: list[tuple[Any, int]] = []
@@ -125,8 +125,8 @@ class RolloutQueue:
         parts = [flight.ready.result() for flight in taken]  # a reward error is raised here
         trainer.components.check_weight_syncs(self._weights_used(taken, [part[0] for part in parts]))
         out = join_rollouts([part[0] for part in parts], trainer.components.tokenizer.pad_token_id)
-        calls = out.pop(["generated_from", "generated_until"]).tensors  # each rollout worker's call, for the timeline
-        for start, end in sorted(set(zip(calls["generated_from"].tolist(), calls["generated_until"].tolist()))):
+        when = out.pop(["generated_from", "generated_until"]).tensors  # each rollout worker's call, for the timeline
+        for start, end in sorted(set(zip(when["generated_from"].tolist(), when["generated_until"].tolist()))):
             trainer.timeline.add("rollout", "generate", start, end)
         if self.score_ahead:
             for _, _, scoring in parts:
@@ -183,7 +183,7 @@ class RolloutQueue:
         for flight in expired:
             flight.dropped = True
             self.in_flight.remove(flight)
-        self.dropped = [flight for flight in self.dropped + expired if not flight.generated]
+        self.ending = [flight for flight in self.ending + expired if not flight.generated]
         self.redo = sorted(self.redo + [pair for flight in expired for pair in zip(flight.entries, flight.uids)],
                            key=lambda pair: pair[1])
         return sum(len(flight.uids) for flight in expired)
@@ -199,7 +199,7 @@ class RolloutQueue:
     def _least_busy(self) -> int:
         """The rollout worker with the fewest calls under way, dropped ones included (the lowest rank among equals)."""
         busy = [0] * self.trainer.components.generator.world_size
-        for flight in self.in_flight + self.dropped:
+        for flight in self.in_flight + self.ending:
             if not flight.generated:
                 busy[flight.rank] += 1
         return min(range(len(busy)), key=lambda rank: (busy[rank], rank))

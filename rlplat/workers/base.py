@@ -51,6 +51,7 @@ def register(mode: Dispatch, concurrency_group: str | None = None) -> Callable[[
 
 
 def concurrency_group(worker_cls: type, name: str) -> str | None:
+    """The concurrency group ``name``'s ``register`` gave it (None: the worker's calls in order)."""
     return getattr(getattr(worker_cls, name, None), GROUP_ATTR, None)
 
 
