@@ -28,6 +28,8 @@ import pickletools
 import signal
 import subprocess
 import sys
+import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -364,6 +366,57 @@ class RewardsFailing(RuntimeError):
         self.errors, self.first_error = errors, first_error
 
 
+class _PoolBatch:
+    """One :meth:`ProcessPool.run`'s shared state: the next row to hand out, the outcomes, the errors, and the
+    stop. The first round (each process's first call) decides whether a reward hangs on everything: a process
+    whose first call timed out starts no second one until the others' first calls are in, so such a batch
+    stops after one deadline, not two."""
+
+    def __init__(self, rows: Sequence[Row], processes: int, stop_after_errors: int | None, give_up: bool):
+        self.rows, self.processes, self.stop_after_errors, self.give_up = rows, processes, stop_after_errors, give_up
+        self.out: list[Outcome | None] = [None] * len(rows)
+        self.next, self.errors, self.first_error, self.why = 0, 0, "", ""
+        self.first_round: list[bool] = []  # whether each process's first call timed out
+        self.round_size = processes  # the processes that have a first call in this batch
+        self.lock, self.stop, self.first_round_in = threading.Lock(), threading.Event(), threading.Event()
+
+    def take(self, first_call: bool) -> int | None:
+        """The next row for a process to call, or None: all handed out, or stopped."""
+        with self.lock:
+            if self.stop.is_set() or self.next >= len(self.rows):
+                if first_call:  # this process has no call in this batch
+                    self.round_size -= 1
+                    self._first_round_check()
+                return None
+            self.next += 1
+            return self.next - 1
+
+    def record(self, outcome: Outcome, timed_out: bool, first_call: bool) -> None:
+        with self.lock:
+            if first_call:
+                self.first_round.append(timed_out)
+                self._first_round_check()
+            if isinstance(outcome, str):
+                self.errors += 1
+                self.first_error = self.first_error or outcome.splitlines()[0]
+            if self.stop_after_errors is not None and self.errors >= self.stop_after_errors:
+                self.halt(f"{self.errors} failed calls")
+            elif self.give_up and len(self.first_round) == self.processes and all(self.first_round):
+                self.halt(f"the first call in each of the {self.processes} reward processes timed out")
+        if self.give_up and first_call and timed_out:
+            self.first_round_in.wait()
+
+    def halt(self, why: str) -> None:
+        """No call starts after this (so no process waits for the first round either)."""
+        self.why = self.why or why
+        self.stop.set()
+        self.first_round_in.set()
+
+    def _first_round_check(self) -> None:
+        if len(self.first_round) >= self.round_size:
+            self.first_round_in.set()
+
+
 class ProcessPool:
     """``workers`` :class:`ProcessExecutor` processes; a batch's calls are handed out one at a time to
     whichever process is free (a thread waits on each), so they run concurrently and each keeps its own
@@ -371,8 +424,6 @@ class ProcessPool:
 
     def __init__(self, functions: Sequence[Callable], names: Sequence[str], timeout_s: float, workers: int):
         from concurrent.futures import ThreadPoolExecutor
-
-        import threading
 
         self.workers = [ProcessExecutor(functions, names, timeout_s) for _ in range(workers)]
         self.names = list(names)
@@ -394,59 +445,36 @@ class ProcessPool:
 
     def _run(self, fn_index: int, rows: Sequence[Row], first_index: int, stop_after_errors: int | None,
              give_up: bool, timings: list[Timing | None] | None) -> list[Outcome]:
-        import threading
-        import time
-
-        out: list[Outcome | None] = [None] * len(rows)
-        lock, stop = threading.Lock(), threading.Event()
-        state = {"next": 0, "errors": 0, "first": "", "first_round": [], "why": ""}
+        batch = _PoolBatch(rows, len(self.workers), stop_after_errors, give_up)
 
         def work(executor: ProcessExecutor) -> None:
-            while not stop.is_set():
-                with lock:
-                    i = state["next"]
-                    state["next"] += 1
-                if i >= len(rows):
-                    return
+            first_call = True
+            while (i := batch.take(first_call)) is not None:
                 executor.ensure_started()
                 timeouts, start = executor.timeouts, time.perf_counter()
-                outcome = executor.run(fn_index, [rows[i]], first_index + i)[0]
-                out[i] = outcome
+                batch.out[i] = executor.run(fn_index, [rows[i]], first_index + i)[0]
                 timed_out = executor.timeouts > timeouts
                 if timings is not None:
                     timings[i] = (time.perf_counter() - start, timed_out)
-                with lock:
-                    if len(state["first_round"]) < len(self.workers):
-                        state["first_round"].append(timed_out)
-                    if not isinstance(outcome, str):
-                        continue
-                    state["errors"] += 1
-                    state["first"] = state["first"] or outcome.splitlines()[0]
-                    if stop_after_errors is not None and state["errors"] >= stop_after_errors:
-                        state["why"] = f"{state['errors']} failed calls"
-                        stop.set()
-                    elif give_up and len(state["first_round"]) == len(self.workers) \
-                            == len(rows[: len(self.workers)]) and all(state["first_round"]):
-                        state["why"] = (f"the first call in each of the {len(self.workers)} reward processes "
-                                        f"timed out")
-                        stop.set()
+                batch.record(batch.out[i], timed_out, first_call)
+                first_call = False
 
         def guarded(executor: ProcessExecutor) -> None:
             try:
                 work(executor)
             except BaseException:  # e.g. UnknownDataSourceError: the other threads stop too, then it is raised
-                stop.set()
+                batch.halt("")
                 raise
 
         futures = [self._threads.submit(guarded, executor) for executor in self.workers]
         errors = [future.exception() for future in futures]  # waits for every thread
         if raised := next((e for e in errors if e is not None), None):
             raise raised
-        done = sum(o is not None for o in out)
+        done = sum(o is not None for o in batch.out)
         if done < len(rows):  # stopped early
-            raise RewardsFailing(f"reward function {self.names[fn_index]!r}: {state['why']} after {done} of "
-                                 f"{len(rows)} calls; the rest were not waited for", state["errors"], state["first"])
-        return out
+            raise RewardsFailing(f"reward function {self.names[fn_index]!r}: {batch.why} after {done} of "
+                                 f"{len(rows)} calls; the rest were not waited for", batch.errors, batch.first_error)
+        return batch.out
 
     def close(self) -> None:
         for executor in self.workers:

@@ -269,6 +269,6 @@ def test_each_function_reports_its_spread_errors_timeouts_and_seconds_per_call()
     mean = sum(values) / 6
     assert stats["std"] == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in values) / 6))
     assert (stats["errors"], stats["timeouts"]) == (2.0, 1.0)
-    assert 1.0 <= stats["latency_max_s"] < 3.0  # the call that hung, as long as its deadline
+    assert 1.0 <= stats["latency_max_s"] < 1.6  # the call that hung, as long as its deadline (not twice it)
     assert stats["latency_mean_s"] > 0.2 / 6
     assert (result.stats["exact"]["errors"], result.stats["exact"]["timeouts"]) == (0.0, 0.0)

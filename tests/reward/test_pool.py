@@ -33,15 +33,23 @@ def _score(manager, n: int):
 
 
 def test_a_reward_that_hangs_everywhere_stops_the_batch_after_one_timeout(tmp_path):
-    """24 samples, reward.timeout_s=3, 4 workers: one round of timeouts (~3 s), not 24 x 3 s."""
-    manager = _manager(tmp_path, HANGS, timeout_s=3, num_workers=4)
-    start = time.monotonic()
+    """24 samples, reward.timeout_s=3, 4 workers: one round of timeouts (~3 s), not 24 x 3 s, and each call
+    waited for its own deadline, not twice it. The 4 processes are started (and have answered) before the
+    clock starts, so the seconds are the calls' and not the processes' start-up."""
+    manager = _manager(tmp_path, "import time\n\ndef compute_score(data_source, solution_str, ground_truth, "
+                       "extra_info=None):\n    if solution_str == 'warm':\n        return 0.0\n"
+                       "    time.sleep(3600)\n", timeout_s=3, num_workers=4)
     try:
+        for worker in manager.executor.workers:
+            worker.ensure_started()
+        manager.score(["warm"] * 4, ["s"] * 4, ["7"] * 4, [{}] * 4, [1] * 4)
+        start = time.monotonic()
         with pytest.raises(RewardsFailing, match="the first call in each of the 4 reward processes timed out"):
             _score(manager, 24)
+        elapsed = time.monotonic() - start
     finally:
         manager.close()
-    assert time.monotonic() - start < 15
+    assert 3.0 <= elapsed < 5.5, elapsed  # a deadline twice reward.timeout_s would take >= 6 s
 
 
 def test_calls_run_concurrently(tmp_path):
