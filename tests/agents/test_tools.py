@@ -4,7 +4,6 @@ functions as tools, and every kind of failed call becoming an observation."""
 import json
 import os
 import socket
-import threading
 import time
 
 import pytest
@@ -138,22 +137,22 @@ def test_builtins_are_registered_with_their_schemas():
 # ------------------------------------------------------------------------------ the Python tool's sandbox
 @pytest.fixture
 def listener():
-    """A TCP listener on 127.0.0.1 that records whether anyone connected."""
+    """A TCP listener on 127.0.0.1 and ``connected()``: whether anyone connected to it so far. The kernel
+    queues each completed connection until it is accepted, so one made at any time before the check is seen
+    (a program that connected and exited included)."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.2)
-    seen = []
+    server.listen(8)
+    server.setblocking(False)
 
-    def accept():
+    def connected() -> bool:
         try:
-            seen.append(server.accept())
-        except OSError:
-            pass
+            server.accept()[0].close()
+            return True
+        except BlockingIOError:
+            return False
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1], seen
+    yield server.getsockname()[1], connected
     server.close()
 
 
@@ -184,6 +183,6 @@ def test_the_python_tool_as_root_turns_each_escape_into_an_error_observation(tmp
         result = call_tool(ToolCall("python", {"code": code}), {"python": tool})
         assert result.status == status and text in result.observation, (name, result)
         assert time.monotonic() - start < 6, name
-    assert not connected, "the sandboxed program reached a listener on 127.0.0.1"
+    assert not connected(), "the sandboxed program reached a listener on 127.0.0.1"
     assert outside.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == before
     json.dumps(tool.schema())  # the schema is plain JSON for the chat template
