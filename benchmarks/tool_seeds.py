@@ -2,6 +2,7 @@
 
     python benchmarks/tool_seeds.py                      # the test's run and seeds 0..8, 20 steps
     python benchmarks/tool_seeds.py --seeds 3 --steps 10
+    OMP_NUM_THREADS=1 python benchmarks/tool_seeds.py --jobs 2   # two seeds at a time, one thread each
 
 Each seed trains in a fresh process exactly as ``tests/trainer/test_agents.py`` does (its ``TOOL_RUN`` and
 ``correct_call_probability``; the embedded tool model from the cache, built on first use): seed "test" is
@@ -14,6 +15,7 @@ std, min and the minimum of the rule in docs/learning_thresholds.md.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib.util
 import json
 import statistics
@@ -65,6 +67,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=9, help="seeds 0..N-1, besides the test's own run")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (with OMP_NUM_THREADS=1 on a "
+                        "machine with that many idle cores)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: one seed, JSON on the last line
     args = parser.parse_args()
     if args.one is not None:
@@ -73,18 +77,23 @@ def main() -> int:
     rule = module("learning_seeds", ROOT / "benchmarks" / "learning_seeds.py")
     print("| seed | steps | val accuracy before -> after | gain | P(correct call) before -> after | gain | "
           "tool calls per trajectory, step 1 -> last |\n|---|---:|---|---:|---|---:|---|", flush=True)
+    seeds = ["test", *map(str, range(args.seeds))]
+
+    def child(seed: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, __file__, "--one", seed, "--steps", str(args.steps)],
+                              capture_output=True, text=True, cwd=ROOT)
+
     results = []
-    for seed in ["test", *map(str, range(args.seeds))]:
-        child = subprocess.run([sys.executable, __file__, "--one", seed, "--steps", str(args.steps)],
-                               capture_output=True, text=True, cwd=ROOT)
-        if child.returncode != 0:
-            print(f"seed {seed}: FAILED (exit {child.returncode})\n{child.stderr[-2000:]}", file=sys.stderr)
-            return 1
-        r = json.loads(child.stdout.strip().splitlines()[-1])
-        results.append(r)
-        (a0, a1), (c0, c1), (t0, t1) = r["acc"], r["call"], r["calls"]
-        print(f"| {seed} | {args.steps} | {a0:.3f} -> {a1:.3f} | {a1 - a0:+.3f} | {c0:.3f} -> {c1:.3f} | "
-              f"{c1 - c0:+.3f} | {t0:.2f} -> {t1:.2f} |", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for seed, done in zip(seeds, pool.map(child, seeds)):  # printed in seed order
+            if done.returncode != 0:
+                print(f"seed {seed}: FAILED (exit {done.returncode})\n{done.stderr[-2000:]}", file=sys.stderr)
+                return 1
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            results.append(r)
+            (a0, a1), (c0, c1), (t0, t1) = r["acc"], r["call"], r["calls"]
+            print(f"| {seed} | {args.steps} | {a0:.3f} -> {a1:.3f} | {a1 - a0:+.3f} | {c0:.3f} -> {c1:.3f} | "
+                  f"{c1 - c0:+.3f} | {t0:.2f} -> {t1:.2f} |", flush=True)
     for key in ("acc", "call"):
         gains = [r[key][1] - r[key][0] for r in results]
         print(f"{key} gain: mean {statistics.mean(gains):+.3f}, std {statistics.stdev(gains):.3f}, "
