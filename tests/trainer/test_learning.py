@@ -58,20 +58,27 @@ ALGORITHMS = ["grpo", "dr_grpo", "dapo", "ppo", "rloo", "gdpo"]
 
 
 def correct_answer_probability(model_dir: str, rows: list[dict]) -> float:
-    """Mean over dataset items of P(ground truth + EOS | prompt) under the model in ``model_dir``."""
+    """Mean over dataset items of P(ground truth + EOS | prompt) under the model in ``model_dir``: one forward
+    over all rows, right-padded (a causal model's outputs at a row's own positions do not see its padding)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    total = 0.0
+    prompts = [list(row["prompt_ids"]) for row in rows]  # chat-formatted, as the trainer generates from it
+    answers = [tok(str(row["ground_truth"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+               for row in rows]
+    width = max(len(p) + len(a) for p, a in zip(prompts, answers))
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    targets = torch.zeros(len(rows), width, dtype=torch.bool)  # the answer's positions
+    for i, (prompt, answer) in enumerate(zip(prompts, answers)):
+        ids[i, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+        mask[i, : len(prompt) + len(answer)] = 1
+        targets[i, len(prompt) : len(prompt) + len(answer)] = True
     with torch.no_grad():
-        for row in rows:
-            prompt = list(row["prompt_ids"])  # chat-formatted, as the trainer generates from it
-            answer = tok(str(row["ground_truth"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            ids = torch.tensor([prompt + answer])
-            log_probs = model(ids).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
-            total += float(log_probs.gather(-1, torch.tensor(answer)[:, None]).sum().exp())
-    return total / len(rows)
+        log_probs = model(ids, attention_mask=mask).logits[:, :-1].log_softmax(-1)
+    token = log_probs.gather(-1, ids[:, 1:, None])[..., 0] * targets[:, 1:]
+    return float(token.sum(-1).exp().mean())
 
 
 def held_out_rows(model_dir: str) -> list[dict]:
