@@ -1,5 +1,6 @@
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections import defaultdict
@@ -14,7 +15,15 @@ import torch
 REQUIRED = ("vllm",) if os.environ.get("RLPLAT_REQUIRE_VLLM") else ()
 
 
+def _sigterm_stops_the_session(signum, frame):
+    pytest.exit(f"the test process (pid {os.getpid()}) received SIGTERM: stopping. If nobody meant to stop the "
+                f"suite, a kill in a test or in rlplat reached beyond the processes it started", returncode=128 + signum)
+
+
 def pytest_sessionstart(session):
+    # SIGTERM stops the session with a line saying so; without this, the first in-process ray.init would leave
+    # Ray's own handler here (SystemExit inside whichever test runs), and without Ray the process would just die
+    signal.signal(signal.SIGTERM, _sigterm_stops_the_session)
     for package in REQUIRED:  # in a child process: importing vllm here would set its threads for every test
         done = subprocess.run([sys.executable, "-c", f"import {package}"], capture_output=True, text=True)
         if done.returncode:
@@ -44,19 +53,51 @@ def budgets() -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^\| `(\w+)` \|[^|\n]*\|[^|\n]*\| (\d+) \|", table, re.M)}
 
 
+#: The float32 matmul rate (GFLOP/s, 2 threads) of the machines the budgets were measured on (AVX-512 EPYCs:
+#: 185-230, ENVIRONMENT.md). On a slower CPU of our kind (AVX2 only: ~64) each budget is scaled by the ratio.
+BUDGET_MACHINE_GFLOPS = 200.0
+
+
+def matmul_gflops(n: int = 1024, repeats: int = 5) -> float:
+    """This machine's float32 matmul rate with torch's threads (best of ``repeats`` n x n products, ~0.2 s)."""
+    import time
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def budget_scale(gflops: float) -> float:
+    """How much longer than the budgets' machine the areas may take here: never below 1 (a faster machine
+    keeps the budgets as they are)."""
+    return max(1.0, BUDGET_MACHINE_GFLOPS / gflops)
+
+
 def pytest_runtest_logreport(report):
     _SECONDS[area_of(report.nodeid)] += report.duration  # setup, call and teardown
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Seconds spent per area against its budget: a report, never a failure (timings drift by the hour)."""
+    """Seconds spent per area against its budget: a report, never a failure (timings drift by the hour).
+    The budgets are scaled to this machine's measured speed (:func:`budget_scale`), and the section says so."""
     if not _SECONDS:
         return
+    gflops = matmul_gflops()
+    scale = budget_scale(gflops)
     limits = budgets()
     terminalreporter.section("CI seconds by area (budgets: docs/testing.md)")
+    terminalreporter.write_line(
+        f"this machine: {gflops:.0f} GFLOP/s float32 matmul ({torch.get_num_threads()} threads, ATen "
+        f"{torch.backends.cpu.get_cpu_capability()}); the budgets' machine: {BUDGET_MACHINE_GFLOPS:.0f}; "
+        f"budgets x{scale:.2f}")
     for area, seconds in sorted(_SECONDS.items(), key=lambda kv: -kv[1]):
         limit = limits.get(area)
-        note = "" if limit is None else f" / {limit:.0f}" + ("  OVER BUDGET" if seconds > limit else "")
+        note = "" if limit is None else f" / {limit * scale:.0f}" + ("  OVER BUDGET" if seconds > limit * scale else "")
         terminalreporter.write_line(f"{area:>12} {seconds:8.1f} s{note}")
 
 
@@ -142,7 +183,9 @@ def start_local_ray():
 
     if not ray.is_initialized():
         # Logical CPUs: several single-CPU workers (actor + critic groups) on a 2-core machine.
+        previous = signal.getsignal(signal.SIGTERM)
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        signal.signal(signal.SIGTERM, previous)  # ray.init installs its own handler; the session's stays
     return ray
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from omegaconf import DictConfig
 
@@ -52,6 +56,26 @@ def init_ray(cfg: DictConfig, quiet_env: dict[str, str]) -> bool:
     return True
 
 
+@contextmanager
+def ray_session(cfg: DictConfig, quiet_env: dict[str, str]) -> Iterator[bool]:
+    """:func:`init_ray` for the block, then ``ray.shutdown``. ``ray.init`` installs a SIGTERM handler of its
+    own in the calling process (it raises ``SystemExit``) and ``ray.shutdown`` leaves it there: the handler
+    the process had before is put back, so a program (or a test session) that calls :func:`run` keeps its
+    own answer to SIGTERM after the run."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    using_ray = init_ray(cfg, quiet_env)
+    try:
+        yield using_ray
+    finally:
+        if using_ray:
+            import ray
+
+            ray.shutdown()
+            if previous is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(signal.SIGTERM, previous)
+
+
 def resolve_model_path(cfg: DictConfig) -> str:
     if is_embedded(cfg.model.path):
         from rlplat.trainer.sft import ensure_embedded_model
@@ -90,18 +114,12 @@ def run(cfg: DictConfig, plan: RunPlan, trainer_cls: type | None = None) -> dict
     record_run(cfg)
     quiet_env = quiet_third_party(cfg.trainer.verbose)
     model_path = resolve_model_path(cfg)
-    using_ray = init_ray(cfg, quiet_env)
-    try:
+    with ray_session(cfg, quiet_env):
         components = build_components(cfg, plan, model_path)  # data and rewards are checked before the model loads
         try:
             summary = trainer_cls(cfg, plan, components).fit()
         finally:
             components.shutdown()
-    finally:
-        if using_ray:
-            import ray
-
-            ray.shutdown()
     shown = {k: summary[k] for k in ("initial_val_accuracy", "final_val_accuracy", "steps", "wall_time_s")}
     print(f"rlplat: done. {json.dumps(shown)}", flush=True)
     print(f"rlplat: summary {summary['output_dir']}/summary.json, model {summary['hf_export']}", flush=True)

@@ -99,16 +99,49 @@ def _wait_for_step(proc, step):
     raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()[-2000:]}")
 
 
+@pytest.fixture
+def sigterms_here():
+    """The SIGTERMs this test process receives during the test (counted instead of stopping the session)."""
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.slow
+def test_a_run_on_ray_leaves_the_callers_sigterm_handler_in_place():
+    """ray.init installs a SIGTERM handler of its own in the calling process and ray.shutdown leaves it: a
+    program that runs rlplat on Ray keeps its own handler afterwards (a test session kept Ray's, and a stray
+    SIGTERM then raised SystemExit inside whichever test was running)."""
+    import ray
+    from omegaconf import OmegaConf
+
+    from rlplat.trainer.run import ray_session
+
+    ray.shutdown()  # a local cluster that this call starts, as a run does
+    mine = signal.getsignal(signal.SIGTERM)
+    cfg = OmegaConf.create({"trainer": {"ray_address": None, "verbose": False}})
+    with ray_session(cfg, {}) as using_ray:
+        assert using_ray and ray.is_initialized() and signal.getsignal(signal.SIGTERM) is not mine
+    assert not ray.is_initialized() and signal.getsignal(signal.SIGTERM) is mine
+
+
 # SIGINT in-process, with the step it finishes pinned: test_ctrl_c_finishes_the_step_in_flight_then_saves_it
 @pytest.mark.parametrize("signum, ray", [(signal.SIGTERM, False),
                                          pytest.param(signal.SIGTERM, True, marks=pytest.mark.slow, id="SIGTERM-ray")])
-def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cache, small_val, tmp_path, signum, ray):
+def test_a_signal_finishes_the_step_saves_and_says_where_to_resume(embedded_cache, small_val, tmp_path, signum, ray,
+                                                                   sigterms_here):
     """In-process and with Ray worker groups (two workers): the run stops between steps, saves, shuts its
-    workers (and its Ray cluster) down and names the checkpoint to resume from."""
+    workers (and its Ray cluster) down and names the checkpoint to resume from. The signal and the run's
+    shutting down reach no process beyond the run's own: not this one."""
     proc = _start(tmp_path, small_val, *(["trainer.workers_per_node=2"] if ray else []), ray=ray)
     _wait_for_step(proc, 2)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
+    time.sleep(0.5)  # a stray signal sent during the run's exit has arrived by now
+    assert not sigterms_here, "a SIGTERM reached the test process"
     assert proc.returncode == 128 + signum and "Traceback" not in err
     last = err.strip().splitlines()[-1]
     step = int(re.search(r"after step (\d+);", last).group(1))
