@@ -46,7 +46,12 @@ ENDINGS = ("done", "max_turns", "budget", "truncated")  # why a trajectory ended
 
 
 class AgentLoop(ABC):
-    """Turns prompts into trajectories with a rollout engine (see the module docstring)."""
+    """Turns prompts into trajectories with a rollout engine (see the module docstring).
+
+    ``reads_rows``: whether the loop reads the rows' text columns (prompt, extra_info, ...: its environments
+    do); a loop that needs the tensors only sets False, and the controller then sends its workers no text."""
+
+    reads_rows = True
 
     def __init__(self, agent_cfg, tokenizer, response_length: int):
         self.cfg, self.tokenizer, self.response_length = agent_cfg, tokenizer, response_length
@@ -63,6 +68,8 @@ AGENT_LOOPS: Registry[type[AgentLoop]] = Registry("agent loop")
 @AGENT_LOOPS.register("single_turn")
 class SingleTurn(AgentLoop):
     """One response per prompt: the engine's batch as it is."""
+
+    reads_rows = False
 
     def run(self, engine, prompts, params):
         return engine.generate(prompts, params)

@@ -148,6 +148,11 @@ class Checkpointer:
             self.export(step, c)
         return final
 
+    def newest(self) -> Path | None:
+        """The checkpoint ``checkpoints/latest`` names (None: nothing was saved)."""
+        latest = self.root / "latest"
+        return self.root / latest.read_text().strip() if latest.exists() else None
+
     def export(self, step: int, c: Components) -> Path:
         """Write the actor as a Hugging Face model to ``<output_dir>/hf_export`` (atomically: a temporary
         sibling directory renamed over it); a failure is a :class:`RunError` that says the checkpoint is safe."""
@@ -155,8 +160,7 @@ class Checkpointer:
         try:
             c.actor.export_hf(str(path), c.model_path)
         except Exception as err:
-            latest = self.root / "latest"
-            kept = f"the checkpoint {self.root / latest.read_text().strip()} is intact; " if latest.exists() else ""
+            kept = f"the checkpoint {newest} is intact; " if (newest := self.newest()) else ""
             raise RunError(f"exporting the model of step {step} to {path} failed ({_reason(err)}); {kept}"
                            f"python -m rlplat.tools.export turns a checkpoint into a model") from err
         return path

@@ -7,10 +7,12 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 
 from rlplat.protocol import Batch
+from rlplat.utils.errors import RunError
 
 
 @contextlib.contextmanager
@@ -156,3 +158,19 @@ def validation_metrics(
     out["val/accuracy"] = sum(float(ok >= 0.5) for ok in correct) / max(len(correct), 1)
     out["val/score_mean"] = sum(scores) / max(len(scores), 1)
     return out
+
+
+def check_finite(metrics: dict[str, float], step: int, nonfinite: str, newest: Path | None) -> None:
+    """A NaN/inf loss or gradient norm: stop (``trainer.nonfinite=stop``, before this step is saved; ``newest``:
+    the last checkpoint) or warn and go on (``skip``: the engine does not apply an update whose gradient norm
+    is not finite)."""
+    bad = {k: v for k, v in metrics.items() if ("loss" in k or "grad_norm" in k) and not math.isfinite(v)}
+    if not bad:
+        return
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+    if nonfinite == "skip":
+        print(f"[step {step}] warning: {shown}; the update was skipped (trainer.nonfinite=skip)", flush=True)
+        return
+    kept = f"the last checkpoint {newest.name} is intact" if newest else "nothing was saved"
+    raise RunError(f"step {step}: {shown}; stopping (trainer.nonfinite=stop; {kept}). Lower the learning "
+                   f"rate or check the rewards, or set trainer.nonfinite=skip to skip such steps")

@@ -33,9 +33,9 @@ branches on an algorithm's name.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 
@@ -48,23 +48,25 @@ from rlplat.algorithms import (
     pf_ppo_resample,
 )
 from rlplat.config.plan import RunPlan
-from rlplat.controller import Pending
 from rlplat.controller.dispatch import balanced_order
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
+from rlplat.rollout.agent_loop import AGENT_LOOPS
 from rlplat.rollout.base import join_rollouts
 from rlplat.trainer.advantage_input import advantage_input
 from rlplat.trainer.checkpoint import Checkpointer
 from rlplat.trainer.components import Components, Scores
-from rlplat.trainer.ledger import PromptLedger
-from rlplat.trainer.metrics import agent_metrics, data_metrics, explained_variance, throughput_metrics, timed
+from rlplat.trainer.metrics import (
+    agent_metrics, check_finite, data_metrics, explained_variance, throughput_metrics, timed,
+)
 from rlplat.trainer.prompt_hook import PromptHook
+from rlplat.trainer.prompt_source import PromptSource
 from rlplat.trainer.rollout_queue import RolloutQueue
+from rlplat.trainer.rollouts import ColocatedRollouts, RolloutCalls, Rollouts, tensors_only
 from rlplat.trainer.signals import stop_on_signals
 from rlplat.trainer.summary import WallClock, write_summary
 from rlplat.trainer.timeline import TRAINING_POOL_STAGES, Timeline
 from rlplat.trainer.validation import Validator
-from rlplat.utils.errors import Interrupted, RunError
 from rlplat.utils.progress import Progress
 from rlplat.utils.tracking import rewind_jsonl
 from rlplat.workers.actor_loss import old_log_probs_key
@@ -74,19 +76,50 @@ from rlplat.workers.actor_loss import old_log_probs_key
 SCORE_FREE_STAGES = frozenset({"old_log_probs", "reference", "values"})
 
 
-def over_rounds(key: str, values: list[float]) -> float:
-    """A metric of several generation rounds (dynamic sampling): timings and dropped groups add up, maxima are
-    the largest, everything else is the mean of the rounds."""
-    if key.startswith("timing/") or key == "rollout/dropped_groups":
-        return sum(values)
-    return max(values) if key.endswith("_max") else sum(values) / len(values)
+def over_rounds(first: dict[str, float], later: list[dict[str, float]]) -> dict[str, float]:
+    """The metrics the repeated stages of several generation rounds (dynamic sampling) report, over the rounds
+    (``first``: the first round's, ``later``: the others'): timings and dropped groups add up, maxima are the
+    largest, everything else is the mean of the rounds."""
+    joined: dict[str, float] = {}
+    for key in dict.fromkeys(key for round_metrics in later for key in round_metrics):
+        values = ([first[key]] if key in first else []) + [r[key] for r in later if key in r]
+        if key.startswith("timing/") or key == "rollout/dropped_groups":
+            joined[key] = sum(values)
+        else:
+            joined[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
+    return joined
 
 
-def tensors_only(batch: Batch) -> Batch:
-    """What a model stage sends its workers: the tensors and meta. The text columns (prompts, ground
-    truths, extra_info, uid) stay on the controller, which reads them (rewards, groups); pickling them
-    for every call cost more than the tensors."""
-    return batch.select(non_tensor_keys=[])
+def varied_groups(batch: Batch, n: int) -> torch.Tensor:
+    """Per row: whether the scores of its group (``n`` rows in a row) differ."""
+    scores = batch.tensors["token_level_scores"].sum(-1).view(-1, n)
+    return (scores.max(-1).values > scores.min(-1).values).repeat_interleave(n)
+
+
+def overlap_scoring(stages: list[str]) -> list[str]:
+    """``stages`` with ``reward`` split into ``reward_start`` ... ``reward_wait`` around the stages right after it
+    that do not read the scores (when there are any)."""
+    if "reward" not in stages:
+        return stages
+    start = end = stages.index("reward")
+    while end + 1 < len(stages) and stages[end + 1] in SCORE_FREE_STAGES:
+        end += 1
+    if end == start:
+        return stages
+    return stages[:start] + ["reward_start", *stages[start + 1:end + 1], "reward_wait"] + stages[end + 1:]
+
+
+def score_in_background(score: Callable[[Batch], Scores], batch: Batch) -> Future:
+    """The scores of ``batch``: those the rollout queue computed as it arrived, else computed by ``score`` in a
+    thread of its own (a reward worker process computes meanwhile)."""
+    if (scored := batch.meta.pop("scores", None)) is not None:
+        done = Future()
+        done.set_result(scored)
+        return done
+    pool = ThreadPoolExecutor(1, thread_name_prefix="rlplat-reward")
+    scoring = pool.submit(score, batch)
+    pool.shutdown(wait=False)  # its thread ends with the task
+    return scoring
 
 
 class PPOTrainer:
@@ -101,36 +134,39 @@ class PPOTrainer:
         self.validator = Validator(cfg, components)
         self.step = 0
         self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
-        self.prompts_seen = 0  # numbers the prompt groups (uid) deterministically, across resumes
-        self.ledger = PromptLedger()  # the prompt groups trained on (kept in checkpoints)
         self.timeline = Timeline(cfg.trainer.output_dir)
         self.initial_val: dict[str, float] = {}  # validation before the first step (kept across resumes)
         hook = cfg.data.dynamic_prompts_fn
         self.prompt_hook = PromptHook(hook) if hook else None
-        self.queued_prompts: list[int | dict] = []  # the hook's picks, served before the dataset's order
         self.stages = self.build_stages()
-        # rollout.mode=separate: the batches generated on the rollout pool (trainer.async_steps ahead)
-        own_reward = type(self).reward is not PPOTrainer.reward
-        self.rollouts = RolloutQueue(self, score_ahead=not own_reward) if cfg.rollout.mode == "separate" else None
+        self.prompts = PromptSource(components, cfg.rollout.temperature)  # numbers the groups, keeps the ledger
+        self.rollouts = self.build_rollouts()
         self._scoring = None  # reward_start's pending scores
         self.progress = Progress("off", cfg.trainer.total_steps)  # fit() replaces it with trainer.progress's
 
+    def build_rollouts(self) -> Rollouts:
+        """Where ``generate`` takes the step's groups from: the actor's workers (colocated), or the batches the
+        rollout pool generates ahead (``rollout.mode=separate``), each scored as it arrives unless a recipe's
+        ``reward`` stage scores it."""
+        cfg, components = self.cfg, self.components
+        baseline = self.reward if self.plan.estimator.needs_baseline else None
+        calls = RolloutCalls(components, cfg.rollout.n, AGENT_LOOPS.get(cfg.rollout.agent.name).reads_rows,
+                             baseline)
+        if cfg.rollout.mode != "separate":
+            return ColocatedRollouts(self.prompts, calls, cfg.data.train_batch_size_prompts)
+        score = components.score_batch if type(self).reward is PPOTrainer.reward else None
+        return RolloutQueue(cfg, self.prompts, calls, components, self.timeline, score)
+
     def state_dict(self) -> dict:
-        """Controller-side state a checkpoint needs for an exact resume."""
-        state = {"kl_coef": self.kl_ctrl.value, "prompts_seen": self.prompts_seen, "initial_val": self.initial_val,
-                 "queued_prompts": self.queued_prompts, "ledger": self.ledger.state()}
-        if self.rollouts is not None:
-            state["in_flight"] = self.rollouts.state()  # generated again after a resume
-        return state
+        """Controller-side state a checkpoint needs for an exact resume (the calls in flight are generated again)."""
+        return {"kl_coef": self.kl_ctrl.value, "initial_val": self.initial_val, **self.prompts.state(),
+                "in_flight": self.rollouts.state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.kl_ctrl.value = state["kl_coef"]
-        self.prompts_seen = state["prompts_seen"]
         self.initial_val = state.get("initial_val") or {}
-        self.queued_prompts = state.get("queued_prompts") or []
-        self.ledger = PromptLedger(state.get("ledger") or [])
-        if self.rollouts is not None:
-            self.rollouts.restore(state.get("in_flight") or [])
+        self.prompts.load_state(state)
+        self.rollouts.restore(state.get("in_flight") or [])
 
     def save_checkpoint(self) -> None:
         self.checkpoints.save(self.step, self.components, self.state_dict())
@@ -142,16 +178,6 @@ class PPOTrainer:
             return 0
         self.load_state_dict(state)
         return int(state["step"])
-
-    def tag_groups(self, prompts: Batch, numbers: list[int] | None = None) -> Batch:
-        """Give each prompt a uid; its n responses share it (the group of group estimators). The uids count on
-        from the prompts seen so far, or are ``numbers`` (prompts the rollout queue numbered: drawn before a
-        resume or dropped as too old, drawn again)."""
-        if numbers is None:
-            numbers = range(self.prompts_seen, self.prompts_seen + len(prompts))
-            self.prompts_seen += len(prompts)
-        uids = np.array([f"p{i}" for i in numbers], dtype=object)
-        return prompts.union(Batch.from_dict(non_tensors={"uid": uids}))
 
     # ---------------------------------------------------------------- the loop
     # The step's stages in order. A recipe inserts one with ``stage_order = PPOTrainer.insert_stage(...)``
@@ -199,14 +225,7 @@ class PPOTrainer:
         if missing:
             raise TypeError(f"{type(self).__name__}.stage_order names stages with no method: {', '.join(missing)}")
         stages = [name for name in self.stage_order if self.stage_enabled(name)]
-        if "reward" in stages and type(self).reward is PPOTrainer.reward:
-            start = stages.index("reward")
-            end = start + 1
-            while end < len(stages) and stages[end] in SCORE_FREE_STAGES:
-                end += 1
-            if end > start + 1:
-                stages[start:end] = ["reward_start", *stages[start + 1:end], "reward_wait"]
-        return stages
+        return overlap_scoring(stages) if type(self).reward is PPOTrainer.reward else stages
 
     def train_step(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -218,23 +237,19 @@ class PPOTrainer:
                 stage_start = time.time()
                 with timed(metrics, name):
                     batch = getattr(self, name)(batch, metrics)
-                self.timeline.add(self.stage_pool(name), name, stage_start, time.time())
+                # where its time goes: the training workers' computing, or the controller's
+                on_workers = name in TRAINING_POOL_STAGES or name == "generate" and self.rollouts.pool == "trainer"
+                self.timeline.add("trainer" if on_workers else "controller", name, stage_start, time.time())
         finally:
             if self._scoring is not None:  # a stage failed while scoring ran: it ends before anything shuts down
                 wait([self._scoring])
                 self._scoring = None
-        self.ledger.record(batch.non_tensors["uid"], self.step)
+        self.prompts.ledger.record(batch.non_tensors["uid"], self.step)
         metrics.update(data_metrics(batch, self.cfg.data.max_response_length))
         metrics["timing/step_s"] = time.perf_counter() - start
         metrics["timing/trainer_idle_frac"] = self.timeline.end_step(self.step, wall_start, time.time())
         metrics.update(throughput_metrics(batch, metrics))
         return metrics
-
-    def stage_pool(self, name: str) -> str:
-        """Where a stage's time goes in the timeline: the training workers' computing, or the controller's."""
-        if name in TRAINING_POOL_STAGES or (name == "generate" and self.rollouts is None):
-            return "trainer"
-        return "controller"
 
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.total_steps`` (from the resumed step), validating and saving on schedule; the
@@ -252,14 +267,13 @@ class PPOTrainer:
                 with self.progress:
                     last_val, saved = self.train_loop(stop)
             finally:
-                if self.rollouts is not None:
-                    self.rollouts.close()
+                self.rollouts.close()
             if stop.requested and cfg.trainer.save_on_signal and self.step > max(saved, resumed):
                 self.save_checkpoint()
             if not stop.requested and not (cfg.trainer.export_every_save and saved == self.step):
                 self.checkpoints.export(self.step, self.components)
         if stop.requested:
-            self.stopped_by_signal(stop)
+            raise stop.interrupted(self.step, self.checkpoints.newest())
         self.clock.mark()
         return self.summary(self.initial_val, last_val, self.clock.seconds)
 
@@ -267,8 +281,7 @@ class PPOTrainer:
         """Steps until ``trainer.total_steps`` or a signal; returns the last validation and the last saved step."""
         cfg, tracker = self.cfg, self.components.tracker
         saved = 0
-        if self.rollouts is not None:
-            self.rollouts.start(self.step)
+        self.rollouts.start(self.step)
         if self.step == 0:
             self.initial_val = self.validate()
             tracker.log(self.initial_val, self.step)
@@ -290,79 +303,19 @@ class PPOTrainer:
                 saved = self.step
         return last_val, saved
 
-    def stopped_by_signal(self, stop) -> None:
-        """Raise :class:`Interrupted` with one line saying where the run can be resumed from."""
-        root = self.checkpoints.root
-        latest = root / "latest"
-        newest = root / latest.read_text().strip() if latest.exists() else None
-        where = (f"the newest checkpoint is {newest}; run the same command again to resume (trainer.resume_mode="
-                 f"auto), or python -m rlplat.tools.export {newest} for its model") if newest else "no checkpoint was saved"
-        raise Interrupted(f"stopped by {stop.name} after step {self.step}; {where}", stop.signum)
-
     def summary(self, initial: dict, final: dict, wall_time_s: float) -> dict:
         return write_summary(self.cfg, self.step, initial, final, wall_time_s, self.validator.accuracy_source,
                              list(self.components.reward_train.names))
 
     # ---------------------------------------------------------------- stages
-    def next_prompt_entries(self, num_prompts: int) -> list[int | dict]:
-        """The next prompts: the queued picks of ``data.dynamic_prompts_fn`` (rows or dataset indices) first,
-        then the sampler's dataset indices."""
-        queued, self.queued_prompts = self.queued_prompts[:num_prompts], self.queued_prompts[num_prompts:]
-        return queued + self.components.sampler.next_batch(num_prompts - len(queued)) if len(queued) < num_prompts else queued
-
-    def next_prompts(self, entries: list[int | dict], uids: list[int] | None = None) -> Batch:
-        """The prompt batch of ``entries``, each prompt a group with its uid (:meth:`tag_groups`)."""
-        prompts = self.tag_groups(self.components.train_prompts(len(entries), entries), uids)
-        prompts.meta.update(step=self.step, temperature=self.cfg.rollout.temperature)
-        return prompts
-
     def generate(self, batch: Batch | None, metrics: dict) -> Batch:
-        """This step's responses: generated now by the actor's workers (colocated), or the oldest batch the
-        rollout pool generated (``rollout.mode=separate``; :class:`~rlplat.trainer.rollout_queue.RolloutQueue`)."""
-        if self.rollouts is not None:
-            out = self.rollouts.take(metrics)
-        else:
-            prompts = self.next_prompts(self.next_prompt_entries(self.cfg.data.train_batch_size_prompts))
-            out = self.finish_rollout(prompts, self.start_rollout(prompts))
-        sync_s, sync_mb = out.meta.pop("weight_sync_s", 0.0), out.meta.pop("weight_sync_mb", 0.0)
-        if self.rollouts is None:  # a separate rollout pool's sync is its own stage (timing/sync_rollout_s)
-            metrics["timing/weight_sync_s"] = sync_s
-            metrics["perf/weight_sync_mb"] = sync_mb  # copied into each rollout engine (0: shared, or no change)
+        """This step's responses (:mod:`rlplat.trainer.rollouts`): generated now by the actor's workers
+        (colocated), or taken from those the rollout pool generated ahead (``rollout.mode=separate``)."""
+        out = self.rollouts.take(self.step, metrics)
         metrics.update(agent_metrics(out))
         if "truncated" in out.tensors.keys():  # an agent loop knows which trajectories ended inside a turn
             return out
         return out.union(Batch.from_dict({"truncated": self.components.truncated(out)}))
-
-    def start_rollout(self, prompts: Batch, rank: int | None = None) -> tuple[Pending, Pending | None]:
-        """Submit the generation of ``prompts`` (``rollout.n`` responses each) to the generating workers (split
-        over them, or to worker ``rank`` alone), and of one greedy response each when the estimator needs a
-        baseline (ReMax), right after it (the same weights)."""
-        repeated = prompts.repeat(self.cfg.rollout.n, interleave=True)
-        generator = self.components.generator
-        # an agent loop reads the rows (its environments do); the single-turn loop needs the tensors only
-        sent = tensors_only(repeated) if self.cfg.rollout.agent.name == "single_turn" else repeated
-        def submit(batch: Batch) -> Pending:
-            return (generator.submit("generate_sequences", batch) if rank is None else
-                    generator.submit_to(rank, "generate_sequences", batch))
-
-        sampled = submit(sent)
-        greedy = None
-        if self.plan.estimator.needs_baseline:
-            greedy = submit(Batch.from_dict(dict(prompts.tensors), prompts.non_tensors, {**prompts.meta, "temperature": 0.0}))
-        return sampled, greedy
-
-    def finish_rollout(self, prompts: Batch, started: tuple[Pending, Pending | None]) -> Batch:
-        """The responses :meth:`start_rollout` submitted, with the prompts' columns (and the baseline scores)."""
-        sampled, greedy = started
-        out = sampled.result()
-        if self.cfg.rollout.agent.name == "single_turn":
-            out = out.union(prompts.repeat(self.cfg.rollout.n, interleave=True).select(tensor_keys=[]))
-        if greedy is not None:  # ReMax: the greedy response's score
-            scored = self.reward(greedy.result(), {})
-            baseline = scored.tensors["token_level_scores"].sum(-1).repeat_interleave(self.cfg.rollout.n)
-            out = out.union(Batch.from_dict({"baseline_scores": baseline}))
-        out.meta.update(prompts.meta, temperature=out.meta["temperature"])
-        return out
 
     def reward(self, batch: Batch, metrics: dict) -> Batch:
         """Add the scores: computed now, or already when the rollout queue scored the batch as it arrived."""
@@ -372,13 +325,7 @@ class PPOTrainer:
     def reward_start(self, batch: Batch, metrics: dict) -> Batch:
         """Start scoring ``batch`` in a background thread (the reward worker process computes); the worker
         passes run meanwhile, and :meth:`reward_wait` adds the scores."""
-        if (scored := batch.meta.pop("scores", None)) is not None:  # scored ahead by the rollout queue
-            self._scoring = Future()
-            self._scoring.set_result(scored)
-            return batch
-        pool = ThreadPoolExecutor(1, thread_name_prefix="rlplat-reward")
-        self._scoring = pool.submit(self.components.score_batch, batch)
-        pool.shutdown(wait=False)  # its thread ends with the task
+        self._scoring = score_in_background(self.components.score_batch, batch)
         return batch
 
     def reward_wait(self, batch: Batch, metrics: dict) -> Batch:
@@ -404,30 +351,21 @@ class PPOTrainer:
         repeated, so no uid ever names two groups.
         """
         n, want = self.cfg.rollout.n, self.cfg.data.train_batch_size_prompts
-        kept: list[Batch] = []
-        dropped: list[Batch] = []
-        round_metrics: dict[str, list[float]] = {}
-        rounds = 0
+        kept, dropped, later = [], [], []  # the groups of each round; the metrics of the rounds after the first
         while True:
-            rounds += 1
-            scores = batch.tensors["token_level_scores"].sum(-1).view(-1, n)
-            varied = (scores.max(-1).values > scores.min(-1).values).repeat_interleave(n)
-            if rounds == 1:
+            varied = varied_groups(batch, n)
+            if not kept:
                 metrics["batch/real_batch_size_ratio"] = float(varied.float().mean())
             kept.append(batch[varied])
             dropped.append(batch[~varied])
             have = sum(len(b) for b in kept) // n
-            if have >= want or rounds >= self.cfg.algorithm.dynamic_sampling.max_gen_batches:
+            if have >= want or len(kept) >= self.cfg.algorithm.dynamic_sampling.max_gen_batches:
                 break
-            extra: dict[str, float] = {}
-            if self.rollouts is not None and self.rollouts.streams:
-                self.rollouts.next_take = want - have  # pulled from the stream: the missing groups' calls only
+            later.append(extra := {})
+            self.rollouts.next_groups(want - have)
             batch = self.reward(self.generate(None, extra), extra)
-            for key, value in extra.items():
-                round_metrics.setdefault(key, [metrics[key]] if key in metrics else []).append(value)
-        metrics.update({key: over_rounds(key, values) for key, values in round_metrics.items()})
-        metrics["batch/gen_rounds"] = rounds
-        metrics["batch/filled_groups"] = max(0, want - have)
+        metrics.update(over_rounds(metrics, later))
+        metrics.update({"batch/gen_rounds": len(kept), "batch/filled_groups": max(0, want - have)})
         pieces = [b for b in kept + dropped if len(b) > 0]  # kept groups first, then the fill-up
         return join_rollouts(pieces, self.components.tokenizer.pad_token_id)[torch.arange(want * n)]
 
@@ -494,14 +432,14 @@ class PPOTrainer:
     def update_critic(self, batch: Batch, metrics: dict) -> Batch:
         critic_metrics = self.components.critic.update_critic(tensors_only(batch))[0]
         metrics.update(critic_metrics)
-        self.check_finite(critic_metrics)
+        check_finite(critic_metrics, self.step, self.cfg.trainer.nonfinite, self.checkpoints.newest())
         return batch
 
     def update_actor(self, batch: Batch, metrics: dict) -> Batch:
         actor_metrics = self.components.actor.update_actor(tensors_only(batch))[0]
         actor_metrics = {k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()}
         metrics.update(actor_metrics)
-        self.check_finite(actor_metrics)
+        check_finite(actor_metrics, self.step, self.cfg.trainer.nonfinite, self.checkpoints.newest())
         return batch
 
     def sync_rollout(self, batch: Batch, metrics: dict) -> Batch:
@@ -522,38 +460,15 @@ class PPOTrainer:
     def dynamic_prompts(self, batch: Batch, metrics: dict) -> Batch:
         """Pass this step's responses to ``data.dynamic_prompts_fn`` (:class:`~rlplat.trainer.prompt_hook.PromptHook`);
         its picks are the next prompts served, in order, before the dataset's own order continues."""
-        nt = batch.non_tensors
-        scores = batch.tensors["token_level_scores"].sum(-1).tolist()
-        samples = [{"index": int(i), "prompt": p, "data_source": d, "ground_truth": g, "extra_info": e,
-                    "completion": text, "score": s}
-                   for i, p, d, g, e, text, s in zip(nt["index"], nt["raw_prompt"], nt["data_source"],
-                                                     nt["ground_truth"], nt["extra_info"],
-                                                     self.components.decode(batch), scores)]
-        queued = self.prompt_hook(self.step, samples, self.components.train_data)
-        self.queued_prompts += queued
-        metrics["batch/queued_prompts"] = float(len(self.queued_prompts))
+        samples = PromptHook.samples(batch, self.components.decode(batch))
+        self.prompts.queue(self.prompt_hook(self.step, samples, self.components.train_data))
+        metrics["batch/queued_prompts"] = float(len(self.prompts.queued))
         return batch
-
-    def check_finite(self, metrics: dict) -> None:
-        """A NaN/inf loss or gradient norm: stop (``trainer.nonfinite=stop``, before this step is saved) or
-        warn and go on (``skip``: the engine does not apply an update whose gradient norm is not finite)."""
-        bad = {k: v for k, v in metrics.items() if ("loss" in k or "grad_norm" in k) and not np.isfinite(v)}
-        if not bad:
-            return
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
-        if self.cfg.trainer.nonfinite == "skip":
-            print(f"[step {self.step}] warning: {shown}; the update was skipped (trainer.nonfinite=skip)", flush=True)
-            return
-        latest = self.checkpoints.root / "latest"
-        kept = f"the last checkpoint {latest.read_text().strip()} is intact" if latest.exists() else "nothing was saved"
-        raise RunError(f"step {self.step}: {shown}; stopping (trainer.nonfinite=stop; {kept}). Lower the learning "
-                       f"rate or check the rewards, or set trainer.nonfinite=skip to skip such steps")
 
     # ---------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         """Generate for every validation prompt (``rollout.val_n`` samples at ``rollout.val_temperature``):
         :class:`~rlplat.trainer.validation.Validator`."""
         metrics = self.validator.run(self.step, self.progress)
-        if self.rollouts is not None:  # the syncs before it were loaded: were they exact?
-            self.components.check_weight_syncs()
+        self.rollouts.check_loaded_weights()
         return metrics

@@ -8,6 +8,7 @@ import numbers
 
 from rlplat.config.imports import load_callable
 from rlplat.data import RLDataset
+from rlplat.protocol import Batch
 from rlplat.utils.errors import RunError
 
 
@@ -18,6 +19,16 @@ class PromptHook:
 
     def __init__(self, spec: str):
         self.fn = load_callable("data.dynamic_prompts_fn", spec)
+
+    @staticmethod
+    def samples(batch: Batch, completions: list[str]) -> list[dict]:
+        """What the hook is given of a step's batch: one dict per response (``completions``: the decoded ones)."""
+        nt = batch.non_tensors
+        scores = batch.tensors["token_level_scores"].sum(-1).tolist()
+        return [{"index": int(i), "prompt": p, "data_source": d, "ground_truth": g, "extra_info": e,
+                 "completion": text, "score": s}
+                for i, p, d, g, e, text, s in zip(nt["index"], nt["raw_prompt"], nt["data_source"], nt["ground_truth"],
+                                                  nt["extra_info"], completions, scores)]
 
     def __call__(self, step: int, samples: list[dict], dataset: RLDataset) -> list[int | dict]:
         """The hook's picks for ``step``, checked: dataset indices (ints) and rows (JSON-able dicts that

@@ -37,30 +37,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from rlplat.controller import Pending
 from rlplat.protocol import Batch
 from rlplat.rollout.base import join_rollouts
 from rlplat.trainer.components import join_scores
+from rlplat.trainer.prompt_source import PromptSource
+from rlplat.trainer.rollouts import RolloutCalls, Rollouts, Started
 from rlplat.utils.errors import RunError
-
-
-class Trainer(Protocol):
-    """What the queue uses of its trainer (:class:`rlplat.trainer.ppo.PPOTrainer`)."""
-
-    cfg: Any
-    components: Any
-    timeline: Any
-    step: int
-    prompts_seen: int
-
-    def next_prompt_entries(self, num_prompts: int) -> list: ...
-    def next_prompts(self, entries: list, uids: list[int] | None = None) -> Batch: ...
-    def start_rollout(self, prompts: Batch, rank: int | None = None) -> tuple[Pending, Pending | None]: ...
-    def finish_rollout(self, prompts: Batch, started: tuple[Pending, Pending | None]) -> Batch: ...
 
 
 @dataclass
@@ -79,12 +66,18 @@ class InFlight:
         return {"entries": self.entries, "uids": self.uids}
 
 
-class RolloutQueue:
-    """The generation calls in flight on the rollout pool, and the weights sent to it."""
+class RolloutQueue(Rollouts):
+    """The generation calls in flight on the rollout pool, and the weights sent to it.
 
-    def __init__(self, trainer: Trainer, score_ahead: bool):
-        cfg = trainer.cfg
-        self.trainer = trainer
+    ``components``: the run's (:class:`rlplat.trainer.components.Components`: the weight pushes and their
+    checks, the pool's size, the tokenizer's pad id); ``score``: scores each call's batch as it arrives
+    (None: the trainer's reward stage is a recipe's own and scores when the step runs it)."""
+
+    def __init__(self, cfg, prompts: PromptSource, calls: RolloutCalls, components, timeline,
+                 score: Callable[[Batch], Any] | None):
+        self.prompts, self.calls, self.components, self.timeline, self.score = prompts, calls, components, timeline, score
+        self.total_steps = cfg.trainer.total_steps
+        self.step = 0  # the step taking its groups
         self.ahead = cfg.trainer.async_steps
         self.batch_groups = cfg.data.train_batch_size_prompts
         self.streams = cfg.rollout.stream_groups > 0
@@ -95,9 +88,6 @@ class RolloutQueue:
         # or dropped as too old
         self.redo: list[tuple[Any, int]] = []
         self.next_take: int | None = None  # the groups the next take() returns (None: a batch's)
-        # each generated call is scored as soon as it arrives (one at a time), unless the trainer's reward stage is
-        # a recipe's own (it then scores when the step runs it)
-        self.score_ahead = score_ahead
         self._scoring = threading.Lock()
         # a thread per call in flight (the config keeps them few: rlplat.config.validate), and room for the calls
         # dynamic sampling pulls and the dropped ones still ending
@@ -107,32 +97,38 @@ class RolloutQueue:
     def start(self, step: int) -> None:
         """Send the actor's weights (version ``step``: the initial model, or the resumed checkpoint's) before
         anything is generated."""
-        self.trainer.components.push_weights(step)
+        self.components.push_weights(step)
 
-    def take(self, metrics: dict) -> Batch:
+    def next_groups(self, count: int) -> None:
+        if self.streams:  # pulled from the stream: the calls of the missing groups only
+            self.next_take = count
+
+    def take(self, step: int, metrics: dict) -> Batch:
         """This step's groups (``next_take`` of them, else a batch's), submitting the calls of the next K steps
         first, with their samples' staleness in ``metrics``."""
-        trainer = self.trainer
+        self.step = step
         want, self.next_take = self.next_take or self.batch_groups, None
         calls = -(-want // self.call_groups)
         dropped = self._drop_expired()
-        remaining = max(trainer.cfg.trainer.total_steps - trainer.step, 0)
+        remaining = max(self.total_steps - step, 0)
         self.fill(calls + self.batch_groups // self.call_groups * min(self.ahead, remaining))
         taken = self._first_ready(calls) if self.streams else self.in_flight[:calls]
         for flight in taken:
             self.in_flight.remove(flight)
         taken.sort(key=lambda f: f.uids[0])
         parts = [flight.ready.result() for flight in taken]  # a reward error is raised here
-        trainer.components.check_weight_syncs(self._weights_used(taken, [part[0] for part in parts]))
-        out = join_rollouts([part[0] for part in parts], trainer.components.tokenizer.pad_token_id)
+        self.components.check_weight_syncs(self._weights_used(taken, [part[0] for part in parts]))
+        out = join_rollouts([part[0] for part in parts], self.components.tokenizer.pad_token_id)
+        for key in ("weight_sync_s", "weight_sync_mb"):  # the pool's sync is the trainer's sync_rollout stage
+            out.meta.pop(key, None)
         when = out.pop(["generated_from", "generated_until"]).tensors  # each rollout worker's call, for the timeline
         for start, end in sorted(set(zip(when["generated_from"].tolist(), when["generated_until"].tolist()))):
-            trainer.timeline.add("rollout", "generate", start, end)
-        if self.score_ahead:
+            self.timeline.add("rollout", "generate", start, end)
+        if self.score is not None:
             for _, _, scoring in parts:
-                trainer.timeline.add("controller", "reward (ahead)", *scoring)
+                self.timeline.add("controller", "reward (ahead)", *scoring)
             out.meta["scores"] = join_scores([part[1] for part in parts])  # the reward stage takes them
-        staleness = (trainer.step - 1) - out.tensors["policy_version"]
+        staleness = (step - 1) - out.tensors["policy_version"]
         metrics["off_policy/staleness_mean"] = float(staleness.float().mean())
         metrics["off_policy/staleness_max"] = float(staleness.max())
         if self.streams:
@@ -141,27 +137,24 @@ class RolloutQueue:
             spans = out.tensors["policy_version_last"] - out.tensors["policy_version"]
             metrics["rollout/resumed_frac"] = float((spans > 0).float().mean())  # samples spanning two weights or more
         if int(staleness.max()) > self.ahead or int(staleness.min()) < 0:
-            raise RunError(f"step {trainer.step} got samples of policy versions {sorted(set(out.tensors['policy_version'].tolist()))} "
-                           f"for weights of update {trainer.step - 1}: outside trainer.async_steps={self.ahead} (a bug in "
+            raise RunError(f"step {step} got samples of policy versions {sorted(set(out.tensors['policy_version'].tolist()))} "
+                           f"for weights of update {step - 1}: outside trainer.async_steps={self.ahead} (a bug in "
                            f"the rollout queue; please report it)")
         return out
 
     def fill(self, count: int) -> None:
         """Submit calls until ``count`` are in flight: the prompts to generate again first, then new ones."""
-        trainer = self.trainer
         while len(self.in_flight) < count:
             again, self.redo = self.redo[:self.call_groups], self.redo[self.call_groups:]
             entries, uids = [entry for entry, _ in again], [uid for _, uid in again]
             if (fresh := self.call_groups - len(again)) > 0:
-                entries += trainer.next_prompt_entries(fresh)
-                uids += range(trainer.prompts_seen, trainer.prompts_seen + fresh)
-                trainer.prompts_seen += fresh
-            prompts = trainer.next_prompts(entries, uids)
+                new_entries, new_uids = self.prompts.draw(fresh)
+                entries, uids = entries + new_entries, uids + new_uids
             ahead = sum(len(flight.uids) for flight in self.in_flight) // self.batch_groups
-            prompts.meta["step"] = trainer.step + ahead  # the step it is for (in error messages)
-            flight = InFlight(entries, uids, trainer.step - 1, self._least_busy() if self.streams else None)
+            prompts = self.prompts.batch(entries, uids, self.step + ahead)  # the step it is for (in error messages)
+            flight = InFlight(entries, uids, self.step - 1, self._least_busy() if self.streams else None)
             prompts.meta["weights_at_least"] = flight.version  # rollout.partial=resume loads them beside the calls
-            started = trainer.start_rollout(prompts, flight.rank)
+            started = self.calls.start(prompts, flight.rank)
             flight.ready = self.waiters.submit(self._finish, flight, prompts, started)
             self.in_flight.append(flight)
 
@@ -170,7 +163,7 @@ class RolloutQueue:
         used: dict[int, int] = {}
         for flight, batch in zip(taken, batches):
             versions = batch.tensors.get("policy_version_last", batch.tensors["policy_version"])
-            ranks = range(self.trainer.components.generator.world_size) if flight.rank is None else [flight.rank]
+            ranks = range(self.components.generator.world_size) if flight.rank is None else [flight.rank]
             for rank in ranks:
                 used[rank] = max(used.get(rank, -1), int(versions.max()))
         return used
@@ -178,7 +171,7 @@ class RolloutQueue:
     def _drop_expired(self) -> int:
         """Drop the calls this step may no longer train on (generated by weights more than K updates old); their
         prompts go back to be generated again. Returns the groups dropped."""
-        oldest = self.trainer.step - 1 - self.ahead
+        oldest = self.step - 1 - self.ahead
         expired = [flight for flight in self.in_flight if flight.version < oldest]
         for flight in expired:
             flight.dropped = True
@@ -198,24 +191,27 @@ class RolloutQueue:
 
     def _least_busy(self) -> int:
         """The rollout worker with the fewest calls under way, dropped ones included (the lowest rank among equals)."""
-        busy = [0] * self.trainer.components.generator.world_size
+        busy = [0] * self.components.generator.world_size
         for flight in self.in_flight + self.ending:
             if not flight.generated:
                 busy[flight.rank] += 1
         return min(range(len(busy)), key=lambda rank: (busy[rank], rank))
 
-    def _finish(self, flight: InFlight, prompts: Batch, started: tuple[Pending, Pending | None]) -> tuple:
+    def _finish(self, flight: InFlight, prompts: Batch, started: Started) -> tuple:
         """In a thread of the queue: wait for a call's generation, then score it (the reward overlaps the steps
         training meanwhile; an I/O-bound reward, a judge or a sandbox, waits off the step's path)."""
         started[0].result()  # the generation, waited for outside the lock
         flight.generated = True
         with self._scoring:
-            out = self.trainer.finish_rollout(prompts, started)
-            if not self.score_ahead or flight.dropped:
+            out = self.calls.finish(prompts, started)
+            if self.score is None or flight.dropped:
                 return out, None, None
             start = time.time()
-            scores = self.trainer.components.score_batch(out)
+            scores = self.score(out)
             return out, scores, (start, time.time())
+
+    def check_loaded_weights(self) -> None:
+        self.components.check_weight_syncs()
 
     def close(self) -> None:
         """Drop the calls not yet finished (the end of the run, or an error)."""

@@ -13,6 +13,9 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+from rlplat.utils.errors import Interrupted
 
 
 class StopRequest:
@@ -26,6 +29,13 @@ class StopRequest:
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
+
+    def interrupted(self, step: int, newest: Path | None) -> Interrupted:
+        """The error ending a run stopped after ``step``: one line saying where it can be resumed from
+        (``newest``: its newest checkpoint, None when nothing was saved)."""
+        where = (f"the newest checkpoint is {newest}; run the same command again to resume (trainer.resume_mode="
+                 f"auto), or python -m rlplat.tools.export {newest} for its model") if newest else "no checkpoint was saved"
+        return Interrupted(f"stopped by {self.name} after step {step}; {where}", self.signum)
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum is not None:

@@ -20,8 +20,8 @@ PAD, RESPONSE = 9, 2
 
 
 class Scripted:
-    """What the queue uses of a trainer and its components. A call generates nothing until the test releases
-    it (by its first uid); its samples carry the weights pushed before it was submitted."""
+    """What the queue uses of its prompt source, rollout calls and components. A call generates nothing until the
+    test releases it (by its first uid); its samples carry the weights pushed before it was submitted."""
 
     def __init__(self, ahead: int, stream: int, batch: int, steps: int, workers: int):
         self.cfg = OmegaConf.create({"trainer": {"async_steps": ahead, "total_steps": steps},
@@ -30,20 +30,22 @@ class Scripted:
         self.timeline = SimpleNamespace(add=lambda *span: None)
         self.tokenizer = SimpleNamespace(pad_token_id=PAD)
         self.generator = SimpleNamespace(world_size=workers)
-        self.step = self.prompts_seen = self.drawn = self.version = 0
+        self.step = self.seen = self.drawn = self.version = 0
         self.gates: dict[int, threading.Event] = {}  # first uid of a call -> released
         self.calls: list[tuple[list[int], int | None, int]] = []  # (uids, rank, version) as submitted
         self.checked: list[dict | None] = []  # the syncs each take() asked to be checked: rank -> newest version used
 
-    # the trainer
-    def next_prompt_entries(self, count):
+    # the prompt source
+    def draw(self, count):
         self.drawn += count
-        return list(range(self.drawn - count, self.drawn))
+        self.seen += count
+        return list(range(self.drawn - count, self.drawn)), list(range(self.seen - count, self.seen))
 
-    def next_prompts(self, entries, uids):
+    def batch(self, entries, uids, step):
         return Batch.from_dict(non_tensors={"uid": [f"p{u}" for u in uids], "index": list(entries)})
 
-    def start_rollout(self, prompts, rank):
+    # the rollout calls
+    def start(self, prompts, rank):
         uids = [int(u[1:]) for u in prompts.non_tensors["uid"]]
         gate, version = self.gates.setdefault(uids[0], threading.Event()), self.version
         self.calls.append((uids, rank, version))
@@ -64,7 +66,7 @@ class Scripted:
                 "generated_until": torch.ones(rows, dtype=torch.float64)}))
         return Pending(generate), None
 
-    def finish_rollout(self, prompts, started):
+    def finish(self, prompts, started):
         return started[0].result()
 
     # the components
@@ -84,7 +86,7 @@ def step(trainer: Scripted, queue: RolloutQueue, release: list[int]):
     generated and scored before the next is released); then the weights of this update are sent."""
     trainer.step += 1
     taken, metrics = [], {}
-    thread = threading.Thread(target=lambda: taken.append(queue.take(metrics)))
+    thread = threading.Thread(target=lambda: taken.append(queue.take(trainer.step, metrics)))
     thread.start()
     for first in release:
         deadline = time.monotonic() + 30
@@ -104,9 +106,13 @@ def uids(batch):
     return [int(u[1:]) for u in batch.non_tensors["uid"]]
 
 
+def queue_of(trainer: Scripted, score_ahead: bool) -> RolloutQueue:
+    return RolloutQueue(trainer.cfg, trainer, trainer, trainer, trainer.timeline, trainer.score_batch if score_ahead else None)
+
+
 def test_a_step_takes_the_first_groups_ready_and_drops_calls_that_grew_too_old():
     trainer = Scripted(ahead=1, stream=2, batch=4, steps=4, workers=2)
-    queue = RolloutQueue(trainer, score_ahead=True)
+    queue = queue_of(trainer, score_ahead=True)
     queue.start(0)
     # step 1: calls [0 1] [2 3] [4 5] [6 7] by weights 0; [2 3] and [6 7] finish first: they are the step's
     batch, metrics = step(trainer, queue, release=[2, 6])
@@ -134,14 +140,14 @@ def test_a_step_takes_the_first_groups_ready_and_drops_calls_that_grew_too_old()
     assert uids(batch) == [0, 1, 8, 9] and batch.tensors["policy_version"].tolist() == [2, 2, 1, 1]
     assert metrics["off_policy/staleness_max"] == 1
     # dynamic sampling pulls one call (the groups it misses), not a batch
-    queue.next_take = 1
+    queue.next_groups(1)
     batch, metrics = step(trainer, queue, release=[12])
     assert uids(batch) == [12, 13]
     # a checkpoint now keeps the call still in flight; a resumed queue generates it first, with its uids
     assert queue.state() == [{"entries": [14, 15], "uids": [14, 15]}]
     resumed = Scripted(ahead=1, stream=2, batch=4, steps=6, workers=2)
-    resumed.step, resumed.prompts_seen, resumed.drawn = 4, trainer.prompts_seen, trainer.drawn
-    again = RolloutQueue(resumed, score_ahead=True)
+    resumed.step, resumed.seen, resumed.drawn = 4, trainer.seen, trainer.drawn
+    again = queue_of(resumed, score_ahead=True)
     again.restore(queue.state())
     again.start(4)
     batch, _ = step(resumed, again, release=[14, 16])
@@ -154,9 +160,10 @@ def test_a_step_takes_the_first_groups_ready_and_drops_calls_that_grew_too_old()
 
 def test_whole_batches_are_taken_in_order():
     trainer = Scripted(ahead=2, stream=0, batch=2, steps=3, workers=2)
-    queue = RolloutQueue(trainer, score_ahead=False)
+    queue = queue_of(trainer, score_ahead=False)
     queue.start(0)
     for expected_staleness, first in zip((0, 1, 2), (0, 2, 4)):
+        queue.next_groups(1)  # dynamic sampling's missing groups: whole batches are taken all the same
         batch, metrics = step(trainer, queue, release=[first])
         assert uids(batch) == [first, first + 1] and metrics["off_policy/staleness_max"] == expected_staleness
         assert "rollout/dropped_groups" not in metrics and "scores" not in batch.meta

@@ -14,6 +14,7 @@ from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, AdvantageOut
 from rlplat.trainer.run import load_run_config
 from rlplat.protocol import Batch
 from rlplat.trainer.ppo import PPOTrainer
+from rlplat.trainer.prompt_source import tag_groups
 
 N, WANT = 2, 3  # responses per prompt, prompts per step
 
@@ -27,7 +28,7 @@ class ScriptedTrainer(PPOTrainer):
 
     def generate(self, batch, metrics):
         self.generated += 1
-        prompts = self.tag_groups(Batch.from_dict({"prompt": torch.zeros(WANT, 1)}))
+        prompts = tag_groups(Batch.from_dict({"prompt": torch.zeros(WANT, 1)}), self.prompts.number(WANT))
         out = prompts.repeat(N, interleave=True)
         return out.union(Batch.from_dict({"response_mask": torch.ones(WANT * N, 1)}))
 
@@ -79,17 +80,23 @@ def test_later_rounds_use_the_generate_override_and_keep_reward_metrics():
 def test_a_streamed_rollout_pool_is_asked_for_the_missing_groups_only():
     # with rollout.stream_groups the queue hands out calls of a few groups: each later round asks for the groups
     # still missing (round 1 kept p0: 2 missing; round 2 kept p4: 1 missing), not a whole batch
+    class Recorder:  # what the trainer asks of its rollout source
+        wanted = None
+
+        def next_groups(self, count):
+            self.wanted = count
+
     class Streamed(ScriptedTrainer):
         def generate(self, batch, metrics):
-            self.asked.append(self.rollouts.next_take)
-            self.rollouts.next_take = None
+            self.asked.append(self.rollouts.wanted)
+            self.rollouts.wanted = None
             return super().generate(batch, metrics)
 
     cfg, plan = load_run_config(["algorithm=dapo", f"rollout.n={N}", f"data.train_batch_size_prompts={WANT}",
                                  f"actor.mini_batch_size_prompts={WANT}", "actor.micro_batch_size_seqs_per_worker=2",
                                  "algorithm.dynamic_sampling.max_gen_batches=3"])
     trainer = Streamed(cfg, plan, [[(1, 0), (1, 1), (0, 0)], [(0, 0), (0, 1), (0, 0)], [(1, 0), (0, 0), (0, 0)]])
-    trainer.rollouts, trainer.asked = SimpleNamespace(streams=True, next_take=None), []
+    trainer.rollouts, trainer.asked = Recorder(), []
     metrics: dict = {}
     batch = trainer.filter_groups(trainer.reward(trainer.generate(None, metrics), metrics), metrics)
     assert trainer.asked == [None, 2, 1]
