@@ -27,8 +27,8 @@ from rlplat.registry import Registry
 from rlplat.utils.progress import MODES as PROGRESS_MODES
 from rlplat.utils.tracking import LOGGERS
 
-#: micro-batch token budgets: None (count sequences) or a number of tokens
 MAX_CALLS_IN_FLIGHT = 64  # rollout.stream_groups: generation calls in flight (the controller waits for each in a thread)
+#: micro-batch token budgets: None (count sequences) or a number of tokens
 TOKEN_BUDGETS = ("actor.micro_batch_max_tokens_per_worker", "critic.micro_batch_max_tokens_per_worker",
                  "ref.log_prob_micro_batch_max_tokens_per_worker")
 
@@ -127,7 +127,16 @@ def _check_values(cfg: DictConfig) -> None:
         optim = cfg[section].optim
         check(optim.lr > 0, f"{section}.optim.lr must be > 0, got {optim.lr}")
         check(len(optim.betas) == 2, f"{section}.optim.betas must be two numbers, got {list(optim.betas)}")
-    reward = cfg.reward
+    _check_reward_values(cfg.reward)
+    ref = cfg.ref
+    check(ref.sync_steps >= 0, f"ref.sync_steps must be >= 0 (0 = a fixed reference), got {ref.sync_steps}")
+    check(0 < ref.sync_alpha <= 1, f"ref.sync_alpha must be in (0, 1] (1 = copy the actor), got {ref.sync_alpha}")
+    hook = cfg.data.dynamic_prompts_fn
+    check(hook is None or (":" in hook and all(hook.rsplit(":", 1))),
+          f"data.dynamic_prompts_fn={hook!r}: expected 'pkg.module:function' or 'path/to/file.py:function'")
+
+
+def _check_reward_values(reward: DictConfig) -> None:
     check(reward.timeout_s > 0, f"reward.timeout_s must be > 0 seconds, got {reward.timeout_s}")
     code = reward.code
     check(code.timeout_s > 0, f"reward.code.timeout_s must be > 0 seconds, got {code.timeout_s}")
@@ -151,12 +160,6 @@ def _check_values(cfg: DictConfig) -> None:
     for name in reward.only_when_correct:
         check(name in reward.functions, f"reward.only_when_correct entry {name!r} is not in reward.functions "
                                         f"{list(reward.functions)}")
-    ref = cfg.ref
-    check(ref.sync_steps >= 0, f"ref.sync_steps must be >= 0 (0 = a fixed reference), got {ref.sync_steps}")
-    check(0 < ref.sync_alpha <= 1, f"ref.sync_alpha must be in (0, 1] (1 = copy the actor), got {ref.sync_alpha}")
-    hook = cfg.data.dynamic_prompts_fn
-    check(hook is None or (":" in hook and all(hook.rsplit(":", 1))),
-          f"data.dynamic_prompts_fn={hook!r}: expected 'pkg.module:function' or 'path/to/file.py:function'")
 
 
 def reward_weights_problem(functions, weights) -> str | None:

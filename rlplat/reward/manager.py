@@ -265,30 +265,7 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
     * ``overlong_cfg.enable`` / ``.length`` / ``.penalty_factor``: DAPO overlong shaping with
       L_max = ``max_response_length`` (``data.max_response_length``).
     """
-    names = list(_get(reward_cfg, "functions", ["auto"]))
-    weights = [float(w) for w in _get(reward_cfg, "weights", [1.0] * len(names))]
-    if problem := reward_weights_problem(names, weights):
-        raise RewardConfigError(problem)
-    judge_cfg = _get(reward_cfg, "judge")
-    configured = {"reward_model": ("reward.model.path", bool(_get(_get(reward_cfg, "model"), "path"))),
-                  "judge": ("reward.judge.model_path or reward.judge.url",
-                            bool(_get(judge_cfg, "model_path") or _get(judge_cfg, "url")))}
-    if names == ["auto"] and not _get(_get(reward_cfg, "custom_fn"), "path") and any(on for _, on in configured.values()):
-        names = [name for name, (_, on) in configured.items() if on]  # model rewards replace the default
-        weights = [weights[0]] * len(names)
-    for name, (keys, on) in configured.items():
-        if on and name not in names:
-            raise RewardConfigError(f"{keys} is set but reward.functions={names} does not list {name}; add it "
-                                    f"(with a weight in reward.weights)")
-        if name in names and not on:
-            raise RewardConfigError(f"reward.functions lists {name} but {keys} is not set")
-    if "judge" in names:
-        from rlplat.reward.judge import check_template
-
-        try:
-            check_template(str(_get(judge_cfg, "prompt_template", "")))
-        except ValueError as err:
-            raise RewardConfigError(str(err)) from None
+    names, weights = _named_functions(reward_cfg)
     functions = []
     for i, (name, weight) in enumerate(zip(names, weights)):
         if name not in REWARD_FUNCTIONS:
@@ -315,20 +292,51 @@ def build_reward_manager(reward_cfg: Any, overlong_cfg: Any = None,
         functions = [(custom, weights[0])] if names == ["auto"] else [*functions, (custom, 1.0)]
     if not functions:
         raise RewardConfigError("reward.functions is empty and reward.custom_fn.path is not set: nothing to score with")
-    overlong = None
-    if _get(overlong_cfg, "enable", False):
-        if max_response_length is None:
-            raise RewardConfigError("algorithm.overlong_buffer.enable=true needs data.max_response_length")
-        length = _get(overlong_cfg, "length")
-        if length is None:
-            raise RewardConfigError("algorithm.overlong_buffer.enable=true needs algorithm.overlong_buffer.length")
-        overlong = OverlongShaping(int(max_response_length), int(length),
-                                   float(_get(overlong_cfg, "penalty_factor", 1.0)))
+    overlong = _overlong_shaping(overlong_cfg, max_response_length) if _get(overlong_cfg, "enable", False) else None
     gated = [i for i, name in enumerate(names) if name in set(_get(reward_cfg, "only_when_correct", []))]
     return RewardManager(functions, overlong, isolation=str(_get(reward_cfg, "isolation", "process")),
                          timeout_s=float(_get(reward_cfg, "timeout_s", 30.0)), only_when_correct=gated,
                          num_workers=reward_workers(_get(reward_cfg, "num_workers")),
                          fail_fraction_to_stop=float(_get(reward_cfg, "fail_fraction_to_stop", 1.0)))
+
+
+def _named_functions(reward_cfg: Any) -> tuple[list[str], list[float]]:
+    """``reward.functions`` and their weights, checked against the model rewards configured (a reward model or
+    a judge that is set replaces the default ``[auto]``, and must be listed when other functions are)."""
+    names = list(_get(reward_cfg, "functions", ["auto"]))
+    weights = [float(w) for w in _get(reward_cfg, "weights", [1.0] * len(names))]
+    if problem := reward_weights_problem(names, weights):
+        raise RewardConfigError(problem)
+    judge_cfg = _get(reward_cfg, "judge")
+    configured = {"reward_model": ("reward.model.path", bool(_get(_get(reward_cfg, "model"), "path"))),
+                  "judge": ("reward.judge.model_path or reward.judge.url",
+                            bool(_get(judge_cfg, "model_path") or _get(judge_cfg, "url")))}
+    if names == ["auto"] and not _get(_get(reward_cfg, "custom_fn"), "path") and any(on for _, on in configured.values()):
+        names = [name for name, (_, on) in configured.items() if on]  # model rewards replace the default
+        weights = [weights[0]] * len(names)
+    for name, (keys, on) in configured.items():
+        if on and name not in names:
+            raise RewardConfigError(f"{keys} is set but reward.functions={names} does not list {name}; add it "
+                                    f"(with a weight in reward.weights)")
+        if name in names and not on:
+            raise RewardConfigError(f"reward.functions lists {name} but {keys} is not set")
+    if "judge" in names:
+        from rlplat.reward.judge import check_template
+
+        try:
+            check_template(str(_get(judge_cfg, "prompt_template", "")))
+        except ValueError as err:
+            raise RewardConfigError(str(err)) from None
+    return names, weights
+
+
+def _overlong_shaping(overlong_cfg: Any, max_response_length: int | None) -> OverlongShaping:
+    if max_response_length is None:
+        raise RewardConfigError("algorithm.overlong_buffer.enable=true needs data.max_response_length")
+    length = _get(overlong_cfg, "length")
+    if length is None:
+        raise RewardConfigError("algorithm.overlong_buffer.enable=true needs algorithm.overlong_buffer.length")
+    return OverlongShaping(int(max_response_length), int(length), float(_get(overlong_cfg, "penalty_factor", 1.0)))
 
 
 def reward_workers(configured: int | None) -> int:

@@ -147,9 +147,8 @@ class MultiTurn(AgentLoop):
         super().__init__(agent_cfg, tokenizer, response_length)
         self.environments = Environments(agent_cfg)
 
-    def run(self, engine, prompts, params):
-        rows = _rows(prompts)
-        prompt_ids = prompt_token_lists(prompts)
+    def _reset(self, rows: list[dict], prompt_ids: list[list[int]]) -> tuple[list[Environment], list[Trajectory]]:
+        """Each row's environment, reset, and its trajectory (the prompt so far)."""
         envs, trajectories = [], []
         for index, (row, ids) in enumerate(zip(rows, prompt_ids)):
             env = self.environments.make(row)
@@ -160,6 +159,11 @@ class MultiTurn(AgentLoop):
                                         f"prompt, so reset() must return row['prompt'] (keep other state in the environment)")
             envs.append(env)
             trajectories.append(Trajectory(list(ids), [dict(m) for m in messages]))
+        return envs, trajectories
+
+    def run(self, engine, prompts, params):
+        rows = _rows(prompts)
+        envs, trajectories = self._reset(rows, prompt_token_lists(prompts))
         schemas = [self.environments.schemas_of(row.get("extra_info")) for row in rows]
         ended: dict[int, str] = {}
         rewards: list[dict[str, float]] = [{} for _ in rows]

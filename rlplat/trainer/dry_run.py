@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
@@ -572,22 +571,9 @@ def planned_device(overrides: list[str]) -> str | None:
 
 def run_plan(cfg: DictConfig, plan, device_memory: int | None = None) -> int:
     """:func:`report` with the run's one-line errors and exit statuses (also ``trainer.dry_run=true``)."""
-    from rlplat.config import ConfigError
-    from rlplat.data import DataError
-    from rlplat.registry import RegistryError
-    from rlplat.reward import RewardConfigError
-    from rlplat.utils.errors import RunError, debug_traceback
+    from rlplat.trainer.exit_status import exit_status
     from rlplat.utils.quiet import quiet_third_party
 
     quiet_third_party(cfg.trainer.verbose)
-    try:
-        return 0 if report(cfg, plan, device_memory or default_device_memory(plan.device)) else 1
-    except (ConfigError, DataError, RewardConfigError, RegistryError) as err:
-        debug_traceback()
-        print(f"rlplat: {type(err).__name__}: {err}", file=sys.stderr)
-        return 2
-    except RunError as err:
-        debug_traceback()
-        print(f"rlplat: {err}", file=sys.stderr)
-        return err.exit_code
+    return exit_status(lambda: 0 if report(cfg, plan, device_memory or default_device_memory(plan.device)) else 1)
 

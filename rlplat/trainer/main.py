@@ -106,28 +106,13 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
         from rlplat.trainer.dry_run import run_plan
 
         return run_plan(cfg, plan)
-    from rlplat.data import DataError
-    from rlplat.registry import RegistryError
-    from rlplat.reward import RewardConfigError
+    from rlplat.trainer.exit_status import exit_status
     from rlplat.trainer.run import run
 
-    from rlplat.utils.errors import RunError, debug_traceback
-
-    try:
+    def train() -> None:
         run(cfg, plan, trainer_cls)
-    except (ConfigError, DataError, RewardConfigError, RegistryError) as err:
-        debug_traceback()
-        print(f"rlplat: {type(err).__name__}: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C before training started (model loading, worker start-up)
-        debug_traceback()
-        print("rlplat: interrupted before training started; nothing was saved", file=sys.stderr)
-        return 130
-    except RunError as err:
-        debug_traceback()
-        print(f"rlplat: {err}", file=sys.stderr)
-        return err.exit_code
-    return 0
+
+    return exit_status(train)
 
 
 if __name__ == "__main__":

@@ -246,6 +246,57 @@ def _settings(limits: SandboxLimits, workdir: str, uid: int | None, require_isol
                        "cwd": workdir, "env": env, "require_isolation": require_isolation})
 
 
+class _Output:
+    """What a program writes to its pipes (stdout, stderr), kept up to ``limit`` bytes in all."""
+
+    def __init__(self, streams, limit: int):
+        self.chunks: dict = {stream: [] for stream in streams}
+        self.limit, self.total = limit, 0
+
+    @property
+    def over(self) -> bool:
+        return self.total > self.limit
+
+    def read(self, stream) -> bytes | None:
+        """What ``stream`` has now (b"" at its end, None when nothing is there yet), kept up to the limit."""
+        try:
+            data = os.read(stream.fileno(), 65536)
+        except BlockingIOError:
+            return None
+        self.chunks[stream].append(data[: max(0, self.limit - self.total)])
+        self.total += len(data)
+        return data
+
+    def text(self, stream) -> str:
+        return b"".join(self.chunks[stream]).decode("utf-8", errors="replace")
+
+
+def _collect(output: _Output, exited: int, deadline: float) -> str | None:
+    """Read the pipes until both end, the program's first process exits, the output limit or the deadline:
+    ``"output_limit"``, ``"timeout"``, or None (it ended by itself)."""
+    with selectors.DefaultSelector() as selector:
+        open_streams = set(output.chunks)
+        for stream in open_streams:
+            os.set_blocking(stream.fileno(), False)
+            selector.register(stream, selectors.EVENT_READ)
+        selector.register(exited, selectors.EVENT_READ)
+        while open_streams and not output.over:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            ready = [key.fileobj for key, _ in selector.select(remaining)]
+            for stream in open_streams.intersection(ready):
+                if output.read(stream) == b"":
+                    selector.unregister(stream)
+                    open_streams.discard(stream)
+            if exited in ready:  # keep what is in the pipes now; children still writing are not waited for
+                for stream in open_streams:
+                    while not output.over and output.read(stream):
+                        pass
+                break
+    return "output_limit" if output.over else None
+
+
 def _run(argv: list[str], stdin: str, limits: SandboxLimits, workdir: str, uid: int | None,
          require_isolation: bool) -> SandboxResult:
     boot = [python_interpreter(), "-I", "-S", "-c", BOOT, _settings(limits, workdir, uid, require_isolation)]
@@ -255,46 +306,13 @@ def _run(argv: list[str], stdin: str, limits: SandboxLimits, workdir: str, uid: 
         start = time.monotonic()
         proc = subprocess.Popen(boot + argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 close_fds=True, start_new_session=True, cwd=workdir)
-    chunks: dict = {proc.stdout: [], proc.stderr: []}
-    status, total = None, 0
+    output = _Output((proc.stdout, proc.stderr), limits.max_output_bytes)
     deadline = start + limits.timeout_s
     exited = os.pidfd_open(proc.pid)  # readable once the program's first process has exited
-
-    def read(stream) -> bytes | None:
-        """What ``stream`` has now (b"" at its end, None when nothing is there yet), kept up to the limit."""
-        nonlocal status, total
-        try:
-            data = os.read(stream.fileno(), 65536)
-        except BlockingIOError:
-            return None
-        chunks[stream].append(data[: max(0, limits.max_output_bytes - total)])
-        total += len(data)
-        if total > limits.max_output_bytes:
-            status = "output_limit"
-        return data
-
-    with selectors.DefaultSelector() as selector:
-        open_streams = set(chunks)
-        for stream in open_streams:
-            os.set_blocking(stream.fileno(), False)
-            selector.register(stream, selectors.EVENT_READ)
-        selector.register(exited, selectors.EVENT_READ)
-        while status is None and open_streams:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                status = "timeout"
-                break
-            ready = [key.fileobj for key, _ in selector.select(remaining)]
-            for stream in open_streams.intersection(ready):
-                if read(stream) == b"":
-                    selector.unregister(stream)
-                    open_streams.discard(stream)
-            if exited in ready:  # keep what is in the pipes now; children still writing are not waited for
-                for stream in open_streams:
-                    while status is None and read(stream):
-                        pass
-                break
-    os.close(exited)
+    try:
+        status = _collect(output, exited, deadline)
+    finally:
+        os.close(exited)
     if status is None:
         try:
             proc.wait(max(0.0, deadline - time.monotonic()))
@@ -310,8 +328,7 @@ def _run(argv: list[str], stdin: str, limits: SandboxLimits, workdir: str, uid: 
         status = "ok" if code == 0 else "killed" if code < 0 else "error"
     else:
         code = None
-    text = {stream: b"".join(parts).decode("utf-8", errors="replace") for stream, parts in chunks.items()}
-    return SandboxResult(status, code, text[proc.stdout], text[proc.stderr], wall)
+    return SandboxResult(status, code, output.text(proc.stdout), output.text(proc.stderr), wall)
 
 
 def isolation_report() -> dict[str, bool | str]:
