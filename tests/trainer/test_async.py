@@ -279,14 +279,18 @@ def test_a_rollout_pool_on_two_nodes_streams_and_syncs_across_them(embedded_cach
 
 @pytest.mark.slow
 def test_weight_updates_loaded_between_two_tokens_keep_the_bound_on_staleness(embedded_cache, small_val, tmp_path, ray_cluster):
-    # rollout.partial=resume: each update reaches the rollout worker while it generates the next batch (long
-    # responses, one step ahead) and is loaded between two tokens; the samples say so (rollout/resumed_frac), their
-    # first weights stay within K, every checksum and probe passes, and validation scores the newest weights
+    # rollout.partial=resume: each update reaches the rollout worker while it generates (long responses, two steps
+    # ahead: the worker has a batch queued behind the one under way, so it is busy when the update comes unless
+    # it generated two batches within one training step; with K=1 whether the one batch ahead was still under way
+    # was a race, lost on a slower CPU) and is loaded between two tokens; the samples say so
+    # (rollout/resumed_frac), their first weights stay within K, every checksum and probe passes, and validation
+    # scores the newest weights
     out = tmp_path / "resume"
-    _train(out, 3, small_val, SEPARATE, "trainer.async_steps=1", "rollout.partial=resume", "rollout.ignore_eos=true",
+    _train(out, 3, small_val, SEPARATE, "trainer.async_steps=2", "rollout.partial=resume", "rollout.ignore_eos=true",
            "data.max_response_length=128")
     steps = metrics(out)
-    assert [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3)] == [0, 1, 1]
+    staleness = [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3)]
+    assert staleness[0] == 0 and 1 <= max(staleness) <= 2  # which batch a resumed update lands in is timing's
     assert steps[1]["rollout/resumed_frac"] == 0  # generated before any update was sent
     assert max(steps[s]["rollout/resumed_frac"] for s in (2, 3)) > 0
     assert steps[3]["val/policy_version"] == 3 and _ledger(out) == [[0, 24]]
