@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/agent_turns.py                    # 32 conversations, up to 3 turns
     .venv/bin/python benchmarks/agent_turns.py --repeats 5 --rows 32
 
-The ``tool`` agent loop (``rlplat.rollout.agent_loop.MultiTurn``) runs ``--rows`` conversations of up to
+The ``tool`` agent loop (``rlplat.rollout.agent_loop.ToolLoop``) runs ``--rows`` conversations of up to
 three assistant turns with the tests' echo environment (``tests/workers/helpers.py``: a short user message
 after each turn), sampled with a fixed seed, a turn ending at EOS, at a digit or after ``--new-tokens``
 tokens, on a randomly initialised Qwen2 of 8 layers, hidden 512 (25M parameters) with the tests' character
@@ -50,7 +50,7 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from rlplat.models.tiny import TinyModelSpec, build_tiny_model
-    from rlplat.rollout.agent_loop import MultiTurn
+    from rlplat.rollout.agent_loop import ToolLoop
     from rlplat.rollout.base import RolloutSetup, SamplingParams
     from rlplat.rollout.hf import HFRolloutEngine
     from rlplat.trainer.run import load_run_config
@@ -74,7 +74,7 @@ def main() -> int:
         # random weights seldom sample EOS: a digit ends a turn too (about one token in ten)
         stops = tuple(tokenizer.convert_tokens_to_ids(list("0123456789")))
         params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0, stop_token_ids=stops)
-        loop = MultiTurn(cfg.rollout.agent, tokenizer, response_length=3 * args.new_tokens + 64)
+        loop = ToolLoop(cfg.rollout.agent, tokenizer, response_length=3 * args.new_tokens + 64)
         ran: list[int] = []
         start = engine.forward.start
         engine.forward.start = lambda ids, *rest: ran.append(ids.numel()) or start(ids, *rest)

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from rlplat.agents.environment import Environment, Step, ToolEnvironment, load_environment
-from rlplat.agents.tools import TOOLS, Tool, function_tool
+from rlplat.agents.environment import Environment, Step
+from rlplat.agents.setup import Environments, check_environment_config
 from rlplat.agents.trajectory import TemplateNotIncremental, Trajectory, retokenize_drift
 from rlplat.config.errors import ConfigError
 from rlplat.protocol import Batch
@@ -75,64 +75,17 @@ class SingleTurn(AgentLoop):
         return engine.generate(prompts, params)
 
 
-def build_tools(specs) -> list[Tool]:
-    """Tools named in config or in a row's ``extra_info["tools"]``: built-in names (``TOOLS``),
-    ``path/to/file.py:function`` or ``package.module:function``."""
-    return [function_tool(spec) if ":" in spec else TOOLS.get(spec)() for spec in specs]
-
-
-class Environments:
-    """Makes each row's environment: the user's class (``rollout.agent.environment``: ``file.py:Class`` or
-    ``package.module:Class``), else tools (the row's
-    ``extra_info["tools"]``, else ``rollout.agent.tools``) with the configured parser and call limit.
-    Built-in tools are made once and shared (the python tool holds a sandbox's settings, not a process)."""
-
-    def __init__(self, agent_cfg):
-        self.cfg = agent_cfg
-        self.user_class = load_environment(agent_cfg.environment) if agent_cfg.environment else None
-        self._tools: dict[str, Tool] = {}
-        self.default_tools = list(agent_cfg.tools)
-
-    def tools_of(self, extra_info: Mapping | None) -> list[Tool]:
-        if self.user_class is not None:
-            return list(self.user_class.tools)
-        names = (extra_info or {}).get("tools") or self.default_tools
-        missing = [name for name in names if name not in self._tools]
-        for name, tool in zip(missing, build_tools(missing)):
-            self._tools[name] = tool
-        return [self._tools[name] for name in names]
-
-    def schemas_of(self, extra_info: Mapping | None) -> list[dict] | None:
-        """The tools' schemas for the chat template (``tools=``) of a row; None when it has none."""
-        return [tool.schema() for tool in self.tools_of(extra_info)] or None
-
-    def make(self, row: Mapping[str, Any]) -> Environment:
-        if self.user_class is not None:
-            return self.user_class()
-        return ToolEnvironment(self.tools_of(row.get("extra_info")), self.cfg.parser, self.cfg.max_tool_calls)
-
-
 def prompt_tools(agent_cfg) -> Callable[[Mapping | None], list[dict] | None] | None:
-    """For the dataset: the tool schemas each row's prompt is rendered with (None with ``single_turn``)."""
-    return None if agent_cfg.name == "single_turn" else Environments(agent_cfg).schemas_of
+    """For the dataset: the tool schemas each row's prompt is rendered with (None for a loop that does not read
+    the rows, e.g. ``single_turn``)."""
+    return Environments(agent_cfg).schemas_of if AGENT_LOOPS.get(agent_cfg.name).reads_rows else None
 
 
 def check_agent_config(agent_cfg) -> None:
     """Start-up checks of ``rollout.agent.*`` that need the registries (one ConfigError line each)."""
-    from rlplat.agents.parsers import TOOL_PARSERS
-
-    for key, registry in (("name", AGENT_LOOPS), ("parser", TOOL_PARSERS)):
-        if agent_cfg[key] not in registry:
-            raise ConfigError(f"rollout.agent.{key}={agent_cfg[key]!r} is not registered; "
-                              f"{registry.suggestion(agent_cfg[key])}")
-    for spec in agent_cfg.tools:
-        if ":" not in spec and spec not in TOOLS.names():
-            raise ConfigError(f"rollout.agent.tools entry {spec!r} is not a built-in tool "
-                              f"({', '.join(TOOLS.names())}) nor path/to/file.py:function or package.module:function")
-    try:
-        Environments(agent_cfg).tools_of(None)
-    except (ValueError, OSError) as err:
-        raise ConfigError(f"rollout.agent: {err}") from None
+    if agent_cfg.name not in AGENT_LOOPS:
+        raise ConfigError(f"rollout.agent.name={agent_cfg.name!r} is not registered; {AGENT_LOOPS.suggestion(agent_cfg.name)}")
+    check_environment_config(agent_cfg)
 
 
 class EnvironmentFailed(RunError):
@@ -140,7 +93,7 @@ class EnvironmentFailed(RunError):
 
 
 @AGENT_LOOPS.register("tool")
-class MultiTurn(AgentLoop):
+class ToolLoop(AgentLoop):
     """Multi-turn trajectories with tool calls or a user's environment (see the module docstring)."""
 
     def __init__(self, agent_cfg, tokenizer, response_length: int):

@@ -33,7 +33,7 @@ from rlplat.data.dataset import ToolsOf
 from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, SPEC, TOOL_WARM_START, WARM_START, embedded_model_dir
 from rlplat.models.tiny import build_tiny_model
 from rlplat.protocol import Batch
-from rlplat.rollout.agent_loop import Environments
+from rlplat.agents.setup import Environments
 from rlplat.rollout.base import assemble_rollout
 from rlplat.workers.roles import SFTWorker
 

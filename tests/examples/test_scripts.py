@@ -320,7 +320,7 @@ def gpu_plans(tmp_path_factory):
 def _tool_line(args: list[str]) -> int:
     """The tokens the tiny tokenizer's chat template adds to a prompt for the tools of ``args``'s agent loop."""
     from rlplat.models.tiny import build_tokenizer
-    from rlplat.rollout.agent_loop import build_tools
+    from rlplat.agents.setup import build_tools
 
     names = next((a.split("=", 1)[1].strip("[]").split(",") for a in args if a.startswith("rollout.agent.tools=")), [])
     if not names:

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlplat.models.embedded import embedded_model_dir
-from rlplat.rollout.agent_loop import AGENT_LOOPS, EnvironmentFailed, MultiTurn
+from rlplat.rollout.agent_loop import AGENT_LOOPS, EnvironmentFailed, ToolLoop
 from rlplat.rollout.base import RolloutSetup, SamplingParams, prompt_token_lists
 from rlplat.rollout.hf import HFRolloutEngine
 from rlplat.sequence import position_ids_from_mask, response_log_probs
@@ -47,7 +47,7 @@ def test_trajectories_are_the_sampled_and_observation_ids_token_for_token(embedd
     model_path = str(embedded_model_dir())
     cfg, tokenizer, engine = agent_setup(model_path, tmp_path)
     params = SamplingParams(max_new_tokens=8, temperature=1.0)
-    loop, recording = MultiTurn(cfg.rollout.agent, tokenizer, response_length=64), Recording(engine)
+    loop, recording = ToolLoop(cfg.rollout.agent, tokenizer, response_length=64), Recording(engine)
     prompts = agent_prompts(tokenizer, ["12+5=", "3+4=", "20+22=", "9+9="])
     torch.manual_seed(0)
     out = loop.run(recording, prompts, params)
@@ -106,7 +106,7 @@ def test_single_turn_is_the_engine_generate_and_the_default(tiny_model_path, tmp
 def test_an_environment_that_raises_is_one_error_naming_it_and_the_row(tiny_model_path, tmp_path):
     cfg, tokenizer, engine = agent_setup(tiny_model_path, tmp_path, f"rollout.agent.environment={tmp_path}/echo.py:Broken")
     stops = tuple(tokenizer.convert_tokens_to_ids(list("0123456789abcdefghijklmnopqrstuvwxyz")))
-    loop = MultiTurn(cfg.rollout.agent, tokenizer, response_length=64)
+    loop = ToolLoop(cfg.rollout.agent, tokenizer, response_length=64)
     with pytest.raises(EnvironmentFailed, match=r"Broken.step\(\) raised on row \d \(echo\): KeyError"):
         loop.run(engine, agent_prompts(tokenizer, ["hi"] * 4), SamplingParams(max_new_tokens=8, stop_token_ids=stops))
 
@@ -114,7 +114,7 @@ def test_an_environment_that_raises_is_one_error_naming_it_and_the_row(tiny_mode
 def test_an_observation_that_does_not_fit_ends_the_trajectory_with_nothing_of_it_kept(tiny_model_path, tmp_path):
     cfg, tokenizer, engine = agent_setup(tiny_model_path, tmp_path)
     stops = tuple(tokenizer.convert_tokens_to_ids(list("0123456789abcdefghijklmnopqrstuvwxyz")))
-    loop, recording = MultiTurn(cfg.rollout.agent, tokenizer, response_length=12), Recording(engine)
+    loop, recording = ToolLoop(cfg.rollout.agent, tokenizer, response_length=12), Recording(engine)
     prompts = agent_prompts(tokenizer, ["hi", "12+5="])
     out = loop.run(recording, prompts, SamplingParams(max_new_tokens=8, stop_token_ids=stops))
     assert len(recording.calls) == 1  # "turn 1: go on" and its role tokens do not fit beside a turn in 12 tokens
@@ -141,7 +141,7 @@ def test_the_hf_engine_runs_only_each_turns_new_tokens_and_samples_as_when_rerun
     for continuing in (True, False):
         widths.clear()
         recording = Recording(engine, continuing)
-        out = MultiTurn(cfg.rollout.agent, tokenizer, response_length=64).run(recording, prompts, params)
+        out = ToolLoop(cfg.rollout.agent, tokenizer, response_length=64).run(recording, prompts, params)
         runs.append((out, recording.calls, list(widths)))
         assert recording.ended == 1 and engine._kept is None  # the caches are dropped after the loop
     (kept, kept_calls, kept_widths), (rerun, rerun_calls, rerun_widths) = runs

@@ -1,0 +1,64 @@
+"""Setting up agents from ``rollout.agent``: the tools named in config or in a row, and each row's environment
+(the rollout's agent loop, the dataset's prompt rendering and the SFT warm start make them the same way)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rlplat.agents.environment import Environment, ToolEnvironment, load_environment
+from rlplat.agents.parsers import TOOL_PARSERS
+from rlplat.agents.tools import TOOLS, Tool, function_tool
+from rlplat.config.errors import ConfigError
+
+
+def build_tools(specs) -> list[Tool]:
+    """Tools named in config or in a row's ``extra_info["tools"]``: built-in names (``TOOLS``),
+    ``path/to/file.py:function`` or ``package.module:function``."""
+    return [function_tool(spec) if ":" in spec else TOOLS.get(spec)() for spec in specs]
+
+
+class Environments:
+    """Makes each row's environment: the user's class (``rollout.agent.environment``: ``file.py:Class`` or
+    ``package.module:Class``), else tools (the row's
+    ``extra_info["tools"]``, else ``rollout.agent.tools``) with the configured parser and call limit.
+    Built-in tools are made once and shared (the python tool holds a sandbox's settings, not a process)."""
+
+    def __init__(self, agent_cfg):
+        self.cfg = agent_cfg
+        self.user_class = load_environment(agent_cfg.environment) if agent_cfg.environment else None
+        self._tools: dict[str, Tool] = {}
+        self.default_tools = list(agent_cfg.tools)
+
+    def tools_of(self, extra_info: Mapping | None) -> list[Tool]:
+        if self.user_class is not None:
+            return list(self.user_class.tools)
+        names = (extra_info or {}).get("tools") or self.default_tools
+        missing = [name for name in names if name not in self._tools]
+        for name, tool in zip(missing, build_tools(missing)):
+            self._tools[name] = tool
+        return [self._tools[name] for name in names]
+
+    def schemas_of(self, extra_info: Mapping | None) -> list[dict] | None:
+        """The tools' schemas for the chat template (``tools=``) of a row; None when it has none."""
+        return [tool.schema() for tool in self.tools_of(extra_info)] or None
+
+    def make(self, row: Mapping[str, Any]) -> Environment:
+        if self.user_class is not None:
+            return self.user_class()
+        return ToolEnvironment(self.tools_of(row.get("extra_info")), self.cfg.parser, self.cfg.max_tool_calls)
+
+
+def check_environment_config(agent_cfg) -> None:
+    """Start-up checks of ``rollout.agent``'s parser, tools and environment (one ConfigError line each)."""
+    if agent_cfg.parser not in TOOL_PARSERS:
+        raise ConfigError(f"rollout.agent.parser={agent_cfg.parser!r} is not registered; "
+                          f"{TOOL_PARSERS.suggestion(agent_cfg.parser)}")
+    for spec in agent_cfg.tools:
+        if ":" not in spec and spec not in TOOLS.names():
+            raise ConfigError(f"rollout.agent.tools entry {spec!r} is not a built-in tool "
+                              f"({', '.join(TOOLS.names())}) nor path/to/file.py:function or package.module:function")
+    try:
+        Environments(agent_cfg).tools_of(None)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"rollout.agent: {err}") from None
