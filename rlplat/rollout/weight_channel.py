@@ -10,8 +10,10 @@ header, which goes through Ray with the rest of the :class:`~rlplat.rollout.weig
 
 The actor sends from a thread of its own, so the trainer goes on computing while rollout workers are still
 busy with the generations submitted before the update (they receive it in their call order, bucket by
-bucket, loading each into the engine as it arrives: one bucket in memory at a time on their side). One
-update is in flight at a time: the next waits for the previous to be received.
+bucket, loading each into the engine as it arrives: one bucket in memory at a time on their side; with
+``rollout.partial=resume`` a worker receives the whole update beside the generation under way and holds it
+until it loads it between two tokens). One update is in flight at a time: the next waits for the previous
+to be received.
 """
 
 from __future__ import annotations

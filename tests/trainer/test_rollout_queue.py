@@ -15,6 +15,7 @@ from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask
 from rlplat.trainer.components import Scores, join_scores
 from rlplat.trainer.rollout_queue import RolloutQueue
+from rlplat.utils.errors import RunError
 
 PAD, RESPONSE = 9, 2
 
@@ -168,6 +169,28 @@ def test_whole_batches_are_taken_in_order():
         assert uids(batch) == [first, first + 1] and metrics["off_policy/staleness_max"] == expected_staleness
         assert "rollout/dropped_groups" not in metrics and "scores" not in batch.meta
     assert [rank for _, rank, _ in trainer.calls] == [None, None, None]  # split over the pool
+    queue.close()
+
+
+def test_samples_older_than_k_updates_stop_the_run_naming_their_versions():
+    # the queue drops calls before they grow too old; the check after a take is the backstop for a rollout pool that
+    # reports other weights than those it was sent (a bug): here a pool that always samples with weights 0
+    class Stale(Scripted):
+        def push_weights(self, version):
+            pass
+
+    trainer = Stale(ahead=1, stream=0, batch=2, steps=4, workers=1)
+    queue = queue_of(trainer, score_ahead=False)
+    queue.start(0)
+    for first in (0, 2):  # staleness 0, then 1: within K = 1
+        step(trainer, queue, release=[first])
+    trainer.step += 1
+    trainer.gates[4].set()  # the call of step 3, submitted at step 2 after the weights of update 1
+    with pytest.raises(RunError, match=r"step 3 got samples of policy versions \[0\] for weights of update 2: outside "
+                                       r"trainer.async_steps=1 \(a bug in the rollout queue; please report it\)"):
+        queue.take(trainer.step, {})
+    for gate in trainer.gates.values():
+        gate.set()
     queue.close()
 
 
