@@ -186,12 +186,14 @@ def test_samples_older_than_k_updates_stop_the_run_naming_their_versions():
         step(trainer, queue, release=[first])
     trainer.step += 1
     trainer.gates[4].set()  # the call of step 3, submitted at step 2 after the weights of update 1
-    with pytest.raises(RunError, match=r"step 3 got samples of policy versions \[0\] for weights of update 2: outside "
-                                       r"trainer.async_steps=1 \(a bug in the rollout queue; please report it\)"):
-        queue.take(trainer.step, {})
-    for gate in trainer.gates.values():
-        gate.set()
-    queue.close()
+    try:
+        with pytest.raises(RunError, match=r"step 3 got samples of policy versions \[0\] for weights of update 2: "
+                                           r"outside trainer.async_steps=1 \(a bug in the rollout queue; please report it\)"):
+            queue.take(trainer.step, {})
+    finally:  # the call submitted for step 4 is released, so its thread ends
+        for gate in trainer.gates.values():
+            gate.set()
+        queue.close()
 
 
 def test_scores_of_several_calls_join_as_those_of_all_their_rows():
