@@ -209,11 +209,6 @@ class TrainingEngine(ABC):
         without a copy); None otherwise. Tied weights appear under each name, as the same tensor."""
         return None
 
-    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every (name, full tensor), as trained (for export and checks). Collective."""
-        for bucket in self.export_weights():
-            yield from bucket
-
     def close(self) -> None:
         """Release what the engine holds beyond its tensors (e.g. process-group state) before the worker's
         process group is destroyed."""

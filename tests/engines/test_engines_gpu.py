@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.workers.roles import ActorRolloutRefWorker
 
-from workers.helpers import engine_config, prompt_batch, reference_log_probs, with_training_fields
+from workers.helpers import engine_config, full_weights, prompt_batch, reference_log_probs, with_training_fields
 
 pytestmark = pytest.mark.gpu
 
@@ -48,7 +48,7 @@ def test_cuda_rollout_log_probs_update_and_sync(tiny_model_path, precision):
         group.generate_sequences(prompt_batch(tiny_model_path))  # sends the weights, bucketed, in bf16/fp32
         after = worker.rollout.model.state_dict()
         assert any(not torch.equal(before[k], after[k]) for k in before)
-        trained = dict(worker.actor.full_weights())
+        trained = dict(full_weights(worker.actor))
         for name, tensor in after.items():
             torch.testing.assert_close(tensor, trained[name].to(tensor.dtype))
     finally:
@@ -73,7 +73,7 @@ def test_cuda_megatron_matches_fsdp(tiny_model_path, precision):
                 rollout = group.generate_sequences(prompt_batch(tiny_model_path, temperature=0.8))
             log_probs = group.compute_log_probs(rollout).tensors["old_log_probs"]
             metrics = group.update_actor(with_training_fields(rollout))[0]
-            weights = {name: t.detach().float().cpu() for name, t in group.worker.actor.full_weights()}
+            weights = {name: t.detach().float().cpu() for name, t in full_weights(group.worker.actor)}
             results[strategy] = log_probs, metrics, weights
         finally:
             group.shutdown()

@@ -12,9 +12,26 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlplat.engines.dist import free_port
 from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_sources,
-                                             hf_split_dim, hf_to_megatron, megatron_from_hf, megatron_name, megatron_to_hf, stage_layers,
-                                             tp_slice)
+                                             hf_split_dim, megatron_from_hf, megatron_name, stage_layers, tp_slice)
 from rlplat.models.tiny import TinyModelSpec, build_tiny_model
+
+
+# whole-model conversions, composed of the per-rank ones the engine uses
+def hf_to_megatron(hf: dict[str, torch.Tensor], shape: GPTShape, tp: int = 1) -> list[dict[str, torch.Tensor]]:
+    """One Megatron state dict per tensor-parallel rank from a whole Hugging Face state dict (one stage)."""
+    shape.check_tp(tp)
+    names = dict.fromkeys(megatron_name(name) for name in hf if not (name == "lm_head.weight" and shape.tied_embeddings))
+    return [{name: t.clone() for name, t in megatron_from_hf(
+        {name: tp_slice(t, hf_split_dim(name), tp, rank) for name, t in hf.items()}, shape, tp, rank, names).items()}
+        for rank in range(tp)]
+
+
+def megatron_to_hf(shards: list[dict[str, torch.Tensor]], shape: GPTShape) -> dict[str, torch.Tensor]:
+    """The Hugging Face state dict from every tensor-parallel rank's Megatron state dict (the inverse of
+    :func:`hf_to_megatron`; vocabulary padding is dropped)."""
+    pieces = [hf_from_megatron(shard, shape, len(shards), rank) for rank, shard in enumerate(shards)]
+    return {name: tensor if (dim := hf_split_dim(name)) is None else torch.cat([p[name] for p in pieces], dim)
+            for name, tensor in pieces[0].items()}
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])

@@ -12,7 +12,7 @@ from rlplat.config import ConfigError
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool
 from rlplat.trainer.run import load_run_config
 from rlplat.workers.roles import ActorRolloutRefWorker
-from workers.helpers import engine_config, prompt_batch, reference_log_probs, single_process_step, with_training_fields
+from workers.helpers import engine_config, full_weights, prompt_batch, reference_log_probs, single_process_step, with_training_fields
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (pip install -e '.[megatron]')")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -76,14 +76,14 @@ def test_tp1_in_process_matches_unsharded(tiny_model_path, recompute):
         initial = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).state_dict()
         trained = group.actor_weights()[0]
         group.sync_reference(0.5)
-        mixed = dict(group.worker.ref.full_weights())
+        mixed = dict(full_weights(group.worker.ref))
         for name, tensor in trained.items():
             torch.testing.assert_close(mixed[name], 0.5 * initial[name] + 0.5 * tensor, atol=1e-6, rtol=0)
         group.sync_reference(1.0)
-        assert all(torch.equal(t, trained[name]) for name, t in group.worker.ref.full_weights())
+        assert all(torch.equal(t, trained[name]) for name, t in full_weights(group.worker.ref))
         # streamed: one unit per bucket, each Megatron tensor blended once its Hugging Face weights are in
         group.worker.ref.blend_weights([[(n, initial[n])] for n in initial], 1.0)
-        assert all(torch.equal(t, initial[name]) for name, t in group.worker.ref.full_weights())
+        assert all(torch.equal(t, initial[name]) for name, t in full_weights(group.worker.ref))
     finally:
         group.shutdown()
 
@@ -307,7 +307,7 @@ def test_cpu_redirections_last_only_while_megatron_runs(tiny_model_path):
         engine.backward(engine.forward(out, grad=True).log_probs.sum())  # outside the schedule: the same
         assert_originals(originals)
         assert seen and set(seen) == {"cpu"}
-        dict(engine.full_weights())
+        dict(full_weights(engine))
         assert_originals(originals)
     finally:
         group.shutdown()

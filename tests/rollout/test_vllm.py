@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.workers.roles import ActorRolloutRefWorker, RolloutWorker
 from workers.helpers import (
-    ECHO_ENVIRONMENT, agent_prompts, check_rollout_layout, check_trajectories, engine_config, prompt_batch,
+    ECHO_ENVIRONMENT, agent_prompts, check_rollout_layout, check_trajectories, engine_config, full_weights, prompt_batch,
     reference_log_probs, with_training_fields,
 )
 
@@ -63,7 +63,7 @@ def test_after_an_update_vllm_samples_from_the_new_weights(vllm_group, tiny_mode
     torch.testing.assert_close(vllm_lp[mask], trainer[mask], atol=1e-3, rtol=0)  # ... and vLLM has it
     # a weight vLLM keeps unpacked is bit-for-bit the actor's
     torch.testing.assert_close(worker.rollout.named_weights()["model.norm.weight"],
-                               dict(worker.actor.full_weights())["model.norm.weight"], atol=0, rtol=0)
+                               dict(full_weights(worker.actor))["model.norm.weight"], atol=0, rtol=0)
 
 
 def test_a_weight_update_offered_during_generation_is_loaded_between_two_vllm_steps(vllm_group, tiny_model_path):
@@ -77,7 +77,7 @@ def test_a_weight_update_offered_during_generation_is_loaded_between_two_vllm_st
     group, _ = vllm_group
     worker = group.worker
     engine = worker.rollout
-    current = dict(worker.actor.full_weights())
+    current = dict(full_weights(worker.actor))
     torch.manual_seed(1)
     spread = {name: tensor + torch.randn_like(tensor) for name, tensor in current.items()}
     models = {}

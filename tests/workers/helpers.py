@@ -33,6 +33,11 @@ def engine_config(model_path: str, workers: int = 1, extra: list[str] | None = N
     return load_run_config(overrides + list(extra or []))
 
 
+def full_weights(engine) -> list[tuple[str, torch.Tensor]]:
+    """Every (name, full tensor) of a training engine, as trained: its export buckets, joined. Collective."""
+    return [pair for bucket in engine.export_weights() for pair in bucket]
+
+
 def prompt_batch(model_path: str, n: int = 8, temperature: float = 1.0) -> Batch:
     tok = AutoTokenizer.from_pretrained(model_path)
     texts = [

@@ -36,7 +36,7 @@ embedding (Megatron-Core keeps the copies equal by summing their gradients).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -261,20 +261,3 @@ def stage_layers(shape: GPTShape, pp: int, stage: int) -> range:
     """The (global) layers pipeline stage ``stage`` of ``pp`` holds."""
     per_stage = shape.num_layers // pp
     return range(stage * per_stage, (stage + 1) * per_stage)
-
-
-def hf_to_megatron(hf: Tensors, shape: GPTShape, tp: int = 1) -> list[dict[str, torch.Tensor]]:
-    """One Megatron state dict per tensor-parallel rank from a whole Hugging Face state dict (one stage)."""
-    shape.check_tp(tp)
-    names = dict.fromkeys(megatron_name(name) for name in hf if not (name == "lm_head.weight" and shape.tied_embeddings))
-    return [{name: t.clone() for name, t in megatron_from_hf(
-        {name: tp_slice(t, hf_split_dim(name), tp, rank) for name, t in hf.items()}, shape, tp, rank, names).items()}
-        for rank in range(tp)]
-
-
-def megatron_to_hf(shards: Sequence[Tensors], shape: GPTShape) -> dict[str, torch.Tensor]:
-    """The Hugging Face state dict from every tensor-parallel rank's Megatron state dict (the inverse of
-    :func:`hf_to_megatron`; vocabulary padding is dropped)."""
-    pieces = [hf_from_megatron(shard, shape, len(shards), rank) for rank, shard in enumerate(shards)]
-    return {name: tensor if (dim := hf_split_dim(name)) is None else torch.cat([p[name] for p in pieces], dim)
-            for name, tensor in pieces[0].items()}

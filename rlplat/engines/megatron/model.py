@@ -71,7 +71,7 @@ class ValueHead(torch.nn.Module):
 def build_gpt_model(hf_config, params_dtype: torch.dtype = torch.float32, pre_process: bool = True,
                     post_process: bool = True, value_head: bool = False, **parallel):
     """The (this rank's shard of the) ``GPTModel`` for ``hf_config``, randomly initialised: load weights
-    with :func:`rlplat.engines.megatron.convert.hf_to_megatron` (and ``to_stage``). ``pre_process``: this
+    with :func:`rlplat.engines.megatron.convert.megatron_from_hf` (each rank its own). ``pre_process``: this
     pipeline stage holds the embedding; ``post_process``: the final norm and the output layer, which
     ``value_head`` replaces by a :class:`ValueHead` (a critic)."""
     from megatron.core.models.gpt import GPTModel
