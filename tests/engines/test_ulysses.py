@@ -122,6 +122,53 @@ def test_a_sequence_split_over_ranks_gives_the_unsharded_log_probs_and_gradients
             torch.testing.assert_close(sharded_grads[name], grad, atol=1e-5, rtol=1e-5, msg=f"{packed=} {name}")
 
 
+def _engine_step(rank: int, size: int, port: int, model_path: str, folder: str) -> None:
+    """One worker of an actor group with actor.fsdp.ulysses_size = the world (one replica), in a spawned process
+    without Ray: each rank gets the whole batch, as the group's dispatch gives a replica's ranks."""
+    from workers.helpers import engine_config
+
+    from rlplat.workers.roles import ActorRolloutRefWorker
+
+    cfg, plan = engine_config(model_path, workers=size, extra=[f"actor.fsdp.ulysses_size={size}"])
+    worker = ActorRolloutRefWorker(rank=rank, world_size=size, device="cpu", cfg=cfg, plan=plan)
+    worker.setup_distributed(("127.0.0.1", port))
+    try:
+        worker.init_model(model_path, with_ref=False)
+        metrics = worker.update_actor(torch.load(f"{folder}/batch.pt", weights_only=False))
+        torch.save(metrics, f"{folder}/metrics{rank}.pt")
+    finally:
+        worker.close()
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def test_an_engine_splitting_sequences_scales_its_loss_by_the_replicas_not_the_workers(tiny_model_path, tmp_path):
+    # FSDP averages the gradients over the 2 workers and every rank of a replica computes the replica's loss: the
+    # engine multiplies its loss by the data-parallel size (1), not the world size (2), or the gradient doubles.
+    # The engine's own path in 2 spawned gloo processes (the Ray tests below run the whole worker group)
+    from workers.helpers import engine_config, prompt_batch, unsharded_step, with_training_fields
+
+    from rlplat.controller import InProcessWorkerGroup
+    from rlplat.workers.roles import ActorRolloutRefWorker
+
+    cfg, plan = engine_config(tiny_model_path)
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(tiny_model_path, with_ref=False)
+        torch.manual_seed(0)
+        train = with_training_fields(group.generate_sequences(prompt_batch(tiny_model_path, temperature=1.0)))
+    finally:
+        group.shutdown()
+    torch.save(train, tmp_path / "batch.pt")
+    mp.start_processes(_engine_step, args=(2, free_port(), tiny_model_path, str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    reference = unsharded_step(tiny_model_path, cfg, train, plan.loss_scale_factor)
+    for rank in range(2):
+        metrics = torch.load(tmp_path / f"metrics{rank}.pt", weights_only=False)
+        assert metrics["grad_norm"] == pytest.approx(reference.grad_norm, rel=1e-5), rank
+        assert metrics["actor/pg_loss"] == pytest.approx(reference.metrics["actor/pg_loss"], rel=1e-5, abs=1e-7)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [2, 4])
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
