@@ -22,11 +22,9 @@ row's ``data_source``.
 """
 
 from rlplat.reward.equivalence import math_equal, normalize_math
-from rlplat.reward.isolation import RewardsFailing
+from rlplat.reward.errors import BadRewardValue, RewardConfigError, RewardsFailing, UnknownDataSourceError
 from rlplat.reward.scorers import (
     REWARD_FUNCTIONS,
-    RewardConfigError,
-    UnknownDataSourceError,
     last_boxed,
     load_custom_function,
     safe_arithmetic,
@@ -48,7 +46,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "REWARD_FUNCTIONS", "ModelScores", "OverlongShaping", "RewardConfigError", "RewardManager", "RewardsFailing", "ScoreResult",
+    "REWARD_FUNCTIONS", "BadRewardValue", "ModelScores", "OverlongShaping", "RewardConfigError", "RewardManager", "RewardsFailing", "ScoreResult",
     "UnknownDataSourceError", "build_reward_manager", "last_boxed", "load_custom_function", "math_equal", "normalize_math",
     "safe_arithmetic", "scorer_for", "token_level_scores",
 ]

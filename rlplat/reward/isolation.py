@@ -35,6 +35,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlplat.reward.errors import BadRewardValue, RewardConfigError, RewardsFailing, UnknownDataSourceError
+
 # (score, acc or None, extra numeric fields) or an error message.
 Outcome = tuple[float, "float | None", dict[str, float]] | str
 Row = tuple[str, str, str, Any, Any]  # (data_source, solution_str, ground_truth, extra_info, prompt or None)
@@ -45,10 +47,6 @@ STARTUP_TIMEOUT_S = 120.0
 
 def function_name(fn: Callable) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
-
-
-class BadRewardValue(ValueError):
-    """A reward function returned something that is not a usable score."""
 
 
 def _finite(value: Any) -> float | None:
@@ -106,7 +104,6 @@ def call_one(fn: Callable, name: str, index: int, row: Row) -> Outcome:
     """One checked call, ``fn(data_source, solution_str, ground_truth, extra_info)`` (+ ``prompt=`` the
     prompt's chat messages when :func:`takes_prompt`); an exception or a bad value becomes an error message
     (the first line of which names the function, the sample and the value or exception)."""
-    from rlplat.reward.scorers import UnknownDataSourceError
 
     try:
         value = fn(*row[:4], prompt=row[4]) if takes_prompt(fn) else fn(*row[:4])
@@ -151,7 +148,6 @@ def _spec(fn: Callable) -> tuple:
     try:
         return ("pickle", pickle.dumps(fn))
     except Exception as err:
-        from rlplat.reward.scorers import RewardConfigError
 
         raise RewardConfigError(f"reward function {function_name(fn)!r} cannot be sent to the reward worker "
                                 f"process ({err}); define it at module level or set reward.isolation=inprocess"
@@ -198,7 +194,7 @@ def serve(fd: int) -> None:
     _exit_with_parent()
     from multiprocessing.connection import Connection
 
-    from rlplat.reward.scorers import UnknownDataSourceError, load_custom_function
+    from rlplat.reward.scorers import load_custom_function
 
     conn = Connection(fd)
     path, main, specs, names = conn.recv()
@@ -251,7 +247,6 @@ class ProcessExecutor:
 
     def __init__(self, functions: Sequence[Callable], names: Sequence[str], timeout_s: float):
         if os.environ.get(WORKER_ENV):
-            from rlplat.reward.scorers import RewardConfigError
 
             raise RewardConfigError("the reward worker process runs the script that defines a reward function "
                                     "to load it, and the script started a run there: put the script's start "
@@ -266,7 +261,6 @@ class ProcessExecutor:
         from multiprocessing import Pipe
 
         import rlplat
-        from rlplat.reward.scorers import RewardConfigError
 
         self._conn, child = Pipe()
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(rlplat.__file__)))
@@ -314,7 +308,6 @@ class ProcessExecutor:
             self._start()
 
     def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[Outcome]:
-        from rlplat.reward.scorers import UnknownDataSourceError
 
         out: list[Outcome] = []
         while len(out) < len(rows):
@@ -355,15 +348,6 @@ class ProcessExecutor:
             except (OSError, ValueError):
                 pass
         self._stop()
-
-
-class RewardsFailing(RuntimeError):
-    """A batch's reward calls were stopped early: ``errors`` of the calls made so far failed, enough to stop
-    the step (the message says why); ``first_error`` is the first one's first line."""
-
-    def __init__(self, message: str, errors: int, first_error: str):
-        super().__init__(message)
-        self.errors, self.first_error = errors, first_error
 
 
 class _PoolBatch:

@@ -30,13 +30,9 @@ import torch
 from rlplat.algorithms.reward_shaping import OverlongShaping
 from rlplat.config.validate import reward_weights_problem
 from rlplat.registry import UnknownNameError
+from rlplat.reward.errors import RewardConfigError
 from rlplat.reward.isolation import InProcessExecutor, ProcessPool, function_name
-from rlplat.reward.scorers import (
-    REWARD_FUNCTIONS,
-    ModelScored,
-    RewardConfigError,
-    load_custom_function,
-)
+from rlplat.reward.scorers import REWARD_FUNCTIONS, ModelScored, load_custom_function
 
 
 @dataclass

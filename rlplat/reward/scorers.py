@@ -32,20 +32,13 @@ from typing import Any
 from rlplat.registry import Registry
 from rlplat.utils.files import import_file
 from rlplat.reward.code import CodeScorer
+from rlplat.reward.errors import UnknownDataSourceError
 from rlplat.reward.equivalence import braced, exact_number, math_equal
 
 RewardFn = Callable[[str, str, str, "dict | None"], float]
 REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function")
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-class RewardConfigError(ValueError):
-    """The reward config cannot be used: a custom function that does not load, bad weights, ..."""
-
-
-class UnknownDataSourceError(RewardConfigError):
-    """``auto`` has no scorer for a data_source: a configuration problem, not a sample's."""
 
 
 # ---------------------------------------------------------------------------------------------- arithmetic

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from rlplat.reward import RewardManager, build_reward_manager
-from rlplat.reward.isolation import BadRewardValue, check_result
+from rlplat.reward.errors import BadRewardValue
+from rlplat.reward.isolation import check_result
 from rlplat.trainer.metrics import validation_metrics
 
 ROW = ("src", "text", "42", {})

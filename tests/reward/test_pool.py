@@ -14,7 +14,7 @@ import pytest
 from processes import all_gone, children
 
 from rlplat.reward import build_reward_manager
-from rlplat.reward.isolation import RewardsFailing
+from rlplat.reward.errors import RewardsFailing
 
 HANGS = "import time\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" \
         "    time.sleep(3600)\n"
@@ -79,12 +79,12 @@ def test_enough_failures_stop_a_batch_early(tmp_path):
         manager.close()
 
 
-KILLED_TRAINER = f"""
+KILLED_TRAINER = """
 import sys
 from rlplat.reward import build_reward_manager
-manager = build_reward_manager({{"custom_fn": {{"path": sys.argv[1]}}, "timeout_s": 600, "num_workers": 2}})
+manager = build_reward_manager({"custom_fn": {"path": sys.argv[1]}, "timeout_s": 600, "num_workers": 2})
 print("scoring", flush=True)
-manager.score(["7"] * 4, ["s"] * 4, ["7"] * 4, [{{}}] * 4, [1] * 4)
+manager.score(["7"] * 4, ["s"] * 4, ["7"] * 4, [{}] * 4, [1] * 4)
 """
 
 
