@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker
 
-from workers.helpers import check_rollout_layout, engine_config, prompt_batch, reference_log_probs, single_process_step, with_training_fields
+from workers.helpers import check_rollout_layout, engine_config, full_weights, prompt_batch, reference_log_probs, single_process_step, with_training_fields
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_one_worker_rollout_reads_the_actors_weights_without_a_copy(inprocess_gr
     group.update_actor(with_training_fields(out))
     synced = group.generate_sequences(prompt_batch(tiny_model_path))
     assert synced.meta["weight_sync_s"] < 0.01  # nothing to copy
-    trained = dict(worker.actor.full_weights())
+    trained = dict(full_weights(worker.actor))
     for name, tensor in worker.rollout.model.state_dict().items():
         assert torch.equal(tensor, trained[name])  # the update is what the rollout samples from
     updated = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
@@ -86,7 +86,7 @@ def test_inprocess_update_then_rollout_moves_rollout_to_new_weights(inprocess_gr
     assert synced.meta["weight_sync_s"] > 0 and not worker.weights_stale
     after = worker.rollout.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the rollout model changed
-    trained = dict(worker.actor.full_weights())
+    trained = dict(full_weights(worker.actor))
     for name, tensor in after.items():
         torch.testing.assert_close(tensor, trained[name])
     # the rollout engine's logits are the updated model's
@@ -96,7 +96,7 @@ def test_inprocess_update_then_rollout_moves_rollout_to_new_weights(inprocess_gr
     with torch.no_grad():
         torch.testing.assert_close(worker.rollout.model(ids).logits, updated(ids).logits, atol=1e-5, rtol=0)
     # the reference policy did not move
-    ref_weights = dict(worker.ref.full_weights())
+    ref_weights = dict(full_weights(worker.ref))
     assert torch.equal(ref_weights["model.norm.weight"], before["model.norm.weight"])
 
 

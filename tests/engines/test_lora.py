@@ -19,7 +19,7 @@ from rlplat.trainer.run import load_run_config
 from rlplat.workers.engine_setup import build_training_engine
 from rlplat.workers.roles import ActorRolloutRefWorker
 
-from workers.helpers import engine_config, prompt_batch, reference_log_probs, with_training_fields
+from workers.helpers import engine_config, full_weights, prompt_batch, reference_log_probs, with_training_fields
 
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "algorithm.use_kl_loss=true"]
 
@@ -162,7 +162,7 @@ def test_lora_on_two_fsdp_workers_is_the_one_worker_update_and_checkpoint(ray_cl
         train = with_training_fields(out)
         sharded.update_actor(train)
         single.update_actor(train)
-        merged_sharded, merged_single = sharded.actor_weights()[0], dict(single.worker.actor.full_weights())
+        merged_sharded, merged_single = sharded.actor_weights()[0], dict(full_weights(single.worker.actor))
         assert merged_sharded.keys() == merged_single.keys()
         for name, tensor in merged_single.items():
             torch.testing.assert_close(merged_sharded[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
@@ -175,7 +175,7 @@ def test_lora_on_two_fsdp_workers_is_the_one_worker_update_and_checkpoint(ray_cl
         torch.testing.assert_close(ref[mask], expected[mask], atol=1e-5, rtol=0)  # the base model's
         sharded.save_checkpoint(str(tmp_path / "ckpt"))
         single.load_checkpoint(str(tmp_path / "ckpt"))
-        restored = dict(single.worker.actor.full_weights())
+        restored = dict(full_weights(single.worker.actor))
         for name, tensor in merged_sharded.items():
             torch.testing.assert_close(restored[name], tensor, atol=1e-6, rtol=1e-5, msg=name)
     finally:
@@ -197,7 +197,7 @@ def test_the_rollout_engine_samples_the_trained_policy_with_either_sync(tiny_mod
         group.update_actor(with_training_fields(group.generate_sequences(prompts)))
         out = group.generate_sequences(prompts)  # sends the update first
         adapters = sum(p.numel() * 4 for n, p in worker.actor.model.named_parameters() if "lora_" in n)
-        whole = sum(t.numel() * 4 for _, t in worker.actor.full_weights())
+        whole = sum(t.numel() * 4 for _, t in full_weights(worker.actor))
         assert out.meta["weight_sync_mb"] * 2**20 == (adapters if sync == "adapter" else whole)
         policy = group.compute_log_probs(out).tensors["old_log_probs"]
         mask = out.tensors["response_mask"].bool()

@@ -11,7 +11,7 @@ from rlplat.controller import InProcessWorkerGroup
 from rlplat.protocol import Batch
 from rlplat.engines.base import MicroBatching, micro_batches
 from rlplat.workers.roles import ActorRolloutRefWorker
-from workers.helpers import engine_config, prompt_batch, with_training_fields
+from workers.helpers import engine_config, full_weights, prompt_batch, with_training_fields
 
 
 class Replicas:
@@ -59,7 +59,7 @@ def test_a_token_budget_gives_the_same_update_as_sequence_counts(tiny_model_path
                 pieces = micro_batches(group.worker.actor, batch, MicroBatching(100, budget))
                 assert len(pieces) > 2 and max(int(p.tensors["attention_mask"].sum()) for p in pieces) <= budget
             group.update_actor(batch)
-            weights[budget] = dict(group.worker.actor.full_weights())
+            weights[budget] = dict(full_weights(group.worker.actor))
         finally:
             group.shutdown()
     for name, tensor in weights[None].items():
