@@ -137,8 +137,8 @@ class Checkpointer:
             _write_atomic(self.root / "latest", final.name)
         except Exception as err:  # a full disk, a worker failing to write: keep what was there
             shutil.rmtree(partial, ignore_errors=True)
-            previous = (self.root / "latest").read_text().strip() if (self.root / "latest").exists() else None
-            kept = f"the previous checkpoint {self.root / previous} and checkpoints/latest are intact" if previous \
+            previous = self.newest()
+            kept = f"the previous checkpoint {previous} and checkpoints/latest are intact" if previous \
                 else "no earlier checkpoint exists"
             raise RunError(f"saving the checkpoint of step {step} to {final} failed "
                            f"({_reason(err)}); {kept}") from err
@@ -195,12 +195,9 @@ class Checkpointer:
                                f"disable, or a checkpoints/step_XXXXXX directory")
             return path
         candidates = self.steps()
-        latest = self.root / "latest"
-        if latest.exists():
-            named = self.root / latest.read_text().strip()
-            if named not in candidates:
-                print(f"[checkpoint] warning: checkpoints/latest names {named.name}, which does not exist; "
-                      f"looking for the newest good checkpoint", flush=True)
+        if (named := self.newest()) is not None and named not in candidates:
+            print(f"[checkpoint] warning: checkpoints/latest names {named.name}, which does not exist; "
+                  f"looking for the newest good checkpoint", flush=True)
         problems = []
         for path in candidates:
             problem = verify(path)
