@@ -12,6 +12,7 @@ This is how rlplat warm-starts its embedded tiny model before RL (RL from random
 from __future__ import annotations
 
 import argparse
+import fcntl
 import functools
 import shutil
 import sys
@@ -134,8 +135,16 @@ def ensure_embedded_model(name: str = EMBEDDED) -> Path:
         return target
     base = ensure_embedded_model() if name == EMBEDDED_TOOLS else None
     target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:  # a second process waits for the first's build
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").exists():
+            return target
+        return _build_embedded_model(target, base)
+
+
+def _build_embedded_model(target: Path, base: Path | None) -> Path:
     warm = TOOL_WARM_START if base else WARM_START
-    print(f"[embedded] building {name} and warm-starting it with SFT ({warm['steps']} steps) -> {target}", flush=True)
+    print(f"[embedded] building {target.name} and warm-starting it with SFT ({warm['steps']} steps) -> {target}", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
         out = Path(tmp) / "sft"
         if base is None:
@@ -149,8 +158,6 @@ def ensure_embedded_model(name: str = EMBEDDED) -> Path:
             run_sft(str(base), [str(data)], str(out), warm["steps"], warm["batch_size"], warm["lr"],
                     micro_batch_size=warm["batch_size"], max_response_length=warm["max_response_length"],
                     seed=warm["seed"])
-        if target.exists():  # another process finished first
-            return target
         shutil.move(str(out), str(target))
     return target
 
