@@ -19,6 +19,6 @@ fi
 if [ $# -eq 0 ] && [ -z "${RLPLAT_SKIP_VLLM:-}" ]; then
   bash scripts/setup_vllm.sh
   RLPLAT_REQUIRE_VLLM=1 "${RLPLAT_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest tests/rollout tests/trainer/test_learning.py \
-    tests/examples/test_scripts.py tests/tools/test_export.py tests/config/test_doc_commands.py -k vllm
+    tests/examples/test_scripts.py tests/tools/test_export.py tests/config/test_doc_commands.py -k vllm --durations=10
 fi
 "$venv/bin/python" -m pytest --durations=15 "${@:-tests}"  # the 15 slowest tests, for the budgets of docs/testing.md
