@@ -261,10 +261,6 @@ class VLLMRolloutEngine(RolloutEngine):
             self.llm.wake_up(tags=list(tags))
             self._asleep = "kv_cache" not in tags  # the engine is usable once its KV cache is back
 
-    def named_weights(self) -> dict[str, torch.Tensor]:
-        """vLLM's weights under its own names (CPU copies), for tests and debugging."""
-        return self.llm.collective_rpc("rlplat_named_weights")[0]
-
 
 def _sampled(out) -> tuple[list[int], list[float]]:
     """A request output's sampled ids and each one's log-prob."""

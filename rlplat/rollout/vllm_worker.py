@@ -56,7 +56,3 @@ class RLPlatWeightReceiver:
 
             with set_current_vllm_config(self.vllm_config):
                 functions[1](self.model_runner.get_model(), self.vllm_config.model_config)
-
-    def rlplat_named_weights(self) -> dict:
-        """The worker's weights under vLLM's names (CPU copies), for tests and debugging."""
-        return {name: p.detach().cpu().clone() for name, p in self.model_runner.get_model().named_parameters()}

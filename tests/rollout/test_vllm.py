@@ -42,6 +42,11 @@ def test_generates_n_samples_per_prompt_with_the_trainers_log_probs(vllm_group, 
     torch.testing.assert_close(recomputed[mask], out.tensors["rollout_log_probs"][mask], atol=1e-3, rtol=0)
 
 
+def norm_weight(vllm_worker) -> torch.Tensor:
+    """The final norm's weight as vLLM holds it (run in vLLM's worker by ``collective_rpc``)."""
+    return dict(vllm_worker.model_runner.get_model().named_parameters())["model.norm.weight"].detach().cpu().clone()
+
+
 def test_after_an_update_vllm_samples_from_the_new_weights(vllm_group, tiny_model_path):
     group, _ = vllm_group
     worker = group.worker
@@ -62,7 +67,7 @@ def test_after_an_update_vllm_samples_from_the_new_weights(vllm_group, tiny_mode
     assert moved > 0.05, moved  # the update really changed the policy ...
     torch.testing.assert_close(vllm_lp[mask], trainer[mask], atol=1e-3, rtol=0)  # ... and vLLM has it
     # a weight vLLM keeps unpacked is bit-for-bit the actor's
-    torch.testing.assert_close(worker.rollout.named_weights()["model.norm.weight"],
+    torch.testing.assert_close(worker.rollout.llm.collective_rpc(norm_weight)[0],
                                dict(full_weights(worker.actor))["model.norm.weight"], atol=0, rtol=0)
 
 
