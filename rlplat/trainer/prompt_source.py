@@ -29,8 +29,9 @@ class PromptSource:
 
     def draw(self, count: int) -> tuple[list[int | dict], list[int]]:
         """The next ``count`` prompts (dataset indices, or rows the hook queued) and their new group numbers."""
-        queued, self.queued = self.queued[:count], self.queued[count:]
-        entries = queued + self.components.sampler.next_batch(count - len(queued)) if len(queued) < count else queued
+        entries, self.queued = self.queued[:count], self.queued[count:]
+        if len(entries) < count:  # the hook's queue first, then the sampler
+            entries += self.components.sampler.next_batch(count - len(entries))
         return entries, self.number(len(entries))
 
     def number(self, count: int) -> list[int]:
