@@ -36,7 +36,10 @@ def running(model_path: str, params_dtype: str, device: str = "cpu") -> Iterator
 def masters(group) -> dict[str, torch.Tensor]:
     """The actor's fp32 master copies under Hugging Face names."""
     engine = group.worker.actor
-    return {name: t.detach().cpu().clone() for name, t in engine._to_hf(engine._masters_here()).items()}
+    from rlplat.engines.megatron.checkpoint import masters_here
+
+    here = masters_here(engine.model, engine.optim)
+    return {name: t.detach().cpu().clone() for name, t in engine.shards.to_hf(here).items()}
 
 
 def rounded_masters_are_the_weights(group) -> None:

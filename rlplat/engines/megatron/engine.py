@@ -17,7 +17,7 @@ Options (``<role>.megatron.*``): sequence parallelism, activation recomputation,
 the data-parallel replicas (:mod:`rlplat.engines.optim`), bf16 compute on a GPU, bf16 weights stepped
 through fp32 master copies (``params_dtype=bf16``). Checkpoints are
 torch.distributed.checkpoint directories of Hugging Face-named slices, so they load into any parallel
-layout (``_checkpoint_state``). docs/megatron.md has the whole picture.
+layout (:mod:`rlplat.engines.megatron.checkpoint`). docs/megatron.md has the whole picture.
 
 On CPU (tests, small runs) Megatron-Core's CUDA-only calls are pointed at the CPU for the length of each
 of the engine's calls into it (:mod:`rlplat.engines.megatron.cpu`, entered by :func:`_runs_megatron`),
@@ -34,12 +34,13 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, add_metrics, blend_, check_blended,
-                                 check_mixed_precision, load_rank_state, micro_batches, save_rank_state)
+from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, add_metrics, check_mixed_precision,
+                                 load_rank_state, micro_batches, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
 from rlplat.engines.megatron import cpu
-from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_sources,
-                                             hf_split_dim, megatron_from_hf, megatron_name, stage_layers, tp_slice)
+from rlplat.engines.megatron.checkpoint import checkpoint_state, load_checkpoint_state, masters_here
+from rlplat.engines.megatron.convert import GPTShape, data_parallel_size, megatron_name
+from rlplat.engines.megatron.shards import RankShards
 from rlplat.engines.megatron.model import build_gpt_model, no_grad_at
 from rlplat.engines.megatron.vocab_parallel import mask_vocab_padding, vocab_parallel_outputs
 from rlplat.engines.optim import Optimizer
@@ -182,7 +183,6 @@ class MegatronEngine(TrainingEngine):
         self.compute = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         self.tied_output = self.shape.tied_embeddings and not value_head  # the output layer is the embedding
         hf, padding_idx = _hf_weights(model_path, model_cfg, value_head, self.device)
-        self.hf_names = list(hf)  # exported under these names (a tied lm_head included, as HF lists it)
         recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1} \
             if engine_cfg.recompute_activations else {}
         building = cpu.building() if self.device.type == "cpu" else contextlib.nullcontext()
@@ -192,12 +192,13 @@ class MegatronEngine(TrainingEngine):
                                           value_head=value_head, tensor_model_parallel_size=tp,
                                           pipeline_model_parallel_size=pp, calculate_per_token_loss=True,
                                           sequence_parallel=self.sequence_parallel, **recompute)
-        self.first_layer = stage_layers(self.shape, pp, self.pp_rank).start
-        self.names = [name for name in self._model.state_dict() if not name.endswith("_extra_state")]
+        names = [name for name in self._model.state_dict() if not name.endswith("_extra_state")]
+        self.shards = RankShards(self.shape, tp, self.tp_rank, pp, self.pp_rank, names, list(hf), self.tied_output,
+                                 self.tp_group, self.pp_group, self.device)
         try:
-            for name in self.hf_names:
+            for name in self.shards.hf_names:
                 megatron_name(name)
-            weights = self._from_hf(hf)
+            weights = self.shards.from_hf(hf)
         except ValueError as err:
             raise ValueError(f"{model_path}: {err}; only dense Qwen2 / Llama models convert to Megatron") from None
         self._model.load_state_dict(weights, strict=False)  # every weight: only TransformerEngine's extra state is left
@@ -212,7 +213,7 @@ class MegatronEngine(TrainingEngine):
             if optim_cfg else None
         if self.optim is not None and self.optim.masters:  # the masters start from the fp32 weights, not the bf16 ones
             with torch.no_grad():
-                for name, master in self._masters_here().items():
+                for name, master in masters_here(self._model, self.optim).items():
                     master.copy_(weights[name])
 
     @property
@@ -366,28 +367,16 @@ class MegatronEngine(TrainingEngine):
         dist.all_reduce(squares, group=self.model_parallel_group)
         return squares.sqrt().float()
 
-    def _from_hf(self, hf) -> dict[str, torch.Tensor]:
-        """This rank's Megatron tensors from whole Hugging Face weights (its slices of them, converted)."""
-        pieces = {name: tp_slice(t, hf_split_dim(name), self.tp, self.tp_rank) for name, t in hf.items()}
-        return megatron_from_hf(pieces, self.shape, self.tp, self.tp_rank, self.names, self.first_layer)
-
-    def _to_hf(self, tensors) -> dict[str, torch.Tensor]:
-        """This rank's Hugging Face pieces of some of its Megatron tensors (weights or optimizer moments)."""
-        return hf_from_megatron(tensors, self.shape, self.tp, self.tp_rank, self.first_layer)
-
     def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):
         """Stream the Hugging Face weights one unit at a time (the embedding, each decoder layer, the final
         norm with the output layer): the stage that holds a unit gathers its tensor-parallel shards on the
         device, converts and casts them, and broadcasts them to the other stages; buckets of whole units of
         at most ``bucket_bytes`` (or one unit, when larger) are yielded. Beside its own shard a rank holds the
         bucket being filled and the unit being gathered, never the whole model."""
-        units = self._export_units()
-        mine = tuple(prefix for stage, prefix in units if stage == self.pp_rank)
-        if missed := [name for name in self.names if not name.startswith(mine)]:
-            raise RuntimeError(f"export_weights: no export unit holds the Megatron tensors {missed[:4]}")
         bucket, size = [], 0
-        for stage, prefix in units:
-            unit = self._gather_unit(stage, prefix, dtype)
+        for stage, prefix in self.shards.export_units():
+            with self._megatron_context():
+                unit = self.shards.gather_unit(self._model.state_dict(), stage, prefix, dtype)
             nbytes = sum(t.numel() * t.element_size() for name, t in unit if name != "lm_head.weight"
                          or not self.tied_output)  # a tied output layer is the embedding: no more bytes
             if bucket and size + nbytes > bucket_bytes:
@@ -399,77 +388,10 @@ class MegatronEngine(TrainingEngine):
         if bucket:
             yield bucket
 
-    def _export_units(self) -> list[tuple[int, str]]:
-        """(pipeline stage, Megatron name prefix) of every export unit, in the order of the Hugging Face state
-        dict; the same list on every rank (a stage's layers are numbered from 0 in its own names)."""
-        per_stage = self.shape.num_layers // self.pp
-        return [(0, "embedding."),
-                *((layer // per_stage, f"decoder.layers.{layer % per_stage}.") for layer in range(self.shape.num_layers)),
-                (self.pp - 1, "decoder.final_layernorm."), (self.pp - 1, "output_layer.")]
-
-    @_runs_megatron
-    def _gather_unit(self, stage: int, prefix: str, dtype: torch.dtype | None) -> list[tuple[str, torch.Tensor]]:
-        """The Hugging Face tensors of the Megatron tensors named ``prefix...`` on pipeline stage ``stage``, whole
-        and cast to ``dtype`` on this device, on every rank (collective over the tensor-parallel group of that
-        stage, then over the pipeline stages)."""
-        unit: list[tuple[str, torch.Tensor]] = []
-        if self.pp_rank == stage:
-            state = self._model.state_dict()
-            for name in (name for name in self.names if name.startswith(prefix)):  # one tensor's pieces at a time
-                pieces = [state[name]]
-                if self.tp > 1:
-                    pieces = [torch.empty_like(state[name]) for _ in range(self.tp)]
-                    dist.all_gather(pieces, state[name].contiguous(), group=self.tp_group)
-                hf_ranks = [hf_from_megatron({name: piece}, self.shape, self.tp, rank, self.first_layer)
-                            for rank, piece in enumerate(pieces)]
-                for hf_name, tensor in hf_ranks[0].items():
-                    if (dim := hf_split_dim(hf_name)) is not None and self.tp > 1:
-                        tensor = torch.cat([r[hf_name] for r in hf_ranks], dim)
-                    unit.append((hf_name, tensor.to(dtype) if dtype is not None else tensor))
-        if self.pp > 1:
-            unit = self._broadcast_unit(unit, stage)
-        if prefix == "embedding." and "lm_head.weight" in self.hf_names and self.tied_output:
-            unit.append(("lm_head.weight", unit[0][1]))  # the output layer is the embedding, as HF lists it
-        return unit
-
-    def _broadcast_unit(self, unit: list[tuple[str, torch.Tensor]], stage: int) -> list[tuple[str, torch.Tensor]]:
-        """``unit`` (held by pipeline stage ``stage``) on every stage: its names, shapes and dtypes, then each
-        tensor, broadcast over the pipeline group."""
-        src = dist.get_global_rank(self.pp_group, stage)
-        meta = [[(name, tuple(t.shape), t.dtype) for name, t in unit]]
-        dist.broadcast_object_list(meta, src=src, group=self.pp_group, device=self.device)
-        if self.pp_rank != stage:
-            unit = [(name, torch.empty(shape, dtype=dtype, device=self.device)) for name, shape, dtype in meta[0]]
-        for _, tensor in unit:
-            dist.broadcast(tensor.contiguous() if self.pp_rank == stage else tensor, src=src, group=self.pp_group)
-        return unit
-
     @_runs_megatron
     def blend_weights(self, buckets, alpha):
-        """Blends each of this rank's Megatron tensors as soon as the Hugging Face weights it is built from have
-        arrived (:func:`hf_sources`), keeping only this rank's tensor-parallel slices of them and only until
-        then: beside its own shard a rank holds about one bucket (the conversion only moves and slices, so it
-        commutes with the blend)."""
-        waiting = hf_sources(self.names, self.hf_names, self.shape, self.first_layer)
-        needed = set().union(*waiting.values())  # the Hugging Face weights a waiting tensor is built from
-        state, pending, given = self._model.state_dict(), {}, set()
-        with torch.no_grad():
-            for bucket in buckets:
-                for name, tensor in bucket:
-                    given.add(name)
-                    if name in needed:
-                        piece = tp_slice(tensor, hf_split_dim(name), self.tp, self.tp_rank)
-                        pending[name] = piece if piece is tensor else piece.clone()  # not a view of the whole
-                ready = [name for name, sources in waiting.items() if sources <= pending.keys()]
-                for name, tensor in megatron_from_hf(pending, self.shape, self.tp, self.tp_rank, ready,
-                                                     self.first_layer).items():
-                    blend_(state[name], tensor.to(self.device), alpha)
-                    del waiting[name]
-                needed = set().union(*waiting.values())
-                pending = {name: piece for name, piece in pending.items() if name in needed}
-        check_blended(given, self.hf_names)
-        if waiting:
-            raise RuntimeError(f"blend_weights: no Hugging Face weights were converted into {sorted(waiting)[:4]}")
+        """:meth:`RankShards.blend`: a rank holds about one bucket beside its own shard."""
+        self.shards.blend(self._model.state_dict(), buckets, alpha)
 
     @_runs_megatron
     def close(self) -> None:
@@ -477,106 +399,17 @@ class MegatronEngine(TrainingEngine):
 
         parallel_state.destroy_model_parallel()  # its groups die with the process group
 
-    def _checkpoint_state(self, masters: bool = True, weights_dtype: torch.dtype | None = None) -> dict:
-        """This rank's part of the training state as torch.distributed.checkpoint stores it: its Hugging Face
-        pieces of the weights (``model``, as FSDP's checkpoint names them), of AdamW's moments for the
-        weights it steps (``optim``) and, with bf16 weights and ``masters``, of their fp32 master copies
-        (``optim.master``), each a slice of the whole tensor (a DTensor over the tensor-parallel group), so a
-        checkpoint loads into any tensor / pipeline / data-parallel layout and exports like an FSDP one.
-        AdamW's step count is one number: every weight takes every step. ``weights_dtype``: the weights as
-        copies in that dtype (to load into)."""
-        state = self._model.state_dict()
-        weights = {name: state[name] if weights_dtype is None else state[name].to(weights_dtype) for name in self.names}
-        out = {"model": self._sharded(self._checkpoint_pieces(weights))}
-        if self.optim is not None:
-            mine = self._stepped_here()
-            out["optim"] = {key: self._sharded(self._checkpoint_pieces({name: s[key] for name, s in mine.items()}))
-                            for key in ("exp_avg", "exp_avg_sq")}
-            if self.optim.masters and masters:
-                out["optim"]["master"] = self._sharded(self._checkpoint_pieces(self._masters_here()))
-            out["optim"]["step"] = torch.tensor(float(max((s["step"] for s in mine.values()), default=0)))
-        return out
-
-    def _stepped_here(self) -> dict[str, dict[str, torch.Tensor]]:
-        """AdamW's state by Megatron name, of the weights this rank steps (AdamW's own dicts: a load writes
-        into them)."""
-        state = self.optim.local_state
-        return {name: state[p] for name, p in self._model.named_parameters() if p in state}
-
-    def _masters_here(self) -> dict[str, torch.Tensor]:
-        """The fp32 master copies by Megatron name, of the bf16 weights this rank steps."""
-        return {name: self.optim.masters[p] for name, p in self._model.named_parameters() if p in self.optim.masters}
-
-    def _checkpoint_pieces(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """:meth:`_to_hf`, and on the last stage of a tied model the output layer's copy as the embedding it
-        equals (written twice, kept once, and read back into the copy)."""
-        pieces = self._to_hf(tensors)
-        if self.tied_output and "output_layer.weight" in tensors and "embedding.word_embeddings.weight" not in tensors:
-            pieces.update(self._to_hf({"embedding.word_embeddings.weight": tensors["output_layer.weight"]}))
-        return pieces
-
-    def _sharded(self, pieces: dict[str, torch.Tensor]) -> dict:
-        """Each tensor-parallel piece as the DTensor of its whole Hugging Face tensor (replicated ones as they
-        are: every rank holding one writes the same tensor, which the checkpoint keeps once)."""
-        if self.tp == 1:
-            return pieces
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.tensor import DTensor, Shard
-
-        mesh = DeviceMesh.from_group(self.tp_group, self.device.type)
-        out = {}
-        for name, piece in pieces.items():
-            if (dim := hf_split_dim(name)) is None:
-                out[name] = piece
-                continue
-            whole = list(piece.shape)
-            whole[dim] = self.shape.vocab_size if name in ("model.embed_tokens.weight", "lm_head.weight") \
-                else piece.shape[dim] * self.tp
-            out[name] = DTensor.from_local(piece.contiguous(), mesh, [Shard(dim)], run_check=False,
-                                           shape=torch.Size(whole), stride=torch.empty(whole, device="meta").stride())
-        return out
-
     @_runs_megatron
     def save_checkpoint(self, path: str) -> None:
+        """A torch.distributed.checkpoint directory of Hugging Face-named slices
+        (:mod:`rlplat.engines.megatron.checkpoint`)."""
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._checkpoint_state(), checkpoint_id=path)
+        dcp.save(checkpoint_state(self.shards, self._model, self.optim), checkpoint_id=path)
         save_rank_state(path, self.ctx.rank, self.optim)
 
     @_runs_megatron
     def load_checkpoint(self, path: str) -> None:
-        """Reads this rank's slices, whatever layout wrote them (and the moments of the weights it steps). bf16
-        weights take their fp32 masters from the checkpoint, or, from one written with fp32 weights, the
-        weights themselves; fp32 weights read a bf16 run's bf16 weights."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.tensor import DTensor
-
-        if self.optim is not None:  # moments to read into, for the weights this rank steps
-            self.optim.start_state()
-        has_masters = any(key.startswith("optim.master.")
-                          for key in dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
-        target = self._checkpoint_state(masters=has_masters, weights_dtype=torch.float32)
-        dcp.load(target, checkpoint_id=path)
-
-        def read(pieces: dict, names: list[str]) -> dict[str, torch.Tensor]:
-            pieces = {name: t.to_local() if isinstance(t, DTensor) else t for name, t in pieces.items()}
-            return megatron_from_hf(pieces, self.shape, self.tp, self.tp_rank, names, self.first_layer)
-
-        state = self._model.state_dict()
-        with torch.no_grad():
-            for name, tensor in read(target["model"], self.names).items():
-                state[name].copy_(tensor)
-        if self.optim is not None:
-            mine = self._stepped_here()
-            for key in ("exp_avg", "exp_avg_sq"):
-                for name, tensor in read(target["optim"][key], list(mine)).items():
-                    mine[name][key] = tensor.to(self.device).contiguous()
-            for moments in mine.values():
-                moments["step"] = target["optim"]["step"].to(self.device, torch.float32).clone()
-            if self.optim.masters:  # the masters, or from a checkpoint of fp32 weights, those weights (read as fp32)
-                masters = self._masters_here()
-                source = target["optim"]["master"] if has_masters else target["model"]
-                with torch.no_grad():
-                    for name, tensor in read(source, list(masters)).items():
-                        masters[name].copy_(tensor)
+        """Reads this rank's slices, whatever layout wrote them (:func:`load_checkpoint_state`)."""
+        load_checkpoint_state(self.shards, self._model, self.optim, path)
         load_rank_state(path, self.ctx.rank, self.optim)
