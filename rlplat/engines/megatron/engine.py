@@ -374,9 +374,11 @@ class MegatronEngine(TrainingEngine):
         at most ``bucket_bytes`` (or one unit, when larger) are yielded. Beside its own shard a rank holds the
         bucket being filled and the unit being gathered, never the whole model."""
         bucket, size = [], 0
+        with self._megatron_context():
+            state = self._model.state_dict()  # references to the weights: built once, not per unit
         for stage, prefix in self.shards.export_units():
             with self._megatron_context():
-                unit = self.shards.gather_unit(self._model.state_dict(), stage, prefix, dtype)
+                unit = self.shards.gather_unit(state, stage, prefix, dtype)
             nbytes = sum(t.numel() * t.element_size() for name, t in unit if name != "lm_head.weight"
                          or not self.tied_output)  # a tied output layer is the embedding: no more bytes
             if bucket and size + nbytes > bucket_bytes:
