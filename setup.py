@@ -25,7 +25,6 @@ setup(
         "safetensors>=0.4",
         "pandas>=2.0",
         "pyarrow>=15.0",
-        "matplotlib>=3.7",  # the run report's plots (rlplat.utils.report)
         "rich>=13.0",  # the live progress display
         # the math rewards' symbolic answer comparison (sympy comes with torch; the ANTLR runtime it parses
         # LaTeX with is the 4.9.3 that hydra-core pins)

@@ -1,4 +1,4 @@
-"""The run's timeline: which pool was busy with what, and when (``timeline.jsonl``, the report's timeline.png).
+"""The run's timeline: which pool was busy with what, and when (``timeline.jsonl``, the report's timeline.svg).
 
 Each step appends one line ``{"step", "start", "end", "spans": [[pool, what, start, end], ...]}`` (wall-clock
 seconds). Pools: ``trainer`` (a call the controller waits for on the training workers: log-probs, updates,

@@ -2,8 +2,8 @@
 
 Reads what a run writes to its ``trainer.output_dir`` and writes ``RUN_DIR/report/``::
 
-    metrics.jsonl      ─► <group>.png                     one figure per metric group, one panel per metric
-    timeline.jsonl     ─► timeline.png                    the last steps: which pool computed what, when
+    metrics.jsonl      ─► <group>.svg                     one figure per metric group, one panel per metric
+    timeline.jsonl     ─► timeline.svg                    the last steps: which pool computed what, when
     segments.json      ─► the dotted lines in them        where a resumed run picked up
     val_samples.jsonl  ─► samples_{first,latest}.html     the first and the latest validation's samples
                           samples_{first,latest}.jsonl    (the same, one sample per line)
@@ -21,6 +21,7 @@ import math
 import sys
 from pathlib import Path
 
+from rlplat.utils.charts import Panel, Span, line_figure, timeline_figure
 from rlplat.utils.tracking import SAMPLE_COLUMNS  # the columns of a validation sample
 
 # (file name, figure title, metrics). A key ending in "/" stands for every metric under it, in name order,
@@ -138,38 +139,19 @@ def y_label(key: str) -> str:
 
 def plot_group(title: str, panels: list[list[str]], series: Series, path: Path, resumes: list[int] = ()) -> int:
     """Draw one panel per entry of ``panels`` (value against step; a curve of :data:`SMOOTH_FROM` points or
-    more also smoothed, a dotted line where a resumed run picked up) into ``path``; the panels drawn."""
-    # Figure without pyplot: renders PNGs with Agg and leaves matplotlib's global backend alone.
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    cols = 2 if len(panels) == 4 else min(len(panels), 3 if len(panels) <= 9 else 4)  # at most 2 blank slots
-    rows = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.0 * rows + 0.5), layout="constrained")
-    fig.suptitle(title, fontsize=14, fontweight="bold")
-    for i, keys in enumerate(panels):
-        ax = fig.add_subplot(rows, cols, i + 1)
+    more also smoothed, a dotted line where a resumed run picked up) into the SVG file ``path``; the panels drawn."""
+    drawn = []
+    for keys in panels:
         steps, values = series[keys[0]]
-        smooth = len(steps) >= SMOOTH_FROM
-        ax.plot(steps, values, color="C0", alpha=0.35 if smooth else 1.0,
-                marker="o" if len(steps) <= 50 else None, markersize=3)
-        if smooth:
-            ax.plot(steps, moving_average(values), color="C0")
-        for step in resumes:
-            if steps[0] <= step <= steps[-1]:
-                ax.axvline(step - 0.5, color="C3", linestyle=":", linewidth=1)
-        ax.set_title(" = ".join(keys), fontsize=10 if len(keys) == 1 else 8)
-        ax.set_xlabel("step")
-        ax.set_ylabel(y_label(keys[0]))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=100, facecolor="white")
-    return len(fig.axes)
+        smoothed = moving_average(values) if len(steps) >= SMOOTH_FROM else None
+        drawn.append(Panel(" = ".join(keys), y_label(keys[0]), steps, values, smoothed))
+    path.write_text(line_figure(title, drawn, resumes))
+    return len(drawn)
 
 
 def write_plots(series: Series, out: Path, resumes: list[int] = ()) -> dict[str, int]:
-    """One PNG per group with data; returns file name -> number of panels, in :data:`GROUPS` order."""
-    return {f"{name}.png": plot_group(title, panels, series, out / f"{name}.png", resumes)
+    """One SVG figure per group with data; returns file name -> number of panels, in :data:`GROUPS` order."""
+    return {f"{name}.svg": plot_group(title, panels, series, out / f"{name}.svg", resumes)
             for name, title, panels in group_panels(series)}
 
 
@@ -178,36 +160,18 @@ TIMELINE_POOLS = ("trainer", "rollout", "controller")  # its rows, top to bottom
 
 
 def plot_timeline(rows: list[dict], path: Path) -> bool:
-    """``timeline.png``: the last :data:`TIMELINE_STEPS` steps of ``timeline.jsonl``, one row per pool, a bar
+    """``timeline.svg``: the last :data:`TIMELINE_STEPS` steps of ``timeline.jsonl``, one row per pool, a bar
     per span coloured by what it was (generate, update_actor, ...), the steps' boundaries dotted. False
     (nothing drawn) without a timeline."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
     rows = rows[-TIMELINE_STEPS:]
     if not rows:
         return False
     origin = rows[0]["start"]
-    spans = [span for row in rows for span in row["spans"] if span[3] > origin]
-    pools = [pool for pool in TIMELINE_POOLS if any(span[0] == pool for span in spans)]
-    names = sorted({span[1] for span in spans})
-    colour = {name: f"C{i % 10}" for i, name in enumerate(names)}
-    fig = Figure(figsize=(11, 1.2 + 0.6 * len(pools)), layout="constrained")
-    ax = fig.add_subplot()
-    for y, pool in enumerate(pools):
-        for _, name, start, end in (span for span in spans if span[0] == pool):
-            ax.broken_barh([(max(start, origin) - origin, end - max(start, origin))], (y - 0.35, 0.7),
-                           color=colour[name])
-    for row in rows:
-        ax.axvline(row["start"] - origin, color="grey", linestyle=":", linewidth=1)
-        ax.text(row["start"] - origin, len(pools) - 0.45, f" step {row['step']}", fontsize=8, va="bottom")
-    ax.set_yticks(range(len(pools)), pools)
-    ax.set_ylim(len(pools) - 0.5, -0.5)
-    ax.set_xlabel("seconds")
-    ax.set_title("Timeline: who computed what (rlplat.trainer.timeline)", fontsize=11)
-    ax.legend(handles=[Patch(color=colour[n], label=n) for n in names], fontsize=7, ncol=min(len(names), 6),
-              loc="upper center", bbox_to_anchor=(0.5, -0.35 if pools else -0.2))
-    fig.savefig(path, dpi=100, facecolor="white")
+    spans = [Span(pool, name, max(start, origin) - origin, end - origin)
+             for row in rows for pool, name, start, end in row["spans"] if end > origin]
+    pools = [pool for pool in TIMELINE_POOLS if any(span.row == pool for span in spans)]
+    marks = [(row["start"] - origin, f"step {row['step']}") for row in rows]
+    path.write_text(timeline_figure("Timeline: who computed what (rlplat.trainer.timeline)", pools, spans, marks))
     return True
 
 
@@ -296,8 +260,8 @@ def write_report(run_dir: str | Path) -> Path:
         segments = []
     plots = write_plots(series, out, resume_steps(rows, segments))
     timeline = run_dir / "timeline.jsonl"
-    if timeline.is_file() and plot_timeline(read_jsonl(timeline), out / "timeline.png"):
-        plots["timeline.png"] = 1
+    if timeline.is_file() and plot_timeline(read_jsonl(timeline), out / "timeline.svg"):
+        plots["timeline.svg"] = 1
     val_path = run_dir / "val_samples.jsonl"
     samples = write_samples(read_jsonl(val_path) if val_path.is_file() else [], out)
     last_step = max((steps[-1] for steps, _ in series.values()), default=None)

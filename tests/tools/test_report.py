@@ -1,50 +1,45 @@
-"""The run report (``python -m rlplat.tools.report RUN_DIR``): real PNGs with one panel per metric,
+"""The run report (``python -m rlplat.tools.report RUN_DIR``): SVG figures with one panel per metric,
 escaped sample tables, runs still in progress, and the one-line errors."""
 
 import html
 import json
+import math
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import numpy as np
 import pytest
-from matplotlib.image import imread
 
+from rlplat.utils.charts import nice_ticks, tick_label
 from rlplat.utils.report import (
     group_panels, main, metric_series, moving_average, read_jsonl, resume_steps, write_report, write_report_after_run,
 )
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SVG = "{http://www.w3.org/2000/svg}"
 
 
-def count_panels(png: Path) -> int:
-    """Panels in a report figure, counted from its pixels: each panel's frame has a near-black top and
-    bottom edge, a horizontal run longer than a tenth of the image; tick marks and text are shorter and the
-    plotted lines are coloured."""
-    dark = imread(png)[..., :3].max(axis=2) < 0.25
-    edges_per_row = []
-    for row in dark:
-        padded = np.concatenate(([False], row, [False]))
-        bounds = np.flatnonzero(padded[1:] != padded[:-1])
-        edges_per_row.append(int(((bounds[1::2] - bounds[::2]) >= 0.1 * dark.shape[1]).sum()))
-    edges, band = 0, 0  # adjacent rows with long runs are one (thick) edge
-    for n in edges_per_row + [0]:
-        if n:
-            band = max(band, n)
-        else:
-            edges, band = edges + band, 0
-    assert edges % 2 == 0, f"{png}: {edges} frame edges"
-    return edges // 2
+def assert_real_svg(path: Path, panels: int) -> list[ET.Element]:
+    """``path`` is a well-formed SVG figure of ``panels`` panels, each with its frame and its curve; the panels."""
+    root = ET.parse(path).getroot()
+    assert root.tag == f"{SVG}svg"
+    assert float(root.get("width")) >= 400 and float(root.get("height")) >= 300
+    found = [g for g in root.iter(f"{SVG}g") if g.get("class") == "panel"]
+    assert len(found) == panels, path.name
+    for panel in found:
+        assert [r for r in panel.iter(f"{SVG}rect") if r.get("class") == "frame"], path.name
+        assert [p for p in panel.iter(f"{SVG}polyline") if p.get("class") == "values"], path.name
+    return found
 
 
-def assert_real_png(png: Path, panels: int) -> None:
-    data = png.read_bytes()
-    assert data[:8] == PNG_SIGNATURE
-    assert len(data) > 5_000, f"{png} is only {len(data)} bytes"
-    height, width, _ = imread(png).shape
-    assert width >= 400 and height >= 300
-    assert count_panels(png) == panels, png.name
+def curve(panel: ET.Element, kind: str = "values") -> list[tuple[float, float]]:
+    """A panel's curve as the (x, y) pixels it passes through."""
+    line = next(p for p in panel.iter(f"{SVG}polyline") if p.get("class") == kind)
+    return [tuple(map(float, point.split(","))) for point in line.get("points").split()]
+
+
+def panel_title(panel: ET.Element) -> str:
+    return next(panel.iter(f"{SVG}text")).text
 
 
 def write_jsonl(path: Path, rows: list[dict], tail: str = "") -> None:
@@ -77,10 +72,17 @@ def test_plots_are_real_images_with_one_panel_per_metric(tmp_path):
     out = write_report(run_dir)
     # reward: score/mean + score/max; critic: both critic/*; actor: pg_loss (entropy has its own figure);
     # groups without data (KL, throughput, ...) are absent
-    expected = {"reward.png": 2, "validation.png": 1, "entropy.png": 1, "critic.png": 2, "actor.png": 1}
-    assert sorted(p.name for p in out.glob("*.png")) == sorted(expected)
+    expected = {"reward.svg": 2, "validation.svg": 1, "entropy.svg": 1, "critic.svg": 2, "actor.svg": 1}
+    assert sorted(p.name for p in out.glob("*.svg")) == sorted(expected)
     for name, panels in expected.items():
-        assert_real_png(out / name, panels)
+        assert_real_svg(out / name, panels)
+    # the curve: a point per logged step, left to right, higher where the value is higher (SVG's y points down)
+    score_mean = assert_real_svg(out / "reward.svg", 2)[0]
+    points = curve(score_mean)
+    assert panel_title(score_mean) == "score/mean" and len(points) == 20
+    assert all(a[0] < b[0] and a[1] > b[1] for a, b in zip(points, points[1:]))  # score/mean rises with the step
+    validation = assert_real_svg(out / "validation.svg", 1)[0]
+    assert len(curve(validation)) == 5  # step 0 and every 5th
     index = (out / "index.html").read_text()
     for name in expected:
         assert f"<img src='{name}'" in index
@@ -100,8 +102,8 @@ def test_every_metric_is_plotted_once_and_identical_curves_share_a_panel(tmp_pat
     run_dir.mkdir()
     write_jsonl(run_dir / "metrics.jsonl", rows)
     out = write_report(run_dir)
-    assert_real_png(out / "reward.png", 3)
-    assert_real_png(out / "other.png", 1)
+    assert_real_svg(out / "reward.svg", 3)
+    assert_real_svg(out / "other.svg", 1)
 
 
 def test_a_resumed_run_is_marked_where_it_picked_up(tmp_path):
@@ -110,9 +112,32 @@ def test_a_resumed_run_is_marked_where_it_picked_up(tmp_path):
     assert resume_steps(rows, [{"start": 90.0, "end": 107.0}]) == []
     run_dir = make_run(tmp_path, steps=30)
     (run_dir / "segments.json").write_text(json.dumps([{"start": 0.0, "end": 12.5}, {"start": 12.5, "end": 30.0}]))
-    write_report(run_dir)  # draws the marks at step 13 (and smooths the 30-point curves) without failing
+    score_mean = assert_real_svg(write_report(run_dir) / "reward.svg", 2)[0]
+    points, smoothed = curve(score_mean), curve(score_mean, "smoothed")  # 30 points: the moving average over them
+    assert len(points) == len(smoothed) == 30 and points[0] == smoothed[0] and points[-1][1] < smoothed[-1][1]
+    marks = [line for line in score_mean.iter(f"{SVG}line") if line.get("class") == "resume"]
+    assert len(marks) == 1 and points[11][0] < float(marks[0].get("x1")) < points[12][0]  # between steps 12 and 13
     (run_dir / "segments.json").write_text("{not json")
-    assert (write_report(run_dir) / "reward.png").is_file()
+    assert (write_report(run_dir) / "reward.svg").is_file()
+
+
+def test_a_value_that_is_not_finite_breaks_the_curve(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()  # json writes float("nan") as NaN and reads it back
+    write_jsonl(run_dir / "metrics.jsonl", [{"step": s, "actor/grad_norm": math.nan if s == 3 else float(s)}
+                                            for s in range(1, 6)])
+    panel = assert_real_svg(write_report(run_dir) / "grad_norm.svg", 1)[0]
+    assert [len(line.get("points").split()) for line in panel.iter(f"{SVG}polyline")] == [2, 2]
+
+
+def test_ticks_are_round_and_span_the_values():
+    assert nice_ticks(0.03, 0.97) == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    assert nice_ticks(1, 30, integer=True) == [0, 10, 20, 30]
+    assert nice_ticks(1, 3, integer=True) == [1, 2, 3]  # never a half step
+    assert nice_ticks(5.0, 5.0) == pytest.approx([4.4, 4.6, 4.8, 5.0, 5.2, 5.4, 5.6])  # one value: widened around it
+    assert [tick_label(t, nice_ticks(0.03, 0.97)) for t in nice_ticks(0.03, 0.97)] == ["0.0", "0.2", "0.4", "0.6",
+                                                                                       "0.8", "1.0"]
+    assert tick_label(-0.0, [0.0, 1.0]) == "0" and tick_label(-1e-17, [0.0, 0.1]) == "0.0" and tick_label(2.5e6, [0.0, 1e6]) == "2.5e+06"
 
 
 def test_the_moving_average_starts_at_the_first_value_and_follows():
@@ -161,7 +186,7 @@ def test_a_run_in_progress_gets_a_report(tmp_path, capsys):
     index = (run_dir / "report" / "index.html").read_text()
     assert "No summary.json yet" in index and "No val_samples.jsonl yet" in index
     assert "metrics.jsonl reaches step 20." in index  # the unfinished step 21 is left out
-    assert_real_png(run_dir / "report" / "reward.png", 2)
+    assert_real_svg(run_dir / "report" / "reward.svg", 2)
 
 
 def test_errors_are_one_line_with_exit_status_2(tmp_path):
@@ -198,10 +223,10 @@ def test_a_real_run_ends_with_its_report(embedded_cache, small_val, tmp_path, ca
     panels = {name: keys for name, _, keys in group_panels(metric_series(rows))}
     # every val/* metric is shown; equal curves (accuracy, score mean, pass@1 of one source) share a panel
     assert sorted(k for keys in panels["validation"] for k in keys) == sorted(k for k in logged if k.startswith("val/"))
-    assert_real_png(report / "validation.png", len(panels["validation"]))
+    assert_real_svg(report / "validation.svg", len(panels["validation"]))
     assert len(panels["validation"]) < sum(k.startswith("val/") for k in logged)
-    assert_real_png(report / "critic.png", len(panels["critic"]))
-    assert_real_png(report / "entropy.png", 1)
+    assert_real_svg(report / "critic.svg", len(panels["critic"]))
+    assert_real_svg(report / "entropy.svg", 1)
     first = read_jsonl(report / "samples_first.jsonl")
     assert first and {r["step"] for r in first} == {0}
     assert {r["step"] for r in read_jsonl(report / "samples_latest.jsonl")} == {2}

@@ -2,6 +2,7 @@
 the checks of the config, the weight sync's checksums, the prompt ledger, and whole runs on Ray."""
 
 import json
+import xml.etree.ElementTree as ET
 import os
 import random
 import re
@@ -235,7 +236,10 @@ def test_generating_two_steps_ahead_never_trains_on_older_samples(embedded_cache
         busy = sum(steps[s].get(f"timing/{stage}_s", 0.0) for stage in TRAINING_POOL_STAGES)
         assert steps[s]["timing/trainer_idle_frac"] == pytest.approx(1 - busy / steps[s]["timing/step_s"], abs=0.02)
         assert 0 < busy < steps[s]["timing/step_s"]  # the generation (taken from the pool) is not the workers' time
-    assert (out / "report" / "timeline.png").stat().st_size > 10_000
+    drawn = ET.parse(out / "report" / "timeline.svg").getroot()  # the report's figure of it: a bar per span
+    bars = [rect for rect in drawn.iter("{http://www.w3.org/2000/svg}rect") if rect.get("class") == "span"]
+    assert 0 < len(bars) <= sum(len(row["spans"]) for row in timeline)
+    assert {label.text for label in drawn.iter("{http://www.w3.org/2000/svg}text")} >= pools
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from rlplat.trainer.main import main
 from rlplat.trainer.ppo import PPOTrainer
