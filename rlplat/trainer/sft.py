@@ -61,15 +61,15 @@ def target_ids(item: dict, tokenizer, tools_of: ToolsOf | None = None) -> tuple[
     return ids + [tokenizer.eos_token_id], [1] * (len(ids) + 1)
 
 
-def sft_batch(items: list[dict], tokenizer, max_response_length: int, tools_of: ToolsOf | None = None) -> Batch:
-    """Prompts left-padded, targets (:func:`target_ids`) right-padded to ``max_response_length``; the
-    loss covers the trained tokens, the attention all of them."""
-    tensors, lists = collate(items, tokenizer.pad_token_id)
+def sft_batch(items: list[dict], targets: list[tuple[list[int], list[int]]], pad_token_id: int,
+              max_response_length: int) -> Batch:
+    """Prompts left-padded, each item's target (ids and loss mask: :func:`target_ids`) right-padded to
+    ``max_response_length``; the loss covers the trained tokens, the attention all of them."""
+    tensors, lists = collate(items, pad_token_id)
     prompts = Batch.from_dict(tensors, non_tensors=lists, meta={"temperature": 1.0})
-    responses = torch.full((len(items), max_response_length), tokenizer.pad_token_id, dtype=torch.long)
+    responses = torch.full((len(items), max_response_length), pad_token_id, dtype=torch.long)
     trained, attended = torch.zeros_like(responses), torch.zeros_like(responses)
-    for row, item in enumerate(items):
-        ids, mask = target_ids(item, tokenizer, tools_of)
+    for row, (ids, mask) in enumerate(targets):
         ids, mask = ids[:max_response_length], mask[:max_response_length]
         responses[row, : len(ids)] = torch.tensor(ids)
         trained[row, : len(ids)] = torch.tensor(mask)
@@ -109,12 +109,16 @@ def run_sft(
                      row_tools)
     sampler = PromptSampler(len(data), batch_size, shuffle=True, seed=seed)
     group = InProcessWorkerGroup(SFTWorker, resolve_device(cfg), cfg=cfg, total_steps=steps)
+    # a row's target is the same in every epoch: rendered once (a tool conversation's chat template is slow)
+    target_of = functools.cache(lambda index: target_ids(data[index], tokenizer, row_tools))
     metrics: dict[str, float] = {}
     try:
         group.init_model(model_path)
         start = time.perf_counter()
         for step in range(1, steps + 1):
-            batch = sft_batch([data[i] for i in sampler.next_batch()], tokenizer, max_response_length, row_tools)
+            indices = sampler.next_batch()
+            batch = sft_batch([data[i] for i in indices], [target_of(i) for i in indices], tokenizer.pad_token_id,
+                              max_response_length)
             batch.meta["step"] = step
             metrics = group.update_sft(batch)[0]
             if step % log_every == 0 or step == steps:
