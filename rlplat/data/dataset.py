@@ -8,11 +8,12 @@ an optional ``extra_info`` dict. A bad row fails with one :class:`DataError` nam
 
 from __future__ import annotations
 
+import hashlib
 import math
-
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -136,6 +137,37 @@ def _paths(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
 ToolsOf = Callable[[Mapping | None], "list[dict] | None"]
 
 
+class _Encoded(NamedTuple):
+    items: list[dict]  # the dataset's items (prompts dropped by truncation="filter" left out)
+    num_filtered: int
+    num_rows: int
+
+
+# The items of the last RECENT_DATASETS datasets this process tokenised, by what they were made from: a
+# second run in the same process (a sweep, a notebook, a test session) over the same files and tokenizer
+# reuses them instead of reading and tokenising again (~2 s for the built-in task's 20,000 prompts).
+RECENT_DATASETS = 4
+_RECENT: OrderedDict[tuple, _Encoded] = OrderedDict()
+
+
+def _encoding_key(paths: list[str], tokenizer, max_prompt_length: int, truncation: str,
+                  apply_chat_template: bool) -> tuple | None:
+    """What a dataset's items depend on: each file's path, size and modification time, the tokenizer's
+    vocabulary, rules, special tokens and chat template, and the settings. None (nothing reused) for a
+    tokenizer without a serialisable fast backend or a file that cannot be read (reading reports it)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        files = tuple((os.path.realpath(p), st.st_size, st.st_mtime_ns) for p in paths for st in [os.stat(p)])
+    except OSError:
+        return None
+    described = [backend.to_str(), str(getattr(tokenizer, "chat_template", None)),
+                 str(tokenizer.special_tokens_map), type(tokenizer).__name__]
+    fingerprint = hashlib.sha256("\0".join(described).encode()).hexdigest()
+    return files, fingerprint, max_prompt_length, truncation, apply_chat_template
+
+
 class RLDataset:
     """The tokenised prompts of one or more parquet files (tokenised once, at construction).
 
@@ -154,12 +186,22 @@ class RLDataset:
             raise ValueError(f"data.max_prompt_length must be positive, got {max_prompt_length}")
         self.tokenizer, self.max_prompt_length = tokenizer, max_prompt_length
         self.truncation, self.apply_chat_template, self.tools_of = truncation, apply_chat_template, tools_of
-        rows = [row for file_rows, _ in _read_files(files) for row in file_rows]
-        encoded = self._encode(rows)
-        self.items: list[dict] = [item for item in encoded if item is not None]
-        self.num_filtered = len(encoded) - len(self.items)
+        key = None if tools_of else _encoding_key(_paths(files), tokenizer, max_prompt_length, truncation,
+                                                  apply_chat_template)
+        encoded = _RECENT.get(key) if key else None
+        if encoded is None:
+            rows = [row for file_rows, _ in _read_files(files) for row in file_rows]
+            items = self._encode(rows)
+            kept = [item for item in items if item is not None]
+            encoded = _Encoded(kept, len(items) - len(kept), len(rows))
+            if key:
+                _RECENT[key] = encoded
+                while len(_RECENT) > RECENT_DATASETS:
+                    _RECENT.popitem(last=False)
+        self.items: list[dict] = list(encoded.items)
+        self.num_filtered = encoded.num_filtered
         if self.num_filtered:
-            print(f"[rlplat.data] dropped {self.num_filtered} of {len(rows)} prompts longer than "
+            print(f"[rlplat.data] dropped {self.num_filtered} of {encoded.num_rows} prompts longer than "
                   f"data.max_prompt_length={max_prompt_length} tokens (data.truncation=filter)", flush=True)
         if not self.items:
             raise DataError(f"{', '.join(_paths(files))}: no usable prompt (the files "

@@ -110,6 +110,24 @@ def test_dataset_items_chat_template_and_plain(tmp_path, tokenizer):
     assert len(plain[0]["prompt_ids"]) == 2 and tokenizer.decode(plain[1]["prompt_ids"]) == "s3"
 
 
+def test_a_second_dataset_of_the_same_files_and_tokenizer_reuses_the_tokenised_items(tmp_path, monkeypatch):
+    tokenizer = build_tokenizer()  # its own: the test changes its chat template
+    path = write_rows(tmp_path, [GOOD, {**GOOD, "prompt": [{"role": "user", "content": "2+2="}]}])
+    encodes = []
+    real_encode = RLDataset._encode
+    monkeypatch.setattr(RLDataset, "_encode", lambda self, rows: encodes.append(len(rows)) or real_encode(self, rows))
+    first = RLDataset(path, tokenizer, 64)
+    again = RLDataset(path, tokenizer, 64)
+    assert encodes == [2] and again.items == first.items  # read and tokenised once
+    RLDataset(path, tokenizer, 32)  # another setting
+    tokenizer.chat_template = tokenizer.chat_template.replace("<|assistant|>", "<|assistant|> ")
+    spaced = RLDataset(path, tokenizer, 64)  # another template
+    assert encodes == [2, 2, 2] and spaced[0]["prompt_ids"] != first[0]["prompt_ids"]
+    write_rows(tmp_path, [{**GOOD, "prompt": "3+3="}])  # the file rewritten (size and modification time)
+    assert [item["raw_prompt"][0]["content"] for item in RLDataset(path, tokenizer, 64)] == ["3+3="]
+    assert encodes == [2, 2, 2, 1]
+
+
 def test_truncation_modes(tmp_path, tokenizer, capsys):
     path = write_rows(tmp_path, [{**GOOD, "prompt": "1"}, {**GOOD, "prompt": "12345678901234567890"},
                                  {**GOOD, "prompt": "abcdefghijklmnopqrstu"}], "long.parquet")
