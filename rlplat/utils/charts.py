@@ -97,19 +97,22 @@ def line_panel(left: float, top: float, panel: Panel, resumes: Sequence[int]) ->
     for tick in y_ticks:
         parts += [f"<line x1='{x0}' y1='{py(tick):.1f}' x2='{x0 + width}' y2='{py(tick):.1f}' stroke='#e4e4e4'/>",
                   text(x0 - 5, py(tick) + 3.5, tick_label(tick, y_ticks), anchor="end")]
+    middle = y0 + height / 2
     parts += [text(x0 + width / 2, y0 + height + 32, "step"),
-              text(left + 13, y0 + height / 2, panel.y_label, extra=f"transform='rotate(-90 {left + 13} {y0 + height / 2:.1f})'")]
-    faint = panel.smoothed is not None
+              text(left + 13, middle, panel.y_label, extra=f"transform='rotate(-90 {left + 13} {middle:.1f})'")]
+    opacity = 1 if panel.smoothed is None else 0.35  # faint under the moving average
     for run in finite_runs(panel.steps, panel.values):
         points = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in run)
         parts.append(f"<polyline class='values' points='{points}' fill='none' stroke='{COLOURS[0]}' "
-                     f"stroke-width='1.5' stroke-opacity='{0.35 if faint else 1}'/>")
+                     f"stroke-width='1.5' stroke-opacity='{opacity}'/>")
         if len(panel.steps) <= MARKERS_UP_TO:
-            parts += [f"<circle cx='{px(s):.1f}' cy='{py(v):.1f}' r='2.5' fill='{COLOURS[0]}'/>" for s, v in run]
-    if faint:
+            parts += [f"<circle cx='{px(s):.1f}' cy='{py(v):.1f}' r='2.5' fill='{COLOURS[0]}' fill-opacity='{opacity}'/>"
+                      for s, v in run]
+    if panel.smoothed is not None:
         for run in finite_runs(panel.steps, panel.smoothed):
             points = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in run)
-            parts.append(f"<polyline class='smoothed' points='{points}' fill='none' stroke='{COLOURS[0]}' stroke-width='1.5'/>")
+            parts.append(f"<polyline class='smoothed' points='{points}' fill='none' stroke='{COLOURS[0]}' "
+                         "stroke-width='1.5'/>")
     for step in resumes:
         if panel.steps[0] <= step <= panel.steps[-1]:
             parts.append(f"<line class='resume' x1='{px(step - 0.5):.1f}' y1='{y0}' x2='{px(step - 0.5):.1f}' "
@@ -162,7 +165,8 @@ def timeline_figure(title: str, rows: list[str], spans: list[Span], marks: list[
     for tick in ticks:
         parts.append(text(px(tick), top + plot_h + 14, tick_label(tick, ticks)))
     parts += [text(left + plot_w / 2, top + plot_h + 30, "seconds"),
-              f"<rect class='frame' x='{left}' y='{top}' width='{plot_w}' height='{plot_h}' fill='none' stroke='#222'/>"]
+              f"<rect class='frame' x='{left}' y='{top}' width='{plot_w}' height='{plot_h}' fill='none' "
+              "stroke='#222'/>"]
     legend_y, per_row = top + plot_h + 48, 6
     for i, name in enumerate(names):
         x, y = left + (i % per_row) * (plot_w / per_row), legend_y + (i // per_row) * 16

@@ -137,7 +137,8 @@ def test_ticks_are_round_and_span_the_values():
     assert nice_ticks(5.0, 5.0) == pytest.approx([4.4, 4.6, 4.8, 5.0, 5.2, 5.4, 5.6])  # one value: widened around it
     assert [tick_label(t, nice_ticks(0.03, 0.97)) for t in nice_ticks(0.03, 0.97)] == ["0.0", "0.2", "0.4", "0.6",
                                                                                        "0.8", "1.0"]
-    assert tick_label(-0.0, [0.0, 1.0]) == "0" and tick_label(-1e-17, [0.0, 0.1]) == "0.0" and tick_label(2.5e6, [0.0, 1e6]) == "2.5e+06"
+    assert tick_label(-0.0, [0.0, 1.0]) == "0" and tick_label(-1e-17, [0.0, 0.1]) == "0.0"  # never "-0"
+    assert tick_label(2.5e6, [0.0, 1e6]) == "2.5e+06"
 
 
 def test_the_moving_average_starts_at_the_first_value_and_follows():
