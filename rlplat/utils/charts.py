@@ -106,8 +106,8 @@ def line_panel(left: float, top: float, panel: Panel, resumes: Sequence[int]) ->
         parts.append(f"<polyline class='values' points='{points}' fill='none' stroke='{COLOURS[0]}' "
                      f"stroke-width='1.5' stroke-opacity='{opacity}'/>")
         if len(panel.steps) <= MARKERS_UP_TO:
-            parts += [f"<circle cx='{px(s):.1f}' cy='{py(v):.1f}' r='2.5' fill='{COLOURS[0]}' fill-opacity='{opacity}'/>"
-                      for s, v in run]
+            dot = f"r='2.5' fill='{COLOURS[0]}' fill-opacity='{opacity}'"
+            parts += [f"<circle cx='{px(s):.1f}' cy='{py(v):.1f}' {dot}/>" for s, v in run]
     if panel.smoothed is not None:
         for run in finite_runs(panel.steps, panel.smoothed):
             points = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in run)
