@@ -287,21 +287,24 @@ def test_a_rollout_pool_on_two_nodes_streams_and_syncs_across_them(embedded_cach
 
 @pytest.mark.slow
 def test_weight_updates_loaded_between_two_tokens_keep_the_bound_on_staleness(embedded_cache, small_val, tmp_path, ray_cluster):
-    # rollout.partial=resume: each update reaches the rollout worker while it generates (long responses, two steps
-    # ahead: the worker has a batch queued behind the one under way, so it is busy when the update comes unless
-    # it generated two batches within one training step; with K=1 whether the one batch ahead was still under way
-    # was a race, lost on a slower CPU) and is loaded between two tokens; the samples say so
-    # (rollout/resumed_frac), their first weights stay within K, every checksum and probe passes, and validation
-    # scores the newest weights
+    # rollout.partial=resume: each update reaches the rollout worker while it generates and is loaded between two
+    # tokens; the samples say so (rollout/resumed_frac), their first weights stay within K, every checksum and probe
+    # passes, and validation scores the newest weights. The worker is busy when the first update comes unless it
+    # generated batches 2 and 3 within step 1's training: two steps ahead (with K=1 whether the one batch ahead was
+    # still under way was a race), few sequences (4 prompts x 2: training time grows with them) of long responses
+    # (384 tokens: generation time grows with them, one token at a time). With 8 prompts x 4 of 128 tokens and one
+    # busy process beside the run, an update took 10 s of training against 0.85 s per batch generated, and no update
+    # landed during a generation; with these sizes on that machine, 3.5 s against 1.7 s, and every one did.
     out = tmp_path / "resume"
     _train(out, 3, small_val, SEPARATE, "trainer.async_steps=2", "rollout.partial=resume", "rollout.ignore_eos=true",
-           "data.max_response_length=128")
+           "data.max_response_length=384", "data.train_batch_size_prompts=4", "actor.mini_batch_size_prompts=4",
+           "rollout.n=2")
     steps = metrics(out)
     staleness = [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3)]
     assert staleness[0] == 0 and 1 <= max(staleness) <= 2  # which batch a resumed update lands in is timing's
     assert steps[1]["rollout/resumed_frac"] == 0  # generated before any update was sent
     assert max(steps[s]["rollout/resumed_frac"] for s in (2, 3)) > 0
-    assert steps[3]["val/policy_version"] == 3 and _ledger(out) == [[0, 24]]
+    assert steps[3]["val/policy_version"] == 3 and _ledger(out) == [[0, 12]]
 
 
 @pytest.mark.slow
