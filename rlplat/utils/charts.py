@@ -100,19 +100,19 @@ def line_panel(left: float, top: float, panel: Panel, resumes: Sequence[int]) ->
     middle = y0 + height / 2
     parts += [text(x0 + width / 2, y0 + height + 32, "step"),
               text(left + 13, middle, panel.y_label, extra=f"transform='rotate(-90 {left + 13} {middle:.1f})'")]
+    def curve(kind: str, values: Sequence[float], opacity: float) -> list[str]:
+        return [f"<polyline class='{kind}' points='{' '.join(f'{px(s):.1f},{py(v):.1f}' for s, v in run)}' "
+                f"fill='none' stroke='{COLOURS[0]}' stroke-width='1.5' stroke-opacity='{opacity}'/>"
+                for run in finite_runs(panel.steps, values)]
+
     opacity = 1 if panel.smoothed is None else 0.35  # faint under the moving average
-    for run in finite_runs(panel.steps, panel.values):
-        points = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in run)
-        parts.append(f"<polyline class='values' points='{points}' fill='none' stroke='{COLOURS[0]}' "
-                     f"stroke-width='1.5' stroke-opacity='{opacity}'/>")
-        if len(panel.steps) <= MARKERS_UP_TO:
-            dot = f"r='2.5' fill='{COLOURS[0]}' fill-opacity='{opacity}'"
-            parts += [f"<circle cx='{px(s):.1f}' cy='{py(v):.1f}' {dot}/>" for s, v in run]
+    parts += curve("values", panel.values, opacity)
+    if len(panel.steps) <= MARKERS_UP_TO:
+        dot = f"r='2.5' fill='{COLOURS[0]}' fill-opacity='{opacity}'"
+        parts += [f"<circle cx='{px(s):.1f}' cy='{py(v):.1f}' {dot}/>" for run in finite_runs(panel.steps, panel.values)
+                  for s, v in run]
     if panel.smoothed is not None:
-        for run in finite_runs(panel.steps, panel.smoothed):
-            points = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in run)
-            parts.append(f"<polyline class='smoothed' points='{points}' fill='none' stroke='{COLOURS[0]}' "
-                         "stroke-width='1.5'/>")
+        parts += curve("smoothed", panel.smoothed, 1)
     for step in resumes:
         if panel.steps[0] <= step <= panel.steps[-1]:
             parts.append(f"<line class='resume' x1='{px(step - 0.5):.1f}' y1='{y0}' x2='{px(step - 0.5):.1f}' "
