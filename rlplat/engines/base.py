@@ -12,8 +12,6 @@ rank, replicates them across the model-parallel ranks of one replica, and collec
 
 from __future__ import annotations
 
-import contextlib
-
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -65,6 +63,8 @@ class TrainingEngine(ABC):
     """Interface of the training backends (registry: ``TRAINING_ENGINES``, key ``<role>.strategy``)."""
 
     optim: Optimizer | None  # None for a frozen engine (the reference policy)
+    # the model's LoRA adapters (rlplat.engines.lora.LoRA) when model.lora.rank > 0 and the engine trains them
+    lora = None
     # tokens the forward passes were given (not padding) and computed (padding included); see packing_efficiency
     tokens_real: int = 0
     tokens_computed: int = 0
@@ -180,28 +180,6 @@ class TrainingEngine(ABC):
         """Every weight <- alpha * given + (1 - alpha) * weight (alpha = 1 copies), from full tensors in
         Hugging Face naming as :meth:`export_weights` yields them (e.g. the actor's, into the reference).
         Each rank updates its own shard; every weight of this model must be given."""
-
-    def export_adapters(self, dtype: torch.dtype | None = None,
-                        bucket_bytes: int = 512 * 2**20) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The LoRA adapters alone (full tensors, peft's names) in buckets, for ``rollout.lora_sync=adapter``.
-        Collective, like :meth:`export_weights`."""
-        raise TypeError(f"{type(self).__name__} has no LoRA adapters to export (model.lora.rank=0)")
-
-    def lora_reference(self) -> contextlib.AbstractContextManager:
-        """A context in which the model is a LoRA run's reference policy: the base model (its adapters off), or,
-        once :meth:`keep_lora_reference` was called, the base model with the reference's own adapters. An
-        engine without adapters has no such context."""
-        raise TypeError(f"{type(self).__name__} has no LoRA adapters (model.lora.rank=0)")
-
-    def keep_lora_reference(self) -> None:
-        """Keep a copy of the adapters as the reference's (``ref.sync_steps`` with LoRA), blended towards the
-        actor's by :meth:`blend_lora_reference`; the base weights are shared. It starts as the initial
-        adapters, whose B is zero: the base model exactly."""
-        raise TypeError(f"{type(self).__name__} has no LoRA adapters (model.lora.rank=0)")
-
-    def blend_lora_reference(self, alpha: float) -> None:
-        """The reference's adapters <- alpha * the actor's + (1 - alpha) * the reference's, shard by shard."""
-        raise TypeError(f"{type(self).__name__} has no LoRA adapters (model.lora.rank=0)")
 
     def live_weights(self) -> dict[str, torch.Tensor] | None:
         """The full weights under Hugging Face names as the live tensors the optimizer updates in place,

@@ -31,7 +31,7 @@ from rlplat.engines.base import (
 )
 from rlplat.engines.dist import DistContext
 from rlplat.engines.gated_mlp import install_gated_mlp
-from rlplat.engines.lora import adapters_disabled, inject_lora, merged, owner
+from rlplat.engines.lora import LoRA, bucketed, inject_lora, owner
 from rlplat.engines.optim import Optimizer
 from rlplat.engines.packing import PackedBatch
 from rlplat.engines.token_head import TokenOutputLM
@@ -109,8 +109,7 @@ class FSDPEngine(TrainingEngine):
             self.dp_group, self.sp_group = dist_ctx.replica_groups(self.sp_size)
         # LoRA adapters (model.lora, the actor only; initialised from ``seed`` alike on every rank): the scaling
         # of each adapted layer by its name
-        self.lora_scalings = inject_lora(module, lora, seed) if lora is not None and lora.rank else {}
-        self.reference_adapters: dict[str, torch.Tensor] | None = None  # keep_lora_reference (ref.sync_steps)
+        scalings = inject_lora(module, lora, seed) if lora is not None and lora.rank else None
         if model_cfg.gradient_checkpointing and optim_cfg is not None:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             module.train()  # transformers recomputes only in training mode ...
@@ -123,6 +122,8 @@ class FSDPEngine(TrainingEngine):
         self.chunked_head = not value_head and TokenOutputLM.fits(module)
         layer_classes = set(getattr(module, "_no_split_modules", None) or ())
         self._model = self._shard(TokenOutputLM(module) if self.chunked_head else module, fsdp_cfg, layer_classes)
+        if scalings is not None:
+            self.lora = LoRA(self._model, lora, scalings, lambda bucket, dtype: gather_bucket(bucket, dtype, self.ctx))
         self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps,
                                flat_state=True) if optim_cfg else None
         self.pack_sequences = fsdp_cfg.pack_sequences and self._packing_matches_padding()
@@ -245,7 +246,7 @@ class FSDPEngine(TrainingEngine):
         the adapters itself)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        lora = bool(self.lora_scalings)
+        lora = self.lora is not None
         return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
     def save_checkpoint(self, path: str) -> None:
@@ -255,8 +256,8 @@ class FSDPEngine(TrainingEngine):
         model_state, optim_state = get_state_dict(self._model, [self.optim.optimizer] if self.optim else [],
                                                   options=self._state_options())
         state = {"model": self._trained_only(model_state), "optim": optim_state}
-        if self.reference_adapters is not None:  # a synced reference's adapters (ref.sync_steps with LoRA)
-            state["reference_adapters"] = self.reference_adapters
+        if (reference := self._reference_adapters()) is not None:  # a synced reference's (ref.sync_steps with LoRA)
+            state["reference_adapters"] = reference
         dcp.save(state, checkpoint_id=path)
         save_rank_state(path, self.ctx.rank, self.optim)
 
@@ -268,8 +269,8 @@ class FSDPEngine(TrainingEngine):
         options = self._state_options()
         model_state, optim_state = get_state_dict(self._model, optimizers, options=options)
         state = {"model": self._trained_only(model_state), "optim": optim_state}
-        if self.reference_adapters is not None:
-            state["reference_adapters"] = self.reference_adapters  # loaded in place
+        if (reference := self._reference_adapters()) is not None:
+            state["reference_adapters"] = reference  # loaded in place
         dcp.load(state, checkpoint_id=path)
         loaded = set_state_dict(self._model, optimizers, model_state_dict=state["model"],
                                 optim_state_dict=state["optim"], options=options)
@@ -278,55 +279,21 @@ class FSDPEngine(TrainingEngine):
             raise RuntimeError(f"{path}: the checkpoint has no {missing[0]!r} ({len(missing)} trained weights missing)")
         load_rank_state(path, self.ctx.rank, self.optim)
 
+    def _reference_adapters(self) -> dict[str, torch.Tensor] | None:
+        return self.lora.reference_adapters if self.lora is not None else None
+
     def _trained_only(self, model_state: dict) -> dict:
         """With LoRA, the adapters' entries alone (a frozen weight tied to another, the output layer tied to the
         embedding, is kept by torch's ``ignore_frozen_params``)."""
-        if not self.lora_scalings:
+        if self.lora is None:
             return model_state
         frozen = {name for name, p in self._model.named_parameters(remove_duplicate=False) if not p.requires_grad}
         return {name: value for name, value in model_state.items() if name not in frozen}
 
-    def _adapters(self) -> dict[str, torch.nn.Parameter]:
-        return {name: p for name, p in self._model.named_parameters() if ".lora_A." in name or ".lora_B." in name}
-
-    def lora_reference(self):
-        if not self.lora_scalings:
-            return super().lora_reference()
-        if self.reference_adapters is None:
-            return adapters_disabled(self._model)
-        return self._reference_adapters_in()
-
-    @contextlib.contextmanager
-    def _reference_adapters_in(self):
-        """The reference's adapters in the model's place inside the block, the actor's back after it."""
-        adapters = self._adapters()
-        with torch.no_grad():
-            own = {name: p.detach().clone() for name, p in adapters.items()}
-            for name, p in adapters.items():
-                p.copy_(self.reference_adapters[name])
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for name, p in adapters.items():
-                    p.copy_(own[name])
-
-    def keep_lora_reference(self) -> None:
-        if not self.lora_scalings:
-            return super().keep_lora_reference()
-        self.reference_adapters = {name: p.detach().clone() for name, p in self._adapters().items()}
-
-    def blend_lora_reference(self, alpha: float) -> None:
-        if self.reference_adapters is None:
-            return super().blend_lora_reference(alpha)
-        with torch.no_grad():
-            for name, p in self._adapters().items():
-                blend_(self.reference_adapters[name], p.detach(), alpha)
-
     def live_weights(self):
         from torch.distributed.tensor import DTensor
 
-        if self.ctx.world_size != 1 or self.offloaded or self.lora_scalings:
+        if self.ctx.world_size != 1 or self.offloaded or self.lora is not None:
             return None  # sharded (or offloaded to the host, or LoRA's merged weights): only copies are whole
         return {name: tensor.to_local() if isinstance(tensor, DTensor) else tensor
                 for name, tensor in self._model.state_dict(keep_vars=True).items()}
@@ -335,41 +302,22 @@ class FSDPEngine(TrainingEngine):
         for bucket in self._buckets(dtype, bucket_bytes):
             yield self._gathered(bucket, dtype)
 
-    def export_adapters(self, dtype=None, bucket_bytes=512 * 2**20):
-        if not self.lora_scalings:
-            yield from super().export_adapters(dtype, bucket_bytes)
-            return
-        for bucket in self._buckets(dtype, bucket_bytes, adapters_only=True):
-            yield gather_bucket(bucket, dtype, self.ctx)
-
-    def _buckets(self, dtype, bucket_bytes, adapters_only=False):
+    def _buckets(self, dtype, bucket_bytes):
         """The state dict's (name, local tensor) pairs in buckets of about ``bucket_bytes`` (in ``dtype``); an
         adapted layer's base weight and adapters stay in one bucket (they are merged there)."""
-        bucket, size, layer = [], 0, None
-        for name, tensor in self._model.state_dict().items():
-            if adapters_only and ".lora_A." not in name and ".lora_B." not in name:
-                continue
-            nbytes = tensor.numel() * (dtype or tensor.dtype).itemsize
-            part_of = owner(name) if self.lora_scalings and not adapters_only else None
-            if bucket and size + nbytes > bucket_bytes and (part_of is None or part_of != layer):
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-            layer = part_of
-        if bucket:
-            yield bucket
+        group_of = owner if self.lora is not None else (lambda name: None)
+        return bucketed(list(self._model.state_dict().items()), dtype, bucket_bytes, group_of)
 
     def _gathered(self, bucket, dtype):
         """A bucket's full tensors in ``dtype``; with LoRA under Hugging Face names, merged (gathered in float32)."""
-        if not self.lora_scalings:
+        if self.lora is None:
             return gather_bucket(bucket, dtype, self.ctx)
-        return merged(gather_bucket(bucket, None, self.ctx), self.lora_scalings, dtype)
+        return self.lora.merge(gather_bucket(bucket, None, self.ctx), dtype)
 
     def blend_weights(self, buckets, alpha):
         from torch.distributed.tensor import DTensor, Shard
 
-        if self.lora_scalings:
+        if self.lora is not None:
             raise TypeError("blend_weights: an engine with LoRA adapters is the reference with its adapters off")
 
         params = self._model.state_dict()  # name -> this rank's Shard(0) piece (tied weights share one)

@@ -16,15 +16,107 @@ the base model, bit for bit (the reference policy for free).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
+from rlplat.engines.base import blend_
 
 ADAPTER = "default"  # peft's name of the one adapter rlplat trains
+
+WeightBucket = list[tuple[str, torch.Tensor]]
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a parameter or state-dict entry of an adapted model is a LoRA adapter (peft's ``lora_A`` or
+    ``lora_B``), not a base weight."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+class LoRA:
+    """A training engine's LoRA adapters (``engine.lora``; the engine has none without ``model.lora.rank``).
+
+    Built by the engine once its model holds peft's adapters (:func:`inject_lora`) and is wrapped as it trains
+    (``model``: the engine's outermost module, whose state dict names the adapters). ``gather`` turns a bucket
+    of this rank's (name, tensor) pieces into full tensors in a dtype (collective over the engine's ranks).
+    With ``ref.sync_steps`` the reference policy keeps adapters of its own (:meth:`keep_reference`), blended
+    towards the actor's (:meth:`blend_reference`); the base weights are always shared.
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: DictConfig, scalings: dict[str, float],
+                 gather: Callable[[WeightBucket, torch.dtype | None], WeightBucket]):
+        self.model, self.cfg, self.scalings, self._gather = model, cfg, scalings, gather
+        self.reference_adapters: dict[str, torch.Tensor] | None = None  # keep_reference (ref.sync_steps)
+
+    def adapters(self) -> dict[str, torch.nn.Parameter]:
+        """The trained adapter parameters by name."""
+        return {name: p for name, p in self.model.named_parameters() if is_adapter(name)}
+
+    def export(self, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """The adapters alone as full tensors under peft's names, in buckets of about ``bucket_bytes``
+        (``rollout.lora_sync=adapter``). Collective, like the engine's ``export_weights``."""
+        items = [(name, tensor) for name, tensor in self.model.state_dict().items() if is_adapter(name)]
+        for bucket in bucketed(items, dtype, bucket_bytes):
+            yield self._gather(bucket, dtype)
+
+    def merge(self, full: WeightBucket, dtype: torch.dtype | None) -> WeightBucket:
+        """A bucket of full tensors under peft's names as Hugging Face weights, each adapted layer merged
+        (:func:`merged`)."""
+        return merged(full, self.scalings, dtype)
+
+    def reference(self) -> contextlib.AbstractContextManager:
+        """A context in which the model is the reference policy: the base model (its adapters off), or, once
+        :meth:`keep_reference` was called, the base model with the reference's own adapters."""
+        if self.reference_adapters is None:
+            return adapters_disabled(self.model)
+        return self._reference_adapters_in()
+
+    @contextlib.contextmanager
+    def _reference_adapters_in(self):
+        """The reference's adapters in the model's place inside the block, the actor's back after it."""
+        adapters = self.adapters()
+        with torch.no_grad():
+            own = {name: p.detach().clone() for name, p in adapters.items()}
+            for name, p in adapters.items():
+                p.copy_(self.reference_adapters[name])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, p in adapters.items():
+                    p.copy_(own[name])
+
+    def keep_reference(self) -> None:
+        """Keep a copy of the adapters as the reference's. It starts as the initial adapters, whose B is zero:
+        the base model exactly."""
+        self.reference_adapters = {name: p.detach().clone() for name, p in self.adapters().items()}
+
+    def blend_reference(self, alpha: float) -> None:
+        """The reference's adapters <- alpha * the actor's + (1 - alpha) * the reference's, shard by shard."""
+        with torch.no_grad():
+            for name, p in self.adapters().items():
+                blend_(self.reference_adapters[name], p.detach(), alpha)
+
+
+def bucketed(items: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None, bucket_bytes: int,
+             group_of: Callable[[str], str | None] = lambda name: None) -> Iterator[WeightBucket]:
+    """``items`` in buckets of about ``bucket_bytes`` (counted in ``dtype``, None: each tensor's own); entries
+    with the same non-None ``group_of(name)`` stay in one bucket."""
+    bucket, size, group = [], 0, None
+    for name, tensor in items:
+        nbytes = tensor.numel() * (dtype or tensor.dtype).itemsize
+        part_of = group_of(name)
+        if bucket and size + nbytes > bucket_bytes and (part_of is None or part_of != group):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+        group = part_of
+    if bucket:
+        yield bucket
 
 
 def inject_lora(module: torch.nn.Module, lora_cfg: DictConfig, seed: int = 0) -> dict[str, float]:
@@ -132,7 +224,7 @@ def merged(items: list[tuple[str, torch.Tensor]], scalings: dict[str, float],
     tensors = dict(items)
     out = []
     for name, tensor in items:
-        if ".lora_A." in name or ".lora_B." in name:
+        if is_adapter(name):
             continue
         layer, base, attr = name.rpartition(".base_layer.")
         if base:

@@ -187,7 +187,7 @@ class RolloutEngine(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot apply LoRA adapters")
 
     def weight_checksums(self) -> dict | None:
-        """:func:`rlplat.rollout.weight_sync.named_checksums` of the weights the engine holds, under the Hugging
+        """:func:`rlplat.rollout.checksums.named_checksums` of the weights the engine holds, under the Hugging
         Face names :meth:`load_weights` received them by, for ``rollout.verify_weights``; None when the
         engine cannot show them so (it holds them fused, or in another process)."""
         return None

@@ -36,7 +36,7 @@ from rlplat.rollout.base import (
     left_padded, samples_of,
 )
 from rlplat.rollout.decoder import DenseForward, KeptCache, ModelForward, matches_model
-from rlplat.rollout.weight_sync import named_checksums
+from rlplat.rollout.checksums import named_checksums
 from rlplat.sequence import position_ids_from_mask, response_log_probs, response_mask_from_ids
 
 
@@ -290,13 +290,13 @@ class HFRolloutEngine(RolloutEngine):
         """The first call puts peft's LoRA layers into the engine's model (its base weights stay) and samples
         through the model's own forward from then on (the dense forward reads the base weights only); every
         call copies the adapters in."""
-        from rlplat.engines.lora import inject_lora
+        from rlplat.engines.lora import inject_lora, is_adapter
 
-        if not any(".lora_A." in name for name, _ in self.model.named_parameters()):
+        if not any(is_adapter(name) for name, _ in self.model.named_parameters()):
             inject_lora(self.model, lora_cfg)
             self.model.requires_grad_(False)
             self.forward = ModelForward(self.model)
-        adapters = {name: p for name, p in self.model.named_parameters() if ".lora_" in name}
+        adapters = {name: p for name, p in self.model.named_parameters() if is_adapter(name)}
         _copy_in(adapters, buckets, "adapter", "model.lora differs between the roles?")
 
     def weight_checksums(self) -> dict:

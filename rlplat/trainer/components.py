@@ -20,14 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlplat.config.imports import import_user_modules
 from rlplat.config.plan import RunPlan
-from rlplat.controller import InProcessWorkerGroup, Pending, RayWorkerGroup, ResourcePool, WorkerGroup
+from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
 from rlplat.models.embedded import EMBEDDED
 from rlplat.protocol import Batch
 from rlplat.reward import ModelScores, RewardManager, RewardsFailing, ScoreResult, build_reward_manager
 from rlplat.reward.judge import ServerJudge, judge_prompts, parse_verdict
-from rlplat.rollout.weight_sync import corruption_for_test, probe_tolerance
 from rlplat.trainer.sft import ensure_embedded_model
+from rlplat.trainer.weight_push import WeightPush
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
 from rlplat.rollout.agent_loop import prompt_tools
@@ -92,44 +92,12 @@ class Components:
     reward_model: WorkerGroup | None = None  # RewardModelWorker group when reward.model.path is set
     judge: Any = None  # JudgeWorker group (reward.judge.model_path) or ServerJudge (reward.judge.url)
     rollout: WorkerGroup | None = None  # RolloutWorker group on its own pool (rollout.mode=separate)
-    # the rollout workers' receipts not yet checked: (rank, weight version, receipt)
-    weight_syncs: list[tuple[int, int, Pending]] = field(default_factory=list)
-    verified_once: bool = False  # rollout.verify_weights=first: the first sync was checked
+    weights: WeightPush | None = None  # the weight syncs to a separate rollout pool and to the reference
 
     @property
     def generator(self) -> WorkerGroup:
         """The group whose rollout engines generate: the separate rollout pool, else the actor's workers."""
         return self.rollout if self.rollout is not None else self.actor
-
-    def push_weights(self, version: int) -> None:
-        """``rollout.mode=separate``: send the actor's weights, numbered ``version``, to every rollout worker.
-        The actor's gathers happen now; the rollout workers load the weights after the generations already
-        submitted to them (each runs its calls in order), and :meth:`check_weight_syncs` reads their receipts."""
-        mode = self.cfg.rollout.verify_weights
-        verify = mode == "every" or (mode == "first" and not self.verified_once)
-        tolerance = probe_tolerance(self.plan.rollout_log_probs_exact, self.cfg.rollout.verify_log_prob_tol)
-        probe = list(self.val_data[0]["prompt_ids"])  # a fixed sequence: the first validation prompt
-        update = self.actor.weight_update(version, verify, probe if len(probe) > 1 else None, tolerance,
-                                          corruption_for_test())[0]
-        receive = "receive_weights_between_tokens" if self.cfg.rollout.partial == "resume" else "receive_weights"
-        self.weight_syncs += [(rank, version, self.rollout.submit_to(rank, receive, update))
-                              for rank in range(self.rollout.world_size)]
-        self.verified_once = self.verified_once or verify
-
-    def check_weight_syncs(self, needed: dict[int, int] | None = None) -> None:
-        """Read the rollout workers' receipts of the weight syncs: those already back, and, waiting for them,
-        those of each rank in ``needed`` up to its version (the weights of the samples about to be trained;
-        None: every sync sent so far). A rollout worker that does not hold exactly what the actor sent stops the
-        run (:class:`RunError`, naming the tensor)."""
-        waiting = []
-        for rank, version, receipt in self.weight_syncs:
-            if needed is not None and version > needed.get(rank, -1) and not receipt.done():
-                waiting.append((rank, version, receipt))
-            elif problem := receipt.result():
-                raise RunError(f"weight sync to rollout worker {rank}: {problem}; the run stops rather than "
-                               f"train on samples of weights that are not the actor's (rollout.verify_weights="
-                               f"{self.cfg.rollout.verify_weights})")
-        self.weight_syncs = waiting
 
     def _batch(self, items: list[dict]) -> Batch:
         tensors, lists = collate(items, self.tokenizer.pad_token_id)
@@ -183,15 +151,6 @@ class Components:
         critic, and a separate reference when ``ref.sync_steps`` makes it change."""
         synced_ref = self.ref if self.cfg.ref.sync_steps > 0 else None
         return [group for group in (self.actor, self.critic, synced_ref) if group is not None]
-
-    def sync_reference(self, alpha: float) -> None:
-        """Reference <- alpha * actor + (1 - alpha) * reference: inside each actor worker when colocated
-        (streamed in buckets); through the controller to a separate reference (one full copy)."""
-        if self.plan.reference in ("colocated", "adapters"):
-            self.actor.sync_reference(alpha)
-            return
-        weights = self.actor.actor_weights(only_rank0=True)[0]
-        self.ref.blend_reference([list(weights.items())], alpha)
 
     def truncated(self, batch: Batch) -> torch.Tensor:
         """``[batch]`` bool: the responses that ended at ``data.max_response_length`` without EOS or any
@@ -371,18 +330,6 @@ def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, cr
     for group in scorers:  # the reward model and the judge: their own model paths
         if group is not None:
             group.init_model()
-    if rollout is not None and cfg.rollout.weight_transport == "distributed":
-        open_weight_channel(actor, rollout)
-
-
-def open_weight_channel(actor: WorkerGroup, rollout: WorkerGroup) -> None:
-    """The torch.distributed group that carries weight updates from the actor's rank 0 to the rollout workers
-    (``rollout.weight_transport=distributed``): every member joins at once, at an address rank 0 chose."""
-    host, port = actor.weight_channel_address()[0]
-    size = 1 + rollout.world_size
-    joining = [group.submit("join_weight_channel", host, port, size) for group in (actor, rollout)]
-    for pending in joining:
-        pending.result()
 
 
 def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Components:
@@ -411,11 +358,13 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
                       project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name, resume=resuming)
     actor, ref, critic, rollout, scorers, pools = _in_process_groups(cfg, plan) if in_process else launched
     _load_models(cfg, plan, model_path, actor, ref, critic, rollout, scorers)
+    weights = WeightPush(cfg, plan, actor, rollout, ref, list(val_data[0]["prompt_ids"]))
+    weights.open_channels()
     reward_model, judge = scorers
     if cfg.reward.judge.url:
         judge = ServerJudge(cfg.reward.judge)
     return Components(
         cfg=cfg, plan=plan, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
         val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,
-        model_path=model_path, pools=pools, reward_model=reward_model, judge=judge, rollout=rollout,
+        model_path=model_path, pools=pools, reward_model=reward_model, judge=judge, rollout=rollout, weights=weights,
     )

@@ -445,7 +445,7 @@ class PPOTrainer:
     def sync_rollout(self, batch: Batch, metrics: dict) -> Batch:
         """``rollout.mode=separate``: send the updated weights, numbered with this step, to the rollout pool;
         its workers load them after the generations already submitted to them (:mod:`rlplat.trainer.rollout_queue`)."""
-        self.components.push_weights(self.step)
+        self.components.weights.send(self.step)
         return batch
 
     def sync_reference(self, batch: Batch, metrics: dict) -> Batch:
@@ -453,7 +453,7 @@ class PPOTrainer:
         ``ref.sync_alpha`` (1 = copy: open-instruct's reference refresh; < 1 = Polyak mixing, TRL's
         ``sync_ref_model`` with ``ref_model_mixup_alpha``)."""
         if self.step % self.cfg.ref.sync_steps == 0:
-            self.components.sync_reference(self.cfg.ref.sync_alpha)
+            self.components.weights.sync_reference(self.cfg.ref.sync_alpha)
             metrics["ref/synced"] = 1.0
         return batch
 

@@ -97,7 +97,7 @@ class RolloutQueue(Rollouts):
     def start(self, step: int) -> None:
         """Send the actor's weights (version ``step``: the initial model, or the resumed checkpoint's) before
         anything is generated."""
-        self.components.push_weights(step)
+        self.components.weights.send(step)
 
     def next_groups(self, count: int) -> None:
         if self.streams:  # pulled from the stream: the calls of the missing groups only
@@ -117,7 +117,7 @@ class RolloutQueue(Rollouts):
             self.in_flight.remove(flight)
         taken.sort(key=lambda f: f.uids[0])
         parts = [flight.ready.result() for flight in taken]  # a reward error is raised here
-        self.components.check_weight_syncs(self._weights_used(taken, [part[0] for part in parts]))
+        self.components.weights.check(self._weights_used(taken, [part[0] for part in parts]))
         out = join_rollouts([part[0] for part in parts], self.components.tokenizer.pad_token_id)
         for key in ("weight_sync_s", "weight_sync_mb"):  # the pool's sync is the trainer's sync_rollout stage
             out.meta.pop(key, None)
@@ -211,7 +211,7 @@ class RolloutQueue(Rollouts):
             return out, scores, (start, time.time())
 
     def check_loaded_weights(self) -> None:
-        self.components.check_weight_syncs()
+        self.components.weights.check()
 
     def close(self) -> None:
         """Drop the calls not yet finished (the end of the run, or an error)."""

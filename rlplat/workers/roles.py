@@ -14,7 +14,6 @@ Methods the controller calls carry their dispatch mode (``@register``); see
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
 
@@ -29,19 +28,12 @@ from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
 from rlplat.rollout.agent_loop import AgentLoop
 from rlplat.rollout.base import NonFiniteLogitsError, RolloutEngine, UpdateSlot, assemble_rollout
-from rlplat.rollout.weight_channel import WeightChannel
-from rlplat.rollout.weight_sync import WeightUpdate, corrupt_for_test, probe_mismatch, weight_mismatch
 from rlplat.utils.errors import RunError
 from rlplat.workers.actor_loss import actor_loss, critic_loss, sft_loss
 from rlplat.workers.base import Dispatch, Worker, register
 from rlplat.workers.engine_setup import build_agent_loop, build_rollout_engine, build_training_engine
-
-
-def _counted(buckets, total: list[int]):
-    """``buckets`` as they are, adding their tensors' bytes to ``total[0]``."""
-    for bucket in buckets:
-        total[0] += sum(tensor.numel() * tensor.element_size() for _, tensor in bucket)
-        yield bucket
+from rlplat.workers.weight_channel import BucketLayout
+from rlplat.workers.weight_sync import WeightSync, WeightUpdate, probe_mismatch, weight_mismatch
 
 
 def reference_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -> Batch:
@@ -60,6 +52,7 @@ class _Role(Worker):
     def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan | None = None):
         super().__init__(rank, world_size, device)
         self.cfg, self.plan = cfg, plan
+        self.weights = WeightSync(cfg, plan) if plan is not None else None  # this worker's end of weight sync
 
     def _train(self, engine: TrainingEngine, batch: Batch, epochs: int, mini_size: int, split: MicroBatching,
                loss_fn, **forward) -> dict[str, float]:
@@ -117,6 +110,12 @@ class _Role(Worker):
         for name in self._checkpointed():
             getattr(self, name).load_checkpoint(f"{path}/{name}")
 
+    @register(Dispatch.ONE_TO_ALL)
+    def join_weight_channel(self, to: str, host: str, port: int, size: int) -> None:
+        """Join the weight channel from the actor's rank 0 to this worker's pool (``to``: "rollout", "ref") as
+        its receiver ``1 + rank`` (:class:`~rlplat.workers.weight_sync.WeightSync`)."""
+        self.weights.join(to, host, port, 1 + self.rank, size, self.device_type)
+
     def close(self) -> None:
         for name in ("actor", "ref", "critic"):
             if (engine := getattr(self, name, None)) is not None:
@@ -139,10 +138,6 @@ class _Generates(_Role):
 
     rollout: RolloutEngine | None
     agent: AgentLoop | None
-
-    def _sends_adapters(self) -> bool:
-        """LoRA with ``rollout.lora_sync=adapter``: the rollout engine receives the adapters alone."""
-        return bool(self.cfg.model.lora.rank) and self.cfg.rollout.lora_sync == "adapter"
 
     def rollout_mode(self) -> contextlib.AbstractContextManager[dict]:
         """Around each generation: makes the engine ready; yields a dict that receives ``weight_sync_s``."""
@@ -193,7 +188,6 @@ class ActorRolloutRefWorker(_Generates):
         super().__init__(rank, world_size, device, cfg, plan)
         self.actor = self.rollout = self.ref = self.agent = None
         self.weights_stale = False  # the actor changed since the rollout engine last received its weights
-        self.weight_channel: WeightChannel | None = None  # rank 0, rollout.weight_transport=distributed
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str, with_ref: bool, with_rollout: bool = True) -> None:
@@ -208,41 +202,14 @@ class ActorRolloutRefWorker(_Generates):
         if with_ref:
             self.ref = build_training_engine(cfg, "ref", model_path, ctx)
         if self.plan.reference == "adapters" and cfg.ref.sync_steps > 0:
-            self.actor.keep_lora_reference()  # the synced reference's adapters; the base weights are shared
+            self.actor.lora.keep_reference()  # the synced reference's adapters; the base weights are shared
         if not with_rollout:
             return
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
         self.rollout = build_rollout_engine(cfg, self.plan, model_path, tokenizer, ctx)
         self.agent = build_agent_loop(cfg, self.plan, tokenizer)
         # the rollout engine read the same model from disk, unless it starts from a dummy initialisation
-        self.weights_stale = not self._share_actor_weights() and self.rollout.needs_initial_weights
-
-    def _share_actor_weights(self) -> bool:
-        """Give the rollout engine the actor's live tensors when it can use them as they are (one model in
-        memory, nothing to copy after an update); False when it cannot."""
-        live = self.actor.live_weights()
-        return live is not None and self.rollout.share_weights(live)
-
-    def _sync_weights(self) -> int:
-        """The rollout engine gets the actor's current weights: its own tensors when it can share them, else
-        copies in buckets of ``rollout.weight_sync_bucket_mb`` in the rollout's dtype (with LoRA the merged
-        weights, or the adapters alone: ``rollout.lora_sync``). Returns the bytes copied."""
-        copied = [0]
-        if not self._share_actor_weights():
-            buckets = _counted(self._rollout_buckets(), copied)
-            if self._sends_adapters():
-                self.rollout.load_adapters(buckets, self.cfg.model.lora)
-            else:
-                self.rollout.load_weights(buckets)
-        self.weights_stale = False
-        return copied[0]
-
-    def _rollout_buckets(self):
-        """The actor's weights as the rollout engine receives them (gathered bucket by bucket: collective)."""
-        dtype, bucket_bytes = getattr(torch, self.plan.rollout_dtype), self.cfg.rollout.weight_sync_bucket_mb * 2**20
-        if self._sends_adapters():
-            return self.actor.export_adapters(dtype, bucket_bytes)
-        return self.actor.export_weights(dtype, bucket_bytes)
+        self.weights_stale = not self.weights.shares(self.actor, self.rollout) and self.rollout.needs_initial_weights
 
     @contextlib.contextmanager
     def rollout_mode(self):
@@ -254,8 +221,9 @@ class ActorRolloutRefWorker(_Generates):
             engine.wake_up(("weights",))
         if self.weights_stale or engine.weights_discarded_by_sleep:
             start = time.perf_counter()
-            timings["weight_sync_mb"] = self._sync_weights() / 2**20
+            timings["weight_sync_mb"] = self.weights.to_engine(self.actor, engine) / 2**20
             timings["weight_sync_s"] = time.perf_counter() - start
+            self.weights_stale = False
         if sleeps:
             engine.wake_up(("kv_cache",))
         try:
@@ -281,7 +249,7 @@ class ActorRolloutRefWorker(_Generates):
         """The colocated reference's log-probs; with LoRA (reference "adapters") the actor's own model without
         its adapters, or with the synced reference's adapters (``ref.sync_steps``): no copy of the model."""
         if self.plan.reference == "adapters":
-            with self.actor.lora_reference():
+            with self.actor.lora.reference():
                 return reference_log_probs(self.actor, batch, self.cfg)
         return reference_log_probs(self.ref, batch, self.cfg)
 
@@ -328,23 +296,11 @@ class ActorRolloutRefWorker(_Generates):
 
     @register(Dispatch.ONE_TO_ALL)
     def weight_update(self, version: int, verify: bool, probe_ids: list[int] | None = None,
-                      probe_tolerance: float = 0.0, corrupt: str | None = None) -> WeightUpdate | None:
-        """The actor's full weights in the rollout's dtype as one numbered :class:`WeightUpdate` for a separate
-        rollout pool; when ``verify``, with each tensor's checksum and the actor's log-probs of ``probe_ids``.
-        Rank 0 returns it; the other ranks take part in the gathers (and the probe's forward) and return None.
-        With a weight channel (:meth:`join_weight_channel`) the tensors go over it, from a thread of their own,
-        and the update comes back without them (:meth:`WeightUpdate.header`)."""
-        buckets = self._rollout_buckets()
-        if self.rank != 0:
-            for _ in buckets:  # the gathers are collective: take part, keep nothing
-                pass
-            update = None
-        else:
-            update = WeightUpdate.of(version, buckets, verify, pack_buckets=self.weight_channel is not None)
-            corrupt_for_test(update, corrupt)  # a test hook (corruption_for_test): a bucket damaged on its way
-            if self.weight_channel is not None:
-                self.weight_channel.send(update.packed)
-                update = update.header()
+                      probe_tolerance: float = 0.0) -> WeightUpdate | None:
+        """The actor's weights as one numbered :class:`WeightUpdate` for a separate rollout pool
+        (:meth:`WeightSync.update`); when ``verify``, with each tensor's checksum and the actor's log-probs of
+        ``probe_ids``. Rank 0 returns it; the other ranks take part in the gathers (and the probe's forward)."""
+        update = self.weights.update(self.actor, self.rank, version, verify)
         if verify and probe_ids:
             log_probs = self._sequence_log_probs(probe_ids)  # a forward every rank takes part in
             if update is not None:
@@ -353,15 +309,16 @@ class ActorRolloutRefWorker(_Generates):
 
     @register(Dispatch.ONE_TO_ALL)
     def weight_channel_address(self) -> tuple[str, int]:
-        """Where the weight channel's store will listen: this node and a free port (rank 0's answer is used)."""
+        """Where a weight channel's store will listen: this node and a free port (rank 0's answer is used)."""
         return self.master_address()
 
     @register(Dispatch.ONE_TO_ALL)
-    def join_weight_channel(self, host: str, port: int, size: int) -> None:
-        """Rank 0 opens the weight channel to the ``size - 1`` rollout workers (``rollout.weight_transport=
-        distributed``) and is its sender; the other ranks have no part in it."""
+    def join_weight_channel(self, to: str, host: str, port: int, size: int) -> None:
+        """Rank 0 opens the weight channel to the ``size - 1`` workers of the ``to`` pool ("rollout": a separate
+        rollout pool with ``rollout.weight_transport=distributed``; "ref": a separate reference) and is its
+        sender; the other ranks have no part in it."""
         if self.rank == 0:
-            self.weight_channel = WeightChannel(host, port, 0, size, self.device_type)
+            self.weights.join(to, host, port, 0, size, self.device_type)
 
     def _sequence_log_probs(self, ids: list[int]) -> list[float]:
         """The actor's log-prob of each of ``ids[1:]`` given the tokens before it (temperature 1)."""
@@ -373,13 +330,14 @@ class ActorRolloutRefWorker(_Generates):
 
     @register(Dispatch.ONE_TO_ALL)
     def sync_reference(self, alpha: float) -> None:
-        """The colocated reference <- alpha * actor + (1 - alpha) * reference, one bucket at a time (with LoRA
-        the reference's adapters, each rank its own shards)."""
-        if self.plan.reference == "adapters":
-            self.actor.blend_lora_reference(alpha)
-            return
-        bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
-        self.ref.blend_weights(self.actor.export_weights(bucket_bytes=bucket_bytes), alpha)
+        """The colocated reference <- alpha * actor + (1 - alpha) * reference (:meth:`WeightSync.blend_reference`)."""
+        self.weights.blend_reference(self.actor, self.ref, alpha)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def send_reference(self) -> list[BucketLayout] | None:
+        """A separate reference's blend: the actor's weights over the reference's weight channel
+        (:meth:`WeightSync.send_reference`); rank 0 returns their layouts."""
+        return self.weights.send_reference(self.actor, self.rank)
 
 
 class RolloutWorker(_Generates):
@@ -399,7 +357,6 @@ class RolloutWorker(_Generates):
         self.loaded = threading.Condition()  # notified when ``version`` changes, or a load fails
         self.load_error: str | None = None  # why the last update could not be loaded (calls waiting for it stop)
         self.engine_lock = threading.Lock()  # held while the engine generates, or loads weights between calls
-        self.weight_channel: WeightChannel | None = None  # rollout.weight_transport=distributed
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str) -> None:
@@ -414,18 +371,13 @@ class RolloutWorker(_Generates):
             self.rollout.updates = UpdateSlot()
 
     @register(Dispatch.ONE_TO_ALL)
-    def join_weight_channel(self, host: str, port: int, size: int) -> None:
-        """Join the actor's rank 0 in the weight channel, as its rank ``1 + rank``."""
-        self.weight_channel = WeightChannel(host, port, 1 + self.rank, size, self.device_type)
-
-    @register(Dispatch.ONE_TO_ALL)
     def receive_weights(self, update: WeightUpdate) -> str | None:
         """Load ``update`` into the engine (its buckets, or those arriving over the weight channel, one at a
         time) after the calls submitted before it, then make the checks it carries (those the engine can:
         checksums of the tensors it holds, its log-probs of the probe). Returns what differs in one line, or None."""
         if not update.layouts:
             return self._load(update, update.buckets)
-        arriving = self.weight_channel.receive(update.layouts)
+        arriving = self.weights.receive(update.layouts, "rollout")
         try:
             return self._load(update, arriving)
         finally:  # an engine that stopped reading still takes the rest: the sender must not wait forever
@@ -437,7 +389,7 @@ class RolloutWorker(_Generates):
         """``rollout.partial=resume``: :meth:`receive_weights` in a thread of its own, beside the generation. The
         update is received whole (held in memory), then loaded by the generation under way between two of its
         tokens (it goes on under the new weights), or as soon as no generation runs."""
-        buckets = list(self.weight_channel.receive(update.layouts)) if update.layouts else update.buckets
+        buckets = list(self.weights.receive(update.layouts, "rollout")) if update.layouts else update.buckets
         applied, outcome = threading.Event(), {}
 
         def apply() -> None:
@@ -461,10 +413,8 @@ class RolloutWorker(_Generates):
         return outcome["problem"]
 
     def _load(self, update: WeightUpdate, buckets) -> str | None:
-        load = (functools.partial(self.rollout.load_adapters, lora_cfg=self.cfg.model.lora)
-                if self._sends_adapters() else self.rollout.load_weights)
         try:
-            load(buckets)
+            self.weights.load(self.rollout, buckets)
         except BaseException as err:
             with self.loaded:
                 self.load_error = f"loading the weights of update {update.version} failed: {err}"
@@ -524,9 +474,15 @@ class RefWorker(_Role):
         return reference_log_probs(self.ref, batch, self.cfg)
 
     @register(Dispatch.ONE_TO_ALL)
-    def blend_reference(self, buckets: list[list[tuple[str, torch.Tensor]]], alpha: float) -> None:
-        """reference <- alpha * weights + (1 - alpha) * reference, from the actor's full weights."""
-        self.ref.blend_weights(buckets, alpha)
+    def blend_reference(self, layouts: list[BucketLayout], alpha: float) -> None:
+        """reference <- alpha * actor + (1 - alpha) * reference, from the actor's full weights as they arrive
+        over the reference's weight channel (:meth:`ActorRolloutRefWorker.send_reference`), bucket by bucket."""
+        arriving = self.weights.receive(layouts, "ref")
+        try:
+            self.ref.blend_weights(arriving, alpha)
+        finally:  # the sender must not wait forever for a receiver that stopped reading
+            for _ in arriving:
+                pass
 
 
 class CriticWorker(_Role):

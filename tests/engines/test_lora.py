@@ -228,7 +228,6 @@ def test_a_rollout_worker_of_its_own_receives_and_checks_a_lora_update(tiny_mode
     # rollout.mode=separate (here in one process, without Ray): the numbered update carries the merged weights
     # or the adapters alone; the rollout worker's checks pass (checksums of what the engine holds, the probe
     # at 1e-5), and a damaged adapter is named
-    from rlplat.rollout.weight_sync import corrupt_for_test
     from rlplat.workers.roles import RolloutWorker
 
     cfg, plan = engine_config(tiny_model_path, extra=[*LORA, f"rollout.lora_sync={sync}"])
@@ -247,7 +246,7 @@ def test_a_rollout_worker_of_its_own_receives_and_checks_a_lora_update(tiny_mode
         mask = out.tensors["response_mask"].bool()
         policy = actor.compute_log_probs(out).tensors["old_log_probs"]
         torch.testing.assert_close(out.tensors["rollout_log_probs"][mask], policy[mask], atol=1e-5, rtol=0)
-        corrupt_for_test(update, names[1])
+        dict(pair for bucket in update.buckets for pair in bucket)[names[1]].view(-1)[0] += 1  # damaged on its way
         assert f"holds {names[1]!r} with other bits than the actor sent" in rollout.receive_weights(update)[0]
     finally:
         rollout.shutdown()
@@ -271,15 +270,15 @@ def test_a_synced_lora_reference_keeps_its_own_adapters_and_checkpoints_them(tin
         base_lp = base.infer(out, split=MicroBatching(3), temperature=1.0)["log_probs"]
         assert torch.equal(group.compute_ref_log_probs(out).tensors["ref_log_probs"], base_lp)  # not synced yet
 
-        before = {name: t.clone() for name, t in engine.reference_adapters.items()}
-        actor = {name: p.detach().clone() for name, p in engine._adapters().items()}
+        before = {name: t.clone() for name, t in engine.lora.reference_adapters.items()}
+        actor = {name: p.detach().clone() for name, p in engine.lora.adapters().items()}
         group.sync_reference(0.5)
-        for name, ref in engine.reference_adapters.items():
+        for name, ref in engine.lora.reference_adapters.items():
             torch.testing.assert_close(ref, 0.5 * actor[name] + 0.5 * before[name], rtol=0, atol=1e-7)
         group.save_checkpoint(str(tmp_path / "ckpt"))
         synced = group.compute_ref_log_probs(out).tensors["ref_log_probs"]
         assert not torch.equal(synced, base_lp)
-        for name, p in engine._adapters().items():  # the actor's own adapters are back after the reference pass
+        for name, p in engine.lora.adapters().items():  # the actor's own adapters are back after the reference pass
             assert torch.equal(p.detach(), actor[name])
 
         group.sync_reference(1.0)  # alpha 1: the reference becomes the actor

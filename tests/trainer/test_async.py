@@ -17,10 +17,9 @@ import torch
 
 from rlplat.config import ConfigError
 from rlplat.engines.dist import free_port
-from rlplat.rollout.weight_channel import WeightChannel
-from rlplat.rollout.weight_sync import (
-    CORRUPT_ENV, WeightUpdate, corrupt_for_test, corruption_for_test, named_checksums, probe_mismatch, probe_tolerance, tensor_checksum, weight_mismatch,
-)
+from rlplat.rollout.checksums import named_checksums, tensor_checksum
+from rlplat.workers.weight_channel import WeightChannel
+from rlplat.workers.weight_sync import WeightUpdate, probe_mismatch, probe_tolerance, weight_mismatch
 from rlplat.trainer.ledger import PromptLedger
 from rlplat.trainer.timeline import TRAINING_POOL_STAGES, busy_seconds, idle_fractions, read_timeline
 from rlplat.trainer.run import load_run_config, run
@@ -100,13 +99,12 @@ def test_a_checksum_sees_every_bit_and_where_it_is():
     assert tensor_checksum(t.to(torch.bfloat16)) != tensor_checksum(t)
 
 
-def test_a_mismatch_names_the_first_tensor_and_counts_the_others(monkeypatch):
+def test_a_mismatch_names_the_first_tensor_and_counts_the_others():
     buckets = [[("a", torch.ones(3)), ("b", torch.zeros(2))], [("c", torch.arange(4.0))]]
     update = WeightUpdate.of(5, buckets, verify=True)
     held = dict(update.checksums)
     assert weight_mismatch(update, held) is None
-    monkeypatch.setenv(CORRUPT_ENV, "b")
-    corrupt_for_test(update, corruption_for_test())
+    update.buckets[0][1][1][0] += 1  # "b" damaged on its way: the update's own copy, not the actor's
     assert update.buckets[0][1][1].tolist() == [1.0, 0.0] and buckets[0][1][1].tolist() == [0.0, 0.0]
     damaged = WeightUpdate.of(5, update.buckets, verify=True).checksums
     assert weight_mismatch(update, damaged) == ("after the sync of weight version 5, the rollout engine holds 'b' "
@@ -309,11 +307,14 @@ def test_weight_updates_loaded_between_two_tokens_keep_the_bound_on_staleness(em
 
 @pytest.mark.slow
 def test_a_corrupted_weight_bucket_stops_the_run_naming_the_tensor(embedded_cache, small_val, tmp_path, ray_cluster, monkeypatch):
-    monkeypatch.setenv(CORRUPT_ENV, "model.layers.0.mlp.up_proj.weight")
+    # the plug-in damages model.layers.0.mlp.up_proj.weight in every update the actor's rank 0 builds; importing
+    # it patches this process too, which monkeypatch undoes after the test
+    monkeypatch.setattr(WeightUpdate, "of", WeightUpdate.of)
     with pytest.raises(RunError, match=r"weight sync to rollout worker 0: after the sync of weight version 0, the "
                                        r"rollout engine holds 'model.layers.0.mlp.up_proj.weight' with other bits "
                                        r"than the actor sent \(1 of \d+ tensors differ\)"):
-        _train(tmp_path / "corrupt", 2, small_val, SEPARATE, "trainer.async_steps=1")
+        _train(tmp_path / "corrupt", 2, small_val, SEPARATE, "trainer.async_steps=1",
+               "trainer.imports=[trainer.corrupt_weights]")
 
 
 @pytest.mark.slow

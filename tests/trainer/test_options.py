@@ -47,7 +47,7 @@ def test_reference_sync_copies_or_mixes_the_actor(embedded_cache, small_val, tmp
 
 @pytest.mark.slow
 def test_reference_sync_to_a_separate_reference_pool(embedded_cache, small_val, tmp_path, ray_cluster):
-    # ref.placement=separate: the actor's weights travel through the controller to the reference workers
+    # ref.placement=separate: the actor's weights travel over a weight channel of their own to the reference workers
     out = tmp_path / "separate"
     cfg, plan = load_run_config(overrides(out, 2, small_val, "algorithm.use_kl_loss=true", "ref.placement=separate",
                                       "ref.sync_steps=1"))

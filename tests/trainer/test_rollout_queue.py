@@ -27,7 +27,7 @@ class Scripted:
     def __init__(self, ahead: int, stream: int, batch: int, steps: int, workers: int):
         self.cfg = OmegaConf.create({"trainer": {"async_steps": ahead, "total_steps": steps},
                                      "data": {"train_batch_size_prompts": batch}, "rollout": {"stream_groups": stream}})
-        self.components = self
+        self.components = self.weights = self
         self.timeline = SimpleNamespace(add=lambda *span: None)
         self.tokenizer = SimpleNamespace(pad_token_id=PAD)
         self.generator = SimpleNamespace(world_size=workers)
@@ -70,11 +70,11 @@ class Scripted:
     def finish(self, prompts, started):
         return started[0].result()
 
-    # the components
-    def push_weights(self, version):
+    # the components, and their weight pushes
+    def send(self, version):
         self.version = version
 
-    def check_weight_syncs(self, needed=None):
+    def check(self, needed=None):
         self.checked.append(needed)
 
     def score_batch(self, out):
@@ -176,7 +176,7 @@ def test_samples_older_than_k_updates_stop_the_run_naming_their_versions():
     # the queue drops calls before they grow too old; the check after a take is the backstop for a rollout pool that
     # reports other weights than those it was sent (a bug): here a pool that always samples with weights 0
     class Stale(Scripted):
-        def push_weights(self, version):
+        def send(self, version):
             pass
 
     trainer = Stale(ahead=1, stream=0, batch=2, steps=4, workers=1)

@@ -1,12 +1,13 @@
-"""The torch.distributed transport of weight updates (``rollout.weight_transport=distributed``).
+"""The torch.distributed transport of weights from the actor to another pool: a separate rollout pool's
+updates (``rollout.weight_transport=distributed``) and a separate reference's blend (``ref.sync_steps``).
 
-A process group of its own joins the actor's rank 0 (rank 0 here) and the rollout workers (ranks 1..R):
+A process group of its own joins the actor's rank 0 (rank 0 here) and the other pool's workers (ranks 1..R):
 gloo between CPU workers, NCCL between GPUs, as OpenRLHF and open-instruct sync their vLLM engines. It is
 independent of each pool's own group (created from a TCP store at an address the actor's rank 0 chose).
 
 Each bucket of an update travels as one broadcast of its tensors' bytes packed end to end (each tensor at a
 16-byte-aligned offset); the receivers know the bucket's layout (names, dtypes, shapes) from the update's
-header, which goes through Ray with the rest of the :class:`~rlplat.rollout.weight_sync.WeightUpdate`.
+header, which goes through Ray with the rest of the :class:`~rlplat.workers.weight_sync.WeightUpdate`.
 
 The actor sends from a thread of its own, so the trainer goes on computing while rollout workers are still
 busy with the generations submitted before the update (they receive it in their call order, bucket by
