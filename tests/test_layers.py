@@ -21,6 +21,7 @@ LAYERS = [
     ("rlplat.rollout",),
     ("rlplat.workers",),
     ("rlplat.controller",),
+    ("rlplat.planner",),  # the run's plan, read from the engines' declarations before any worker starts
     ("rlplat.trainer",),
     ("rlplat.tools",),  # the command-line tools (export rebuilds a model from any checkpoint)
 ]

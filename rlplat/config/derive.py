@@ -17,7 +17,7 @@ One alias is resolved here too: ``algorithm.tis_cap=C`` is ``algorithm.off_polic
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlplat.config.errors import ConfigError
 
@@ -30,17 +30,19 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
     return next((d for d in range(min(n, cap), 0, -1) if n % d == 0), 1)
 
 
+def replica_size(cfg: DictConfig, role: str) -> int:
+    """The workers one model replica of ``role``'s training engine spans, as the engine's config section
+    (``<role>.<strategy>``) declares it (its ``replica_size``: e.g. Megatron's tensor x pipeline-parallel
+    ranks); 1 for an engine without such a section (every worker its own replica)."""
+    section = cfg[role].get(cfg[role].strategy)
+    declared = getattr(OmegaConf.get_type(section), "replica_size", None) if isinstance(section, DictConfig) else None
+    return declared(section) if declared is not None else 1
+
+
 def data_parallel_replicas(cfg: DictConfig, role: str, world: int) -> int:
     """The model replicas ``role``'s training engine forms on ``world`` workers, each taking its share of a
-    batch: Megatron's split every model over tensor x pipeline-parallel workers, FSDP's over
-    ``fsdp.ulysses_size`` workers (at least 1)."""
-    section = cfg[role]
-    if section.strategy == "megatron":
-        split = section.megatron.tensor_model_parallel_size * section.megatron.pipeline_model_parallel_size
-    elif section.strategy == "fsdp":
-        split = section.fsdp.ulysses_size
-    else:  # an engine of one's own: every worker its own replica
-        split = 1
+    batch (:func:`replica_size` workers each, at least 1)."""
+    split = replica_size(cfg, role)
     return max(1, world // split) if isinstance(split, int) and split >= 1 else world  # a bad size: validation says so
 
 

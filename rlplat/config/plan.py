@@ -27,6 +27,11 @@ class RolloutDeclaration:
     # own to float error (then the PPO ratio's pi_old can be taken from it: algorithm.old_log_probs=auto)
     actor_log_probs: bool
     sleeps: bool  # it frees its memory between rollouts (the worker wakes it before and puts it to sleep after)
+    applies_adapters: bool = False  # it applies LoRA adapters itself (rollout.lora_sync=adapter)
+    shows_weights: bool = False  # it reports checksums of the weights it holds (rollout.verify_weights)
+    scores_sequences: bool = False  # it scores a given token sequence: the weight sync's log-prob probe
+    # it loads a weight update between two tokens of a generation under way and goes on (rollout.partial=resume)
+    pauses_for_updates: bool = False
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,12 @@ class FSDPConfig:
     # sequence for 1/U of the heads each (must divide the attention heads and the workers; docs/long_context.md)
     ulysses_size: int = count(1)
 
+    @staticmethod
+    def replica_size(section) -> int:
+        """Workers one model replica spans (the section's declaration, read by the batch sizes and the plan):
+        a sequence's Ulysses ranks."""
+        return section.ulysses_size
+
 
 @dataclass
 class MegatronConfig:
@@ -116,6 +122,11 @@ class MegatronConfig:
     # fp32 | bf16: bf16 weights, gradients summed in fp32, stepped through fp32 master copies in the (sharded)
     # optimizer (Megatron-LM's recipe: half the weights' memory; for GPUs, and needs mixed_precision auto or bf16)
     params_dtype: str = "fp32"
+
+    @staticmethod
+    def replica_size(section) -> int:
+        """Workers one model replica spans: its tensor- x pipeline-parallel ranks."""
+        return section.tensor_model_parallel_size * section.pipeline_model_parallel_size
 
 
 @dataclass

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from rlplat.config.errors import ConfigError
+from rlplat.engines.memory import MemoryLayout, hf_activations, model_state
 from rlplat.engines.optim import LR_SCHEDULES, Optimizer
+from rlplat.models.shape import ModelShape
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 
@@ -65,6 +67,9 @@ class TrainingEngine(ABC):
     optim: Optimizer | None  # None for a frozen engine (the reference policy)
     # the model's LoRA adapters (rlplat.engines.lora.LoRA) when model.lora.rank > 0 and the engine trains them
     lora = None
+    #: its checkpoints hold the model as torch.distributed.checkpoint entries ``model.<Hugging Face name>`` (or
+    #: LoRA's adapters under peft's names), which ``python -m rlplat.tools.export`` reads whatever the layout
+    checkpoints_hf_names = False
     # tokens the forward passes were given (not padding) and computed (padding included); see packing_efficiency
     tokens_real: int = 0
     tokens_computed: int = 0
@@ -91,8 +96,47 @@ class TrainingEngine(ABC):
         """The dtype this engine's forward computes in with its section ``engine_cfg`` on ``device``
         ("cpu" | "cuda"); read by the run plan. ``mixed_precision`` auto and bf16 compute in bfloat16
         (weights, gradients and optimizer stay float32) on a GPU; on CPU everything is float32."""
-        on_gpu_bf16 = device == "cuda" and engine_cfg.get("mixed_precision", "none") in ("auto", "bf16")
+        mixed = engine_cfg.get("mixed_precision", "none") if engine_cfg is not None else "none"  # None: no section
+        on_gpu_bf16 = device == "cuda" and mixed in ("auto", "bf16")
         return "bfloat16" if on_gpu_bf16 else "float32"
+
+    # ------------------------------------------------- declarations for the plan's memory estimate (rlplat.planner)
+    #: what to turn when the update does not fit (the plan prints it)
+    update_knob = ("model.gradient_checkpointing=true, a smaller actor.micro_batch_size_seqs_per_worker or "
+                   "actor.micro_batch_max_tokens_per_worker")
+
+    @classmethod
+    def memory_layout(cls, section, world: int, replicas: int) -> MemoryLayout:
+        """How this engine splits ``role``'s model (its section ``section``) over ``world`` workers forming
+        ``replicas`` replicas; by default each worker holds the whole model."""
+        return MemoryLayout(replicas=replicas)
+
+    @classmethod
+    def memory_state(cls, shape: ModelShape, cfg, role: str, lay: MemoryLayout, compute_bytes: int,
+                     trained: bool) -> dict[str, float]:
+        """What one device holds of ``role``'s model between passes, by named part in bytes: by default float32
+        weights, and for a trained model gradients and AdamW's moments (:func:`~rlplat.engines.memory.model_state`)."""
+        return model_state(shape, cfg, role, lay, trained)
+
+    @classmethod
+    def memory_activations(cls, shape: ModelShape, cfg, role: str, lay: MemoryLayout, tokens: int,
+                           response_tokens: int, compute_bytes: int, grad: bool, seq: int) -> dict[str, float]:
+        """What a forward pass over ``tokens`` (``response_tokens`` of them scored) of sequences of ``seq``
+        tokens holds on one worker, with ``grad`` for the backward pass; by default a Hugging Face model's
+        (:func:`~rlplat.engines.memory.hf_activations`)."""
+        return hf_activations(shape, cfg, lay, tokens, response_tokens, compute_bytes, grad, seq)
+
+    @classmethod
+    def keeps_gradients(cls, cfg, role: str, lay: MemoryLayout, compute_bytes: int) -> bool:
+        """Whether the gradients stay on the device between updates (else they exist from the first backward to
+        the optimizer step)."""
+        return False
+
+    @classmethod
+    def lends_weights(cls, cfg, role: str, lay: MemoryLayout) -> bool:
+        """Whether a worker holds the live weights whole (:meth:`live_weights`), which a colocated rollout engine
+        may then use instead of a copy of its own."""
+        return False
 
     @property
     @abstractmethod

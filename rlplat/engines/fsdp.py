@@ -32,6 +32,7 @@ from rlplat.engines.base import (
 from rlplat.engines.dist import DistContext
 from rlplat.engines.gated_mlp import install_gated_mlp
 from rlplat.engines.lora import LoRA, bucketed, inject_lora, owner
+from rlplat.engines.memory import MemoryLayout, model_state
 from rlplat.engines.optim import Optimizer
 from rlplat.engines.packing import PackedBatch
 from rlplat.engines.token_head import TokenOutputLM
@@ -64,6 +65,35 @@ class FSDPEngine(TrainingEngine):
 
     ``optim_cfg=None`` builds a frozen engine (the reference policy): no optimizer, no gradients.
     """
+
+    checkpoints_hf_names = True
+
+    # the plan's memory declarations (the defaults: rlplat.engines.memory)
+    @classmethod
+    def memory_layout(cls, section, world, replicas):
+        """Weights, gradients and AdamW's state sharded over every worker; sequences over Ulysses' ranks."""
+        return MemoryLayout(shard=world, optimizer_shard=world, replicas=replicas, sp=section.ulysses_size)
+
+    @classmethod
+    def memory_state(cls, shape, cfg, role, lay, compute_bytes, trained):
+        """Nothing on the device with ``param_offload``; with bf16 compute, the bf16 copies FSDP gathers (one
+        layer at a time plus the next one it prefetches, or every layer when ``reshard_after_forward=false``)."""
+        section = cfg[role].fsdp
+        parts = model_state(shape, cfg, role, lay, trained, offloaded=section.param_offload)
+        if compute_bytes < 4:
+            gathered = shape.params if not section.reshard_after_forward else 2 * shape.layer_params
+            parts[f"{role} bf16 compute copies"] = compute_bytes * gathered
+        return parts
+
+    @classmethod
+    def keeps_gradients(cls, cfg, role, lay, compute_bytes):
+        """A one-worker float32 module keeps them in one buffer for the whole run (FSDP frees them after a step)."""
+        return lay.shard == 1 and compute_bytes == 4 and not cfg[role].fsdp.param_offload
+
+    @classmethod
+    def lends_weights(cls, cfg, role, lay):
+        """One worker holding the plain module, not offloaded, without LoRA's merged weights."""
+        return lay.shard == 1 and not cfg[role].fsdp.param_offload and not (role == "actor" and cfg.model.lora.rank)
 
     @classmethod
     def check_config(cls, cfg, role, world_size, device):

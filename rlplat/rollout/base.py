@@ -23,6 +23,7 @@ import torch
 
 from rlplat.config.errors import ConfigError
 from rlplat.config.plan import RolloutDeclaration
+from rlplat.models.shape import ModelShape
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 from rlplat.sequence import position_ids_from_mask
@@ -114,16 +115,10 @@ class RolloutEngine(ABC):
     needs_initial_weights: bool = False
     setup: RolloutSetup  # kept by every engine's __init__
     #: ``rollout.partial=resume``: the rollout worker's updates, which :meth:`generate` takes between two tokens
-    #: (engines for which :meth:`pauses_for_updates` is true); the output then has, per row, how many of the
+    #: (engines that declare ``pauses_for_updates``); the output then has, per row, how many of the
     #: call's updates were loaded before its first token (``weight_updates_before`` ``[B]``) and while it was
     #: sampled (``weight_updates`` ``[B]``)
     updates: UpdateSlot | None = None
-
-    @classmethod
-    def pauses_for_updates(cls, engine_cfg) -> bool:
-        """Whether :meth:`generate` with its section ``engine_cfg`` can load a weight update between two tokens
-        and go on under it (``rollout.partial=resume``)."""
-        return False
 
     @property
     def weights_discarded_by_sleep(self) -> bool:
@@ -141,10 +136,26 @@ class RolloutEngine(ABC):
     @classmethod
     def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
         """What this engine does with its section ``engine_cfg`` on ``device`` ("cpu" | "cuda"), for the run
-        plan: by default it generates in bfloat16 on a GPU and float32 on CPU (``rollout.dtype=auto``), its
-        own model code computes the log-probs, and it keeps its memory between rollouts."""
+        plan and the start-up checks: by default it generates in bfloat16 on a GPU and float32 on CPU
+        (``rollout.dtype=auto``), its own model code computes the log-probs, it keeps its memory between
+        rollouts, and it has none of the abilities a :class:`RolloutDeclaration` lists after those (an engine
+        that overrides :meth:`load_adapters`, :meth:`weight_checksums` or :meth:`sequence_log_probs` says so
+        here)."""
         return RolloutDeclaration(auto_dtype="bfloat16" if device == "cuda" else "float32", actor_log_probs=False,
                                   sleeps=False)
+
+    @classmethod
+    def memory(cls, shape: ModelShape, engine_cfg, key: str, dtype: str, device: str, sequences: int, length: int,
+               device_memory: int, lent_weights: bool) -> tuple[dict[str, float], str]:
+        """Its memory on one device (the plan's estimate, :mod:`rlplat.planner`) while it generates ``sequences``
+        of up to ``length`` tokens in ``dtype`` with its section ``engine_cfg`` (``key``), by named part in
+        bytes, and the knob to turn when it does not fit. ``lent_weights``: the actor's live weights are whole
+        on this worker (``TrainingEngine.lends_weights``). By default a copy of the weights and a KV cache of
+        every sequence."""
+        size = getattr(torch, dtype).itemsize
+        return ({f"rollout weights ({dtype})": size * shape.params,
+                 f"KV cache ({sequences} sequences x {length} tokens)": sequences * length * shape.kv_cache_bytes_per_token(size)},
+                "fewer sequences per rollout worker, or a lower data.max_response_length")
 
     @abstractmethod
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
@@ -183,7 +194,7 @@ class RolloutEngine(ABC):
     def load_adapters(self, buckets: Iterable[WeightBucket], lora_cfg) -> None:
         """Apply the actor's LoRA adapters (``rollout.lora_sync=adapter``): ``buckets`` hold only the adapter
         tensors (peft's names, e.g. ``...q_proj.lora_A.default.weight``) of ``model.lora``; the engine keeps its
-        base weights. Engines that cannot override nothing: :func:`applies_adapters` is then False."""
+        base weights. An engine that can declares ``applies_adapters`` (:meth:`declare`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot apply LoRA adapters")
 
     def weight_checksums(self) -> dict | None:
@@ -206,6 +217,18 @@ class RolloutEngine(ABC):
 
     def close(self) -> None:
         """Release the engine (processes, process groups) before its worker goes away."""
+
+
+def reservation(shape: ModelShape, engine_cfg, key: str, fraction_key: str, dtype: str, device: str,
+                device_memory: int) -> tuple[dict[str, float], str]:
+    """The memory of an engine that reserves a fraction ``engine_cfg.<fraction_key>`` of a GPU's memory for its
+    weights and KV cache (vLLM, SGLang); on CPU its weights (over ``tensor_parallel_size`` workers) and a KV cache
+    of ``kv_cache_gb`` (1 GiB if unset). The parts and the knob, as :meth:`RolloutEngine.memory`."""
+    fraction, name = engine_cfg[fraction_key], key.rpartition(".")[2]
+    reserved = fraction * device_memory if device == "cuda" else \
+        (engine_cfg.get("kv_cache_gb") or 1) * 2**30 + getattr(torch, dtype).itemsize * shape.params / engine_cfg.tensor_parallel_size
+    return ({f"{name} reservation ({key}.{fraction_key}={fraction:g})": reserved},
+            f"lower {key}.{fraction_key}, or {key}.tensor_parallel_size > 1")
 
 
 def check_load_format(engine_cfg, key: str) -> None:
@@ -321,7 +344,3 @@ def prompt_token_lists(prompts: Batch) -> list[list[int]]:
     ids, mask = prompts.tensors["prompts"], prompts.tensors["prompt_mask"].bool()
     return [row[m].tolist() for row, m in zip(ids, mask)]
 
-
-def applies_adapters(engine_cls: type[RolloutEngine]) -> bool:
-    """Whether the engine applies LoRA adapters itself (``rollout.lora_sync=adapter``)."""
-    return engine_cls.load_adapters is not RolloutEngine.load_adapters

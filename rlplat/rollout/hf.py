@@ -54,13 +54,21 @@ class HFRolloutEngine(RolloutEngine):
     @classmethod
     def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
         """It samples with the actor's Hugging Face model code (or the dense forward, checked against it at
-        start-up), so in float32 its log-probs are the actor's own to float error."""
-        return replace(super().declare(engine_cfg, device), actor_log_probs=True)
+        start-up), so in float32 its log-probs are the actor's own to float error; it applies adapters, shows
+        its weights and scores a sequence; its own sampling loop pauses for an update between two tokens (not
+        transformers' ``generate``: ``use_model_generation_config``)."""
+        return replace(super().declare(engine_cfg, device), actor_log_probs=True, applies_adapters=True,
+                       shows_weights=True, scores_sequences=True,
+                       pauses_for_updates=not engine_cfg.use_model_generation_config)
 
     @classmethod
-    def pauses_for_updates(cls, engine_cfg) -> bool:
-        """Its own sampling loop can (not transformers' ``generate``: ``use_model_generation_config``)."""
-        return not engine_cfg.use_model_generation_config
+    def memory(cls, shape, engine_cfg, key, dtype, device, sequences, length, device_memory, lent_weights):
+        """A KV cache of ``batch_size_seqs_per_worker`` sequences at a time, and a copy of the weights unless it
+        samples with the actor's own (whole on the worker and in float32; not LoRA's merged weights)."""
+        size, rows = getattr(torch, dtype).itemsize, min(engine_cfg.batch_size_seqs_per_worker, sequences)
+        parts = {} if lent_weights and size == 4 else {f"rollout weights ({dtype})": size * shape.params}
+        parts[f"KV cache ({rows} sequences x {length} tokens)"] = rows * length * shape.kv_cache_bytes_per_token(size)
+        return parts, f"lower {key}.batch_size_seqs_per_worker, data.max_response_length or the batch"
 
     def __init__(self, setup: RolloutSetup, engine_cfg):
         from transformers import AutoModelForCausalLM

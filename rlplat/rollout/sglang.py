@@ -18,7 +18,7 @@ from rlplat.config.plan import RolloutDeclaration
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, check_fraction,
-    check_load_format, pad_responses, prompt_token_lists,
+    check_load_format, pad_responses, prompt_token_lists, reservation,
 )
 
 
@@ -34,6 +34,11 @@ class SGLangRolloutEngine(RolloutEngine):
     def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
         """SGLang releases its memory between rollouts with ``rollout.sglang.sleep``."""
         return replace(super().declare(engine_cfg, device), sleeps=bool(engine_cfg.sleep))
+
+    @classmethod
+    def memory(cls, shape, engine_cfg, key, dtype, device, sequences, length, device_memory, lent_weights):
+        """SGLang reserves ``mem_fraction_static`` of a GPU's memory (:func:`~rlplat.rollout.base.reservation`)."""
+        return reservation(shape, engine_cfg, key, "mem_fraction_static", dtype, device, device_memory)
 
     def __init__(self, setup: RolloutSetup, engine_cfg):
         import sglang

@@ -41,7 +41,7 @@ from rlplat.config.plan import RolloutDeclaration
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, check_fraction,
-    check_load_format, pad_responses, prompt_token_lists,
+    check_load_format, pad_responses, prompt_token_lists, reservation,
 )
 
 CPU_DEFAULT_KV_CACHE_GB = 1.0  # plenty for the embedded model; vLLM's own CPU default takes half the RAM
@@ -69,14 +69,17 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ConfigError(f"{key}.kv_cache_gb must be > 0 (or null), got {engine_cfg.kv_cache_gb}")
 
     @classmethod
-    def pauses_for_updates(cls, engine_cfg) -> bool:
-        """Between two engine steps (:meth:`_generate_resumable`)."""
-        return True
+    def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
+        """vLLM sleeps between rollouts with ``sleep_level`` > 0, on CUDA only; it applies adapters (its LoRA
+        requests), scores the probe (prompt log-probs), and pauses for an update between two engine steps
+        (:meth:`_generate_resumable`). Its weights live in its own worker, where no checksum reaches."""
+        return replace(super().declare(engine_cfg, device), sleeps=engine_cfg.sleep_level > 0 and device == "cuda",
+                       applies_adapters=True, scores_sequences=True, pauses_for_updates=True)
 
     @classmethod
-    def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
-        """vLLM sleeps between rollouts with ``sleep_level`` > 0, on CUDA only."""
-        return replace(super().declare(engine_cfg, device), sleeps=engine_cfg.sleep_level > 0 and device == "cuda")
+    def memory(cls, shape, engine_cfg, key, dtype, device, sequences, length, device_memory, lent_weights):
+        """vLLM reserves ``gpu_memory_utilization`` of a GPU's memory (:func:`~rlplat.rollout.base.reservation`)."""
+        return reservation(shape, engine_cfg, key, "gpu_memory_utilization", dtype, device, device_memory)
 
     def __init__(self, setup: RolloutSetup, engine_cfg):
         _prepare_process_environment()

@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlplat.config.errors import ConfigError
+from rlplat.config.imports import import_user_modules
 from rlplat.engines.lora import ADAPTER, merge_adapters, peft_config, save_adapter_dir
 from rlplat.models.embedded import is_embedded
 from rlplat.models.hf_files import SHARD_BYTES, save_hf_model
@@ -93,11 +95,6 @@ def base_model(cfg: DictConfig) -> str:
     return resolve_model_path(cfg)
 
 
-# the training engines whose checkpoints hold the actor as torch.distributed.checkpoint shards under
-# Hugging Face names (docs/megatron.md: Megatron's too)
-ENGINES = ("fsdp", "megatron")
-
-
 def checkpoint_weights(actor_dir: Path) -> dict[str, torch.Tensor]:
     """The whole model of a torch.distributed.checkpoint directory (for a LoRA run: its adapters)."""
     return {name: tensor for bucket in checkpoint_buckets(actor_dir, bucket_bytes=None) for name, tensor in bucket}
@@ -135,15 +132,33 @@ def _read(actor_dir: Path, keys: list[str]) -> list[tuple[str, torch.Tensor]]:
     return [(key[len("model."):], read[key[len("model."):]]) for key in keys]
 
 
+def check_engine(ckpt: Path, cfg: DictConfig) -> None:
+    """The engine that wrote the checkpoint must declare that its checkpoints hold the model under Hugging Face
+    names (``TrainingEngine.checkpoints_hf_names``; its package need not be installed here). An engine of one's
+    own is looked up after the run's ``trainer.imports``."""
+    from rlplat.engines import TRAINING_ENGINES
+
+    try:
+        import_user_modules(cfg.trainer.get("imports") or [])
+    except ConfigError as err:
+        raise ExportError(f"{ckpt}: {err}") from None
+    strategy = cfg.actor.strategy
+
+    def readable(name: str) -> bool:
+        return TRAINING_ENGINES.get(name, require_installed=False).checkpoints_hf_names
+
+    if strategy not in TRAINING_ENGINES or not readable(strategy):
+        raise ExportError(f"{ckpt}: actor.strategy={strategy!r} has no exporter; known: "
+                          f"{', '.join(name for name in TRAINING_ENGINES.names() if readable(name))}")
+
+
 def export(ckpt: Path, out: Path, dtype: str = "float32", adapter: bool = False) -> Path:
     """Write the checkpoint's actor to ``out`` as a Hugging Face model (``adapter``: a LoRA run's adapters as a
     PEFT adapter directory); return ``out``."""
     check_checkpoint(ckpt)
     check_out(out, ckpt)
     cfg = checkpoint_config(ckpt)
-    if cfg.actor.strategy not in ENGINES:
-        raise ExportError(f"{ckpt}: actor.strategy={cfg.actor.strategy!r} has no exporter; known: "
-                          f"{', '.join(ENGINES)}")
+    check_engine(ckpt, cfg)
     model_path = base_model(cfg)
     lora = OmegaConf.select(cfg, "model.lora")
     if lora is not None and lora.rank:

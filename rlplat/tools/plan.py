@@ -1,6 +1,6 @@
 """``python -m rlplat.tools.plan [overrides ...] [--device-memory 80GB] [--device cuda|cpu]``: the plan of a run
-with the same overrides, checked before any GPU is touched (:mod:`rlplat.trainer.dry_run` has what it checks
-and prints; the formulas are in docs/plan.md). ``trainer.dry_run=true`` on the main command does the same.
+with the same overrides, checked before any GPU is touched (:mod:`rlplat.planner` has what it checks and
+prints; the formulas are in docs/plan.md). ``trainer.dry_run=true`` on the main command does the same.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import argparse
 import re
 import sys
 
-from rlplat.trainer.dry_run import planned_device, run_plan
+from rlplat.planner import planned_device
+from rlplat.trainer.run import run_plan
 
 
 def parse_size(text: str) -> int:

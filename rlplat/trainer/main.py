@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
     if show_help:
         print(_usage())
         return 0
-    from rlplat.trainer.dry_run import planned_device
+    from rlplat.planner import planned_device
 
     dry = "trainer.dry_run=true" in overrides  # plans a GPU run (trainer.device=cuda) on a machine without one,
     try:  # whose engines' packages may be installed only where it runs
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
     if cfg.trainer.dry_run:
-        from rlplat.trainer.dry_run import run_plan
+        from rlplat.trainer.run import run_plan
 
         return run_plan(cfg, plan)
     from rlplat.trainer.exit_status import exit_status

@@ -84,6 +84,24 @@ def resolve_model_path(cfg: DictConfig) -> str:
     return cfg.model.path
 
 
+def run_plan(cfg: DictConfig, plan: RunPlan, device_memory: int | None = None) -> int:
+    """``trainer.dry_run=true`` and ``python -m rlplat.tools.plan``: the plan printed
+    (:func:`rlplat.planner.report`), with the run's one-line errors and exit statuses (0: every phase fits
+    ``device_memory``, by default the device's; 1: a phase does not; 2: what would stop the run)."""
+    from rlplat.planner import default_device_memory, report
+    from rlplat.trainer.exit_status import exit_status
+    from rlplat.trainer.preflight import check_model_path
+
+    def model_path() -> str:
+        if not is_embedded(cfg.model.path):
+            check_model_path(cfg.model.path)
+        return resolve_model_path(cfg)
+
+    quiet_third_party(cfg.trainer.verbose)
+    memory = device_memory or default_device_memory(plan.device)
+    return exit_status(lambda: 0 if report(cfg, plan, memory, model_path) else 1)
+
+
 def record_run(cfg: DictConfig) -> None:
     """The output directory explains itself: the resolved config (``config.yaml``) and the command line
     (``command.txt``) of the latest start."""

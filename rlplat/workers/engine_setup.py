@@ -20,7 +20,6 @@ from rlplat.engines import TRAINING_ENGINES, TrainingEngine
 from rlplat.registry import Registry
 from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup
 from rlplat.rollout.agent_loop import AGENT_LOOPS, AgentLoop, check_agent_config
-from rlplat.rollout.base import applies_adapters
 
 
 def _registered(registry: Registry, key: str, name: str, require_installed: bool = True) -> type:
@@ -55,8 +54,9 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
     actor_cls = _registered(TRAINING_ENGINES, "actor.strategy", cfg.actor.strategy, require_installed)
     rollout_cls = _rollout_engine_class(cfg, require_installed)
     rollout_section = cfg.rollout.server if cfg.rollout.mode == "server" else cfg.rollout.get(cfg.rollout.name)
+    rollout = rollout_cls.declare(rollout_section, device)
     declarations = EngineDeclarations(actor_dtype=actor_cls.computes_in(cfg.actor.get(cfg.actor.strategy), device),
-                                      rollout=rollout_cls.declare(rollout_section, device))
+                                      rollout=rollout)
     plan = make_plan(cfg, device, declarations)
     roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref}  # the engines this run builds
     for role in (role for role, built in roles.items() if built):
@@ -66,16 +66,14 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
     if cfg.rollout.mode != "server":
         rollout_cls.check_config(rollout_section, f"rollout.{cfg.rollout.name}", device)
     separate, verify = cfg.rollout.mode == "separate", cfg.rollout.verify_weights
-    shows = rollout_cls.weight_checksums is not RolloutEngine.weight_checksums
-    scores = rollout_cls.sequence_log_probs is not RolloutEngine.sequence_log_probs
-    if separate and verify != "off" and not (shows or scores):
+    if separate and verify != "off" and not (rollout.shows_weights or rollout.scores_sequences):
         raise ConfigError(f"rollout.verify_weights={verify} compares the checksums of the weights the rollout "
                           f"engine holds and its log-probs of a probe with the actor's, and the {cfg.rollout.name} "
                           f"engine can do neither; set rollout.verify_weights=off")
-    if cfg.rollout.partial == "resume" and not rollout_cls.pauses_for_updates(rollout_section):
+    if cfg.rollout.partial == "resume" and not rollout.pauses_for_updates:
         raise ConfigError(f"rollout.partial=resume loads a weight update between two tokens of a generation under way, "
                           f"which the {cfg.rollout.name} engine cannot do with these settings; use rollout.partial=finish")
-    if cfg.rollout.lora_sync == "adapter" and not applies_adapters(rollout_cls):
+    if cfg.rollout.lora_sync == "adapter" and not rollout.applies_adapters:
         server = cfg.rollout.mode == "server"
         engine = "a rollout server (rollout.mode=server)" if server else f"the {cfg.rollout.name} engine"
         raise ConfigError(f"rollout.lora_sync=adapter: {engine} cannot apply LoRA adapters from rlplat (yet); "

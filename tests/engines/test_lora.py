@@ -214,7 +214,7 @@ def test_the_rollout_engine_samples_the_trained_policy_with_either_sync(tiny_mod
 def test_the_plans_adapter_count_is_peft_s(tiny_model_path, targets):
     from transformers import AutoConfig
 
-    from rlplat.trainer.dry_run import ModelShape, lora_params
+    from rlplat.models.shape import ModelShape, lora_params
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     lora = _lora_cfg(rank=4, targets=targets)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlplat.tools import plan as plan_tool
-from rlplat.trainer import dry_run
+from rlplat.models.shape import ModelShape
+from rlplat.planner import memory
 from rlplat.trainer.main import main as run_main
 
 # benchmarks/compare_trl.py's 25m model: 25.3M parameters
@@ -84,10 +85,10 @@ def test_training_memory_estimate_is_within_20_percent_of_the_measured_tensors(m
         measured = _measure(group.worker.actor)
     finally:
         group.shutdown()
-    shape = dry_run.ModelShape.from_config(AutoConfig.from_pretrained(path))
-    lay = dry_run.layout(cfg, "actor", 1)
-    state = dry_run.actor_state(shape, lay, 4, cfg, trained=True)
-    acts = dry_run.activation_bytes(shape, cfg, lay, ROWS * (PROMPT + RESPONSE), ROWS * RESPONSE, 4, grad=True,
+    shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
+    lay = memory.layout(cfg, "actor", 1)
+    state = memory.actor_state(shape, lay, 4, cfg, trained=True)
+    acts = memory.activation_bytes(shape, cfg, lay, ROWS * (PROMPT + RESPONSE), ROWS * RESPONSE, 4, grad=True,
                                       seq=PROMPT + RESPONSE)
     estimate = {"weights": state["actor weights (fp32)"], "gradients": state["actor gradients (fp32)"],
                 "adamw": state["actor AdamW moments (fp32)"],
@@ -186,7 +187,7 @@ def test_the_model_shape_counts_qwen2_parameters_exactly(model_25m):
     path = model_25m
     model = AutoModelForCausalLM.from_pretrained(path)
     unique = {p.data_ptr(): p.numel() for p in model.parameters()}
-    assert dry_run.ModelShape.from_config(AutoConfig.from_pretrained(path)).params == sum(unique.values())
+    assert ModelShape.from_config(AutoConfig.from_pretrained(path)).params == sum(unique.values())
 
 
 def _documented_plan_commands() -> list[list[str]]:
@@ -218,13 +219,13 @@ def test_the_plan_gives_each_ulysses_worker_its_slice_of_the_activations():
 
     from transformers import Qwen2Config
 
-    shape = dry_run.ModelShape.from_config(Qwen2Config(**SPEC_25M))
+    shape = ModelShape.from_config(Qwen2Config(**SPEC_25M))
     estimates = []
     for size in (1, 2):
         cfg, _ = load_run_config(["trainer.workers_per_node=2", f"actor.fsdp.ulysses_size={size}"])
-        lay = dry_run.layout(cfg, "actor", 2)
+        lay = memory.layout(cfg, "actor", 2)
         assert (lay.replicas, lay.sp) == (2 // size, size)
-        estimates.append(dry_run.activation_bytes(shape, cfg, lay, 8192, 4096, 4, grad=True, seq=8192))
+        estimates.append(memory.activation_bytes(shape, cfg, lay, 8192, 4096, 4, grad=True, seq=8192))
     for key, value in estimates[0].items():
         assert estimates[1][key] == pytest.approx(value / 2), key
 
@@ -236,12 +237,12 @@ def test_the_plan_counts_megatron_bf16_weights_with_fp32_masters():
 
     from rlplat.trainer.run import load_run_config
 
-    shape = dry_run.ModelShape.from_config(Qwen2Config(**SPEC_25M))
+    shape = ModelShape.from_config(Qwen2Config(**SPEC_25M))
     parts = {}
     for dtype in ("fp32", "bf16"):
         cfg, _ = load_run_config(["trainer.workers_per_node=2", "actor.strategy=megatron",
                                   f"actor.megatron.params_dtype={dtype}"])
-        parts[dtype] = dry_run.actor_state(shape, dry_run.layout(cfg, "actor", 2), 4, cfg, trained=True)
+        parts[dtype] = memory.actor_state(shape, memory.layout(cfg, "actor", 2), 4, cfg, trained=True)
     assert parts["bf16"]["actor weights (bf16)"] == parts["fp32"]["actor weights (fp32)"] / 2 == 2 * shape.params
     assert parts["bf16"]["actor gradients (fp32)"] == parts["fp32"]["actor gradients (fp32)"]
     assert parts["bf16"]["actor fp32 master weights"] == 4 * shape.params / 2  # two replicas share the optimizer

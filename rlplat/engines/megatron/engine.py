@@ -37,7 +37,7 @@ from rlplat.config.errors import ConfigError
 from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, add_metrics, check_mixed_precision,
                                  load_rank_state, micro_batches, save_rank_state)
 from rlplat.engines.dist import REDUCE_OPS, DistContext
-from rlplat.engines.megatron import cpu
+from rlplat.engines.megatron import cpu, memory
 from rlplat.engines.megatron.checkpoint import checkpoint_state, load_checkpoint_state, masters_here
 from rlplat.engines.megatron.convert import GPTShape, data_parallel_size, megatron_name
 from rlplat.engines.megatron.shards import RankShards
@@ -106,6 +106,23 @@ def _runs_megatron(method):
 
 class MegatronEngine(TrainingEngine):
     """One Megatron-Core ``GPTModel``; ``optim_cfg=None`` builds a frozen engine (the reference policy)."""
+
+    checkpoints_hf_names = True  # its checkpoints name every tensor as Hugging Face does (docs/megatron.md)
+    update_knob = ("actor.megatron.recompute_activations=true, a larger tensor/pipeline parallel size or a smaller "
+                   "micro-batch")
+
+    # the plan's memory declarations (rlplat.engines.megatron.memory)
+    @classmethod
+    def memory_layout(cls, section, world, replicas):
+        return memory.layout(section, replicas)
+
+    @classmethod
+    def memory_state(cls, shape, cfg, role, lay, compute_bytes, trained):
+        return memory.state(shape, cfg, role, lay, trained)
+
+    @classmethod
+    def memory_activations(cls, shape, cfg, role, lay, tokens, response_tokens, compute_bytes, grad, seq):
+        return memory.activations(shape, cfg, lay, tokens, response_tokens, compute_bytes, grad, seq)
 
     @classmethod
     def check_config(cls, cfg, role, world_size, device):

@@ -1,0 +1,82 @@
+"""What the plan's memory estimates need of a decoder-only causal LM's config (Qwen2 / Llama layout): its
+sizes, parameter counts, the bytes a layer keeps for the backward pass and the KV cache's per token. The
+formulas, their sources and the measured error are in docs/plan.md; the engines' memory declarations
+(:meth:`rlplat.engines.TrainingEngine.memory_state` and the like) are written in them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimates need of a decoder-only causal LM's config (Qwen2 / Llama layout)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool
+
+    @classmethod
+    def from_config(cls, config) -> ModelShape:
+        heads = config.num_attention_heads
+        return cls(layers=config.num_hidden_layers, hidden=config.hidden_size, heads=heads,
+                   kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                   intermediate=config.intermediate_size, vocab=config.vocab_size,
+                   tied=bool(getattr(config, "tie_word_embeddings", False)),
+                   qkv_bias=bool(getattr(config, "attention_bias", config.model_type == "qwen2")))
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
+        return attention + 3 * h * self.intermediate + 2 * h  # + gate/up/down, two RMSNorms
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def saved_bytes_per_token(self, compute_bytes: int) -> float:
+        """Bytes one decoder layer keeps for the backward pass per token, as rlplat's FSDP engine runs it
+        (Hugging Face's layer with SDPA attention, rlplat's gated MLP), counted with saved-tensor hooks
+        (docs/plan.md): 8 hidden-size tensors (each RMSNorm's input, normalised value and output; the
+        attention's query and output), key and value, the MLP's gate and up projections, one log-sum-exp
+        per head and the norms' two float32 scalars. With bf16 compute each RMSNorm keeps its input as
+        float32 (Hugging Face's RMSNorm computes in float32)."""
+        kv = self.kv_heads * self.head_dim
+        elements = 8 * self.hidden + 2 * kv + 2 * self.intermediate
+        return compute_bytes * elements + 4 * (self.heads + 2) + 2 * self.hidden * (4 - compute_bytes)
+
+    def eager_attention_extra(self, seq: int, compute_bytes: int) -> float:
+        """What eager attention keeps per token and layer beyond SDPA's: its ``[heads, T, T]`` probabilities
+        (float32 softmax, and their cast back in bf16), and key and value repeated to every query head; no
+        log-sum-exp."""
+        probabilities = self.heads * seq * (4 + (compute_bytes if compute_bytes < 4 else 0))
+        repeated = 2 * (self.heads - self.kv_heads) * self.head_dim * compute_bytes
+        return probabilities + repeated - 4 * self.heads
+
+    def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
+
+
+def linear_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """The decoder layer's linear layers (Qwen2 / Llama names) and their (input, output) widths."""
+    h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def lora_params(shape: ModelShape, lora_cfg: DictConfig) -> int:
+    """The LoRA adapters' parameters: r x (input + output width) for each adapted linear layer of each decoder
+    layer (``model.lora.target_modules``; [] = all of them)."""
+    linears = linear_shapes(shape)
+    targets = list(lora_cfg.target_modules) or list(linears)
+    return shape.layers * sum(lora_cfg.rank * sum(linears[name]) for name in targets if name in linears)
