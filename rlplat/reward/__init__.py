@@ -33,7 +33,7 @@ from rlplat.reward.scorers import (
 
 # The manager's names load on first use: the reward worker process imports this package for the scorers
 # and must not pay for torch (its memory and start-up time in every such process).
-_MANAGER_NAMES = ("ModelScores", "OverlongShaping", "RewardManager", "ScoreResult", "build_reward_manager",
+_MANAGER_NAMES = ("ModelOutcomes", "OverlongShaping", "RewardManager", "ScoreReport", "build_reward_manager",
                   "token_level_scores")
 
 
@@ -46,7 +46,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "REWARD_FUNCTIONS", "BadRewardValue", "ModelScores", "OverlongShaping", "RewardConfigError", "RewardManager", "RewardsFailing", "ScoreResult",
+    "REWARD_FUNCTIONS", "BadRewardValue", "ModelOutcomes", "OverlongShaping", "RewardConfigError", "RewardManager", "RewardsFailing", "ScoreReport",
     "UnknownDataSourceError", "build_reward_manager", "last_boxed", "load_custom_function", "math_equal", "normalize_math",
     "safe_arithmetic", "scorer_for", "token_level_scores",
 ]

@@ -9,7 +9,7 @@
 
 A reward function may return a float or a dict with ``score`` (+ ``acc`` and other numeric fields). A call
 that raises, returns anything else (None, a string, NaN, ±inf, a list, ...), times out or kills the reward
-worker process scores 0 for that sample and is counted (``ScoreResult.num_errors``); the first message of a
+worker process scores 0 for that sample and is counted (``ScoreReport.num_errors``); the first message of a
 manager is printed to stderr once; the trainer stops the run when too many of a step's calls fail
 (``reward.fail_fraction_to_stop``). :class:`~rlplat.reward.scorers.UnknownDataSourceError`, a
 configuration error, propagates.
@@ -32,11 +32,11 @@ from rlplat.config.validate import reward_weights_problem
 from rlplat.registry import UnknownNameError
 from rlplat.reward.errors import RewardConfigError
 from rlplat.reward.isolation import InProcessExecutor, ProcessPool, function_name
-from rlplat.reward.scorers import REWARD_FUNCTIONS, ModelScored, load_custom_function
+from rlplat.reward.scorers import REWARD_FUNCTIONS, ModelRewardFunction, load_custom_function
 
 
 @dataclass
-class ScoreResult:
+class ScoreReport:
     """What :meth:`RewardManager.score` returns, one entry per sample in every list."""
 
     scores: list[float]  # weighted sum of the functions + overlong shaping
@@ -65,7 +65,7 @@ class ScoreResult:
 _name = function_name
 
 
-class ModelScores(NamedTuple):
+class ModelOutcomes(NamedTuple):
     """A model-computed reward function's batch: one outcome per sample, and the seconds they took."""
 
     outcomes: Sequence[Any]
@@ -84,7 +84,7 @@ class RewardManager:
     process with ``timeout_s`` per call; ``"inprocess"`` calls them directly (no timeout).
 
     ``only_when_correct`` holds indices into ``functions`` whose value counts only on samples that the
-    other functions judge correct (:meth:`ScoreResult.correct` over them: their ``acc``, else their
+    other functions judge correct (:meth:`ScoreReport.correct` over them: their ``acc``, else their
     weighted sum >= 1), as open-instruct's non-additive format reward; their ``per_function`` values are
     the gated ones, so the terms still add up to the scores.
     """
@@ -133,11 +133,11 @@ class RewardManager:
     def score(self, texts: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[str],
               extra_infos: Sequence[dict | None], response_lengths: Sequence[int],
               prompts: Sequence[Any] | None = None,
-              model_outcomes: Mapping[str, ModelScores] | None = None) -> ScoreResult:
+              model_outcomes: Mapping[str, ModelOutcomes] | None = None) -> ScoreReport:
         """Score ``len(texts)`` samples; every argument has one entry per sample (lengths in tokens).
         ``prompts`` (each prompt's chat messages) go to the functions that take a ``prompt`` argument.
-        ``model_outcomes``: for each :class:`~rlplat.reward.scorers.ModelScored` function (by name),
-        :class:`ModelScores`: one outcome per sample computed by the trainer's model workers —
+        ``model_outcomes``: for each model-computed function (:class:`~rlplat.reward.scorers.ModelRewardFunction`,
+        by name), :class:`ModelOutcomes`: one outcome per sample computed by the trainer's model workers —
         ``(score, acc, extras)`` or an error message, counted as a failed call — and the seconds they took."""
         prompts = [None] * len(texts) if prompts is None else prompts
         columns = {"data_sources": data_sources, "ground_truths": ground_truths, "extra_infos": extra_infos,
@@ -145,7 +145,7 @@ class RewardManager:
         for key, column in columns.items():
             if len(column) != len(texts):
                 raise ValueError(f"score() got {len(texts)} texts but {len(column)} {key}")
-        result = ScoreResult(scores=[0.0] * len(texts), acc=[None] * len(texts))
+        result = ScoreReport(scores=[0.0] * len(texts), acc=[None] * len(texts))
         rows = list(zip(data_sources, texts, ground_truths, extra_infos, prompts))
         correct: list[float] | None = None
         ungated_first = sorted(range(len(self.functions)), key=lambda k: k in self.gated)
@@ -156,7 +156,7 @@ class RewardManager:
             values = result.per_function[name] = []
             timings: list = [None] * len(rows)
             errors = 0
-            if isinstance(self.functions[k][0], ModelScored):
+            if isinstance(self.functions[k][0], ModelRewardFunction):
                 outcomes, seconds = self._model_outcomes(k, model_outcomes, len(rows))
                 timings = [(seconds / max(len(rows), 1), False)] * len(rows)  # the batch's time, per sample
             else:
@@ -185,12 +185,12 @@ class RewardManager:
         result.per_function = {name: result.per_function[name] for name in self.names}
         return result
 
-    def _model_outcomes(self, k: int, given: Mapping[str, ModelScores] | None, n: int) -> ModelScores:
+    def _model_outcomes(self, k: int, given: Mapping[str, ModelOutcomes] | None, n: int) -> ModelOutcomes:
         name = _name(self.functions[k][0])
         scores = (given or {}).get(name)
-        if not isinstance(scores, ModelScores) or len(scores.outcomes) != n:
+        if not isinstance(scores, ModelOutcomes) or len(scores.outcomes) != n:
             raise ValueError(f"reward function {name!r} is computed by model workers: score() needs "
-                             f"model_outcomes[{name!r}], ModelScores with {n} outcomes, got {scores!r:.80}")
+                             f"model_outcomes[{name!r}], ModelOutcomes with {n} outcomes, got {scores!r:.80}")
         return scores
 
     def _run(self, k: int, rows: list, errors_so_far: int, timings: list) -> list:

@@ -232,7 +232,7 @@ def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_
 
 
 # ------------------------------------------------------------------------------------------- model-scored
-class ModelScored:
+class ModelRewardFunction:
     """A ``reward.functions`` entry whose values a model computes on the trainer's workers (``reward_model``:
     a learned reward model; ``judge``: an LLM judge, or its server): the trainer hands them to :meth:`RewardManager.score` as ``model_outcomes``,
     and the manager weighs, gates and logs them like any function's. Never called itself."""
@@ -244,11 +244,11 @@ class ModelScored:
         raise RuntimeError(f"reward function {self.__name__!r} is computed by the trainer's model workers")
 
     def __reduce__(self):
-        return ModelScored, (self.__name__,)
+        return ModelRewardFunction, (self.__name__,)
 
 
-REWARD_FUNCTIONS.add("reward_model", ModelScored("reward_model"))
-REWARD_FUNCTIONS.add("judge", ModelScored("judge"))
+REWARD_FUNCTIONS.add("reward_model", ModelRewardFunction("reward_model"))
+REWARD_FUNCTIONS.add("judge", ModelRewardFunction("judge"))
 
 
 # --------------------------------------------------------------------------------------------------- code

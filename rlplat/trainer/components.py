@@ -24,7 +24,7 @@ from rlplat.controller import InProcessWorkerGroup, Pending, RayWorkerGroup, Res
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
 from rlplat.models.embedded import EMBEDDED
 from rlplat.protocol import Batch
-from rlplat.reward import ModelScores, RewardManager, RewardsFailing, ScoreResult, build_reward_manager
+from rlplat.reward import ModelOutcomes, RewardManager, RewardsFailing, ScoreReport, build_reward_manager
 from rlplat.reward.judge import ServerJudge, judge_prompts, parse_verdict
 from rlplat.rollout.weight_sync import corruption_for_test, probe_tolerance
 from rlplat.trainer.sft import ensure_embedded_model
@@ -36,8 +36,8 @@ from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker,
 
 
 @dataclass(frozen=True)
-class Scores:
-    """A training batch's scores, as the reward stage adds them."""
+class TrainingScores:
+    """A training batch's scores as tensors, with their reward terms and metrics, as the reward stage adds them."""
 
     scores: torch.Tensor  # [batch] the weighted sum of the reward functions (+ overlong shaping)
     # [batch, num_terms]: each reward function's unweighted value (reward.functions order), then the overlong
@@ -47,9 +47,9 @@ class Scores:
     metrics: dict[str, float]  # errors, per-function means, extra fields of dict rewards
 
 
-def join_scores(parts: list[Scores]) -> Scores:
-    """The :class:`Scores` of several batches as those of their rows in order: rows' scores and terms joined,
-    metrics over all rows (means weighted by rows, counts added, the largest latency, each function's std
+def join_scores(parts: list[TrainingScores]) -> TrainingScores:
+    """The :class:`TrainingScores` of several batches as those of their rows in order: rows' scores and terms
+    joined, metrics over all rows (means weighted by rows, counts added, the largest latency, each function's std
     pooled from the parts' means and stds)."""
     if len(parts) == 1:
         return parts[0]
@@ -69,7 +69,7 @@ def join_scores(parts: list[Scores]) -> Scores:
             metrics[key] = max(second - mean ** 2, 0.0) ** 0.5
         else:
             metrics[key] = sum(value * n for value, n, _ in having) / total
-    return Scores(torch.cat([part.scores for part in parts]), torch.cat([part.terms for part in parts]),
+    return TrainingScores(torch.cat([part.scores for part in parts]), torch.cat([part.terms for part in parts]),
                   parts[0].weights, metrics)
 
 
@@ -200,7 +200,7 @@ class Components:
         stop = torch.tensor([*eos, *self.cfg.rollout.stop_token_ids], dtype=torch.long)
         return ~torch.isin(batch.tensors["responses"], stop).any(-1)
 
-    def score_result(self, batch: Batch, validation: bool = False) -> ScoreResult:
+    def score_result(self, batch: Batch, validation: bool = False) -> ScoreReport:
         """Score a generated batch; stop the run (:class:`RunError`) when at least
         ``reward.fail_fraction_to_stop`` of a training batch's reward calls failed."""
         manager = self.reward_val if validation else self.reward_train
@@ -243,7 +243,7 @@ class Components:
             if self.cfg.reward.model.normalize == "batch" and finite.sum() > 1:
                 kept = scores[finite]
                 scores = (scores - kept.mean()) / kept.std(unbiased=False).clamp_min(1e-8)
-            outcomes["reward_model"] = ModelScores(
+            outcomes["reward_model"] = ModelOutcomes(
                 [(float(s), None, {}) if ok else f"the reward model gave {float(s)} on sample {i}"
                  for i, (s, ok) in enumerate(zip(scores.tolist(), finite.tolist()))], time.perf_counter() - start)
         if self.judge is not None:
@@ -255,13 +255,13 @@ class Components:
             else:
                 rows = Batch.from_dict(non_tensors={"judge_prompt": np.array(asks, dtype=object)})
                 answers = list(self.judge.judge(rows).non_tensors["judge_output"])
-            outcomes["judge"] = ModelScores([str(a) if isinstance(a, BaseException) else
+            outcomes["judge"] = ModelOutcomes([str(a) if isinstance(a, BaseException) else
                                              parse_verdict(a, judge.verdict, judge.score_min, judge.score_max, i)
                                              for i, a in enumerate(answers)], time.perf_counter() - start)
         return outcomes
 
-    def score_batch(self, batch: Batch) -> Scores:
-        """A training batch's :class:`Scores` (:meth:`score_result`, as tensors with their reward terms)."""
+    def score_batch(self, batch: Batch) -> TrainingScores:
+        """A training batch's :class:`TrainingScores` (:meth:`score_result`, as tensors with their reward terms)."""
         manager = self.reward_train
         result = self.score_result(batch)
         correct = result.correct()  # the reward's acc, else score >= 1: what val/accuracy counts
@@ -281,7 +281,7 @@ class Components:
             columns.append(result.extras[name])  # an agent environment's reward term (add_environment_rewards)
             weights.append(1.0)
         terms = torch.tensor(columns, dtype=torch.float32).T.reshape(len(result.scores), len(columns))
-        return Scores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
+        return TrainingScores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
 
     def shutdown(self) -> None:
         groups = (self.judge if isinstance(self.judge, WorkerGroup) else None, self.reward_model, self.rollout,
@@ -301,7 +301,7 @@ def environment_terms(extra_info: list) -> list[str]:
     return sorted({name for info in extra_info for name in ((info or {}).get("agent") or {}).get("rewards", {})})
 
 
-def add_environment_rewards(result: ScoreResult, extra_info: list) -> None:
+def add_environment_rewards(result: ScoreReport, extra_info: list) -> None:
     """An agent environment's reward terms (``extra_info["agent"]["rewards"]``) add to each sample's score,
     each reported as ``environment/<term>`` (0 where a trajectory's environment gave none)."""
     for name in environment_terms(extra_info):

@@ -55,7 +55,7 @@ from rlplat.rollout.agent_loop import AGENT_LOOPS
 from rlplat.rollout.base import join_rollouts
 from rlplat.trainer.advantage_input import advantage_input
 from rlplat.trainer.checkpoint import Checkpointer
-from rlplat.trainer.components import Components, Scores
+from rlplat.trainer.components import Components, TrainingScores
 from rlplat.trainer.metrics import (
     agent_metrics, check_finite, data_metrics, explained_variance, throughput_metrics, timed,
 )
@@ -109,7 +109,7 @@ def overlap_scoring(stages: list[str]) -> list[str]:
     return stages[:start] + ["reward_start", *stages[start + 1:end + 1], "reward_wait"] + stages[end + 1:]
 
 
-def score_in_background(score: Callable[[Batch], Scores], batch: Batch) -> Future:
+def score_in_background(score: Callable[[Batch], TrainingScores], batch: Batch) -> Future:
     """The scores of ``batch``: those the rollout queue computed as it arrived, else computed by ``score`` in a
     thread of its own (a reward worker process computes meanwhile)."""
     if (scored := batch.meta.pop("scores", None)) is not None:
@@ -332,7 +332,7 @@ class PPOTrainer:
         scoring, self._scoring = self._scoring, None
         return self._with_scores(batch, scoring.result(), metrics)  # the scoring's error, if any, is raised here
 
-    def _with_scores(self, batch: Batch, scored: Scores, metrics: dict) -> Batch:
+    def _with_scores(self, batch: Batch, scored: TrainingScores, metrics: dict) -> Batch:
         scores, terms, self.reward_term_weights = scored.scores, scored.terms, scored.weights
         metrics.update(scored.metrics)
         if self.cfg.algorithm.truncated_responses == "penalize" and "truncated" in batch.tensors.keys():

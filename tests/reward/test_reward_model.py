@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from rlplat.config import ConfigError
 from rlplat.protocol import Batch
-from rlplat.reward import ModelScores, RewardConfigError, build_reward_manager
+from rlplat.reward import ModelOutcomes, RewardConfigError, build_reward_manager
 from rlplat.trainer.run import load_run_config, run
 from rlplat.workers.reward_model import RewardModelWorker
 
@@ -62,7 +62,7 @@ def test_reward_model_config_rules(tiny_reward_model):
         build_reward_manager({"functions": ["reward_model"]})
     # the manager weighs model outcomes like any function's; a bad one is a counted error
     result = both.score(["<think>a</think><answer>1</answer>", "x"], ["s"] * 2, ["1"] * 2, [{}] * 2, [1, 1],
-                        model_outcomes={"reward_model": ModelScores([(2.0, None, {}), "the reward model gave nan on sample 1"],
+                        model_outcomes={"reward_model": ModelOutcomes([(2.0, None, {}), "the reward model gave nan on sample 1"],
                                                                     seconds=0.5)})
     assert result.scores == [2.0 + 0.2, 0.0] and result.num_errors == 1
     assert result.stats["reward_model"]["latency_mean_s"] == 0.25  # the batch's seconds per sample

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from rlplat.controller import Pending
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask
-from rlplat.trainer.components import Scores, join_scores
+from rlplat.trainer.components import TrainingScores, join_scores
 from rlplat.trainer.rollout_queue import RolloutQueue
 from rlplat.utils.errors import RunError
 
@@ -79,7 +79,7 @@ class Scripted:
 
     def score_batch(self, out):
         scores = torch.tensor([float(u[1:]) for u in out.non_tensors["uid"]])
-        return Scores(scores, scores[:, None], torch.ones(1), {"reward/score_mean": float(scores.mean())})
+        return TrainingScores(scores, scores[:, None], torch.ones(1), {"reward/score_mean": float(scores.mean())})
 
 
 def step(trainer: Scripted, queue: RolloutQueue, release: list[int]):
@@ -201,7 +201,7 @@ def test_scores_of_several_calls_join_as_those_of_all_their_rows():
         scores = torch.tensor(values, dtype=torch.float32)
         mean = sum(values) / len(values)
         std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
-        return Scores(scores, scores[:, None], torch.ones(1), {
+        return TrainingScores(scores, scores[:, None], torch.ones(1), {
             "reward/f_mean": mean, "reward_calls/f_std": std, "reward_calls/f_errors": errors,
             "timing/reward_calls/f_latency_max_s": latency, "reward/num_errors": errors})
 

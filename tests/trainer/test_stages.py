@@ -317,10 +317,10 @@ def test_training_logs_the_rewards_accuracy():
     """A reward's ``acc`` (else score >= 1, as validation counts) is logged for training batches too."""
     from types import SimpleNamespace
 
-    from rlplat.reward.manager import ScoreResult
+    from rlplat.reward.manager import ScoreReport
     from rlplat.trainer.components import Components
 
-    result = ScoreResult(scores=[0.2, 1.0, 0.9, 0.0], per_function={"f": [0.2, 1.0, 0.9, 0.0]},
+    result = ScoreReport(scores=[0.2, 1.0, 0.9, 0.0], per_function={"f": [0.2, 1.0, 0.9, 0.0]},
                          acc=[1.0, 0.0, None, None], extras={"f/format": [1.0, 1.0, 0.0, 0.0]})
     fake = SimpleNamespace(score_result=lambda batch: result,
                            reward_train=SimpleNamespace(names=["f"], functions=[("f", 1.0)], overlong=None))
