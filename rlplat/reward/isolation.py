@@ -2,9 +2,9 @@
 
 Reward functions are user code. Two things protect the run from them:
 
-* :func:`check_result` turns what a function returned into ``(score, acc, extras)`` and refuses anything
-  that is not a finite number or a dict with a finite ``score`` (``None``, strings, NaN, ±inf, lists,
-  tuples, ...), with a message naming the function, the sample and the value.
+* :func:`~rlplat.reward.calls.check_result` turns what a function returned into a ``RewardValue`` and refuses
+  anything that is not a finite number or a dict with a finite ``score`` (``None``, strings, NaN, ±inf,
+  lists, tuples, ...), with a message naming the function, the sample and the value.
 * :class:`ProcessExecutor` runs the functions in a separate worker process. The controller waits at most
   ``reward.timeout_s`` for each call; a call that hangs or a process that dies (segfault, ``os._exit``,
   out of memory) costs that one sample (scored 0 and counted as an error): the process is replaced and
@@ -19,9 +19,6 @@ Reward functions are user code. Two things protect the run from them:
 
 from __future__ import annotations
 
-import inspect
-import math
-import numbers
 import os
 import pickle
 import pickletools
@@ -30,90 +27,14 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from rlplat.reward.errors import BadRewardValue, RewardConfigError, RewardsFailing, UnknownDataSourceError
+from rlplat.reward.calls import CallOutcome, RewardFailure, Row, Timing, call_one, function_name, where
+from rlplat.reward.errors import RewardConfigError, RewardsFailing, UnknownDataSourceError
 
-# (score, acc or None, extra numeric fields) or an error message.
-Outcome = tuple[float, "float | None", dict[str, float]] | str
-Row = tuple[str, str, str, Any, Any]  # (data_source, solution_str, ground_truth, extra_info, prompt or None)
-Timing = tuple[float, bool]  # a call's seconds, and whether it ran past its deadline
 # Generous because CI machines are shared (the worker itself starts in ~0.1 s).
 STARTUP_TIMEOUT_S = 120.0
-
-
-def function_name(fn: Callable) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, numbers.Real):  # int, float, bool and numpy scalars
-        value = float(value)
-        return value if math.isfinite(value) else None
-    return None
-
-
-def check_result(value: Any, name: str, index: int, row: Row) -> tuple[float, float | None, dict[str, float]]:
-    """``(score, acc, extras)`` from a reward function's return value, or :class:`BadRewardValue`.
-
-    Accepted: a finite real number (bool and numpy scalars included), or a dict (verl style) with a finite
-    ``score``, an optional finite ``acc`` and other finite numeric fields (logged as metrics; non-numeric
-    ones are ignored).
-    """
-    if isinstance(value, dict):
-        if "score" not in value:
-            raise BadRewardValue(f"{_where(name, index, row)} returned a dict without 'score': {_show(value)}")
-        score = _finite(value["score"])
-        acc = None if value.get("acc") is None else _finite(value["acc"])
-        if score is None or (value.get("acc") is not None and acc is None):
-            raise BadRewardValue(f"{_where(name, index, row)} returned {_show(value)}; 'score' and 'acc' must be "
-                                 f"finite numbers")
-        extras = {str(k): v for k, v in ((k, _finite(v)) for k, v in value.items() if k not in ("score", "acc"))
-                  if v is not None}
-        return score, acc, extras
-    score = _finite(value)
-    if score is None:
-        raise BadRewardValue(f"{_where(name, index, row)} returned {_show(value)} ({type(value).__name__}); "
-                             f"expected a finite number or a dict with a finite 'score'")
-    return score, None, {}
-
-
-def _where(name: str, index: int, row: Row) -> str:
-    return (f"reward function {name!r} on sample {index} (data_source {row[0]!r}, ground_truth "
-            f"{_show(row[2])})")
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def takes_prompt(fn: Callable) -> bool:
-    """Whether ``fn`` accepts the sample's prompt: a parameter named ``prompt`` or ``**kwargs``."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "prompt" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
-def call_one(fn: Callable, name: str, index: int, row: Row) -> Outcome:
-    """One checked call, ``fn(data_source, solution_str, ground_truth, extra_info)`` (+ ``prompt=`` the
-    prompt's chat messages when :func:`takes_prompt`); an exception or a bad value becomes an error message
-    (the first line of which names the function, the sample and the value or exception)."""
-
-    try:
-        value = fn(*row[:4], prompt=row[4]) if takes_prompt(fn) else fn(*row[:4])
-        return check_result(value, name, index, row)
-    except UnknownDataSourceError:
-        raise
-    except BadRewardValue as err:
-        return str(err)
-    except Exception as err:  # user code: any exception costs this sample only
-        return f"{_where(name, index, row)} raised {type(err).__name__}: {err}\n{traceback.format_exc()}"
 
 
 class InProcessExecutor:
@@ -123,8 +44,9 @@ class InProcessExecutor:
         self.functions, self.names = list(functions), list(names)
 
     def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
-            timings: list[Timing | None] | None = None) -> list[Outcome]:
-        """One :data:`Outcome` per row; ``timings`` (one slot per row) gets each call's seconds."""
+            timings: list[Timing | None] | None = None) -> list[CallOutcome]:
+        """One :data:`~rlplat.reward.calls.CallOutcome` per row; ``timings`` (one slot per row) gets each
+        call's seconds."""
         import time
 
         fn, name = self.functions[fn_index], self.names[fn_index]
@@ -188,8 +110,9 @@ def _exit_with_parent(interval_s: float = 0.5) -> None:
 
 def serve(fd: int) -> None:
     """The worker process (started as ``python -c BOOT fd``): read the functions from the socket ``fd``,
-    load them, then answer ``(fn_index, first_index, rows)`` requests with one :data:`Outcome` per row,
-    in order, as each is computed."""
+    load them, then answer ``(fn_index, first_index, rows)`` requests with one
+    :data:`~rlplat.reward.calls.CallOutcome` per row, in order, as each is computed (a ``config_error``
+    failure where ``auto`` has no scorer for the row's data_source)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
     _exit_with_parent()
     from multiprocessing.connection import Connection
@@ -219,9 +142,9 @@ def serve(fd: int) -> None:
         fn_index, first, rows = request
         for i, row in enumerate(rows):
             try:
-                conn.send(("ok", call_one(functions[fn_index], names[fn_index], first + i, row)))
+                conn.send(call_one(functions[fn_index], names[fn_index], first + i, row))
             except UnknownDataSourceError as err:
-                conn.send(("config_error", str(err)))
+                conn.send(RewardFailure("config_error", str(err)))
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -307,9 +230,9 @@ class ProcessExecutor:
         if self._proc is None:
             self._start()
 
-    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[Outcome]:
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[CallOutcome]:
 
-        out: list[Outcome] = []
+        out: list[CallOutcome] = []
         while len(out) < len(rows):
             self.ensure_started()
             start = len(out)
@@ -321,24 +244,24 @@ class ProcessExecutor:
                     self._stop()
                     break
         for outcome in out:
-            if isinstance(outcome, tuple) and outcome and outcome[0] == "config_error":
-                raise UnknownDataSourceError(outcome[1])
+            if isinstance(outcome, RewardFailure) and outcome.kind == "config_error":
+                raise UnknownDataSourceError(outcome.message)
         return out
 
-    def _receive(self, fn_index: int, index: int, row: Row, out: list) -> str | None:
-        """Append the next outcome to ``out``; or return the error message when the call timed out or the
-        process died."""
+    def _receive(self, fn_index: int, index: int, row: Row, out: list) -> RewardFailure | None:
+        """Append the next outcome to ``out``; or return the failure when the call timed out or the process
+        died."""
         name = self.names[fn_index]
         if not self._conn.poll(self.timeout_s):
             self.timeouts += 1
-            return (f"{_where(name, index, row)} did not return within reward.timeout_s={self.timeout_s:g} s; "
-                    f"the reward worker process was restarted")
+            return RewardFailure("timeout", f"{where(name, index, row)} did not return within "
+                                            f"reward.timeout_s={self.timeout_s:g} s; the reward worker process "
+                                            f"was restarted")
         try:
-            kind, payload = self._conn.recv()
+            out.append(self._conn.recv())
         except (EOFError, ConnectionError):
-            return (f"{_where(name, index, row)} killed the reward worker process (exit code "
-                    f"{self._exit_code()}); it was restarted")
-        out.append(payload if kind == "ok" else (kind, payload))
+            return RewardFailure("crash", f"{where(name, index, row)} killed the reward worker process (exit code "
+                                          f"{self._exit_code()}); it was restarted")
         return None
 
     def close(self) -> None:
@@ -358,7 +281,7 @@ class _PoolBatch:
 
     def __init__(self, rows: Sequence[Row], processes: int, stop_after_errors: int | None, give_up: bool):
         self.rows, self.processes, self.stop_after_errors, self.give_up = rows, processes, stop_after_errors, give_up
-        self.out: list[Outcome | None] = [None] * len(rows)
+        self.out: list[CallOutcome | None] = [None] * len(rows)
         self.next, self.errors, self.first_error, self.why = 0, 0, "", ""
         self.first_round: list[bool] = []  # whether each process's first call timed out
         self.round_size = processes  # the processes that have a first call in this batch
@@ -375,14 +298,14 @@ class _PoolBatch:
             self.next += 1
             return self.next - 1
 
-    def record(self, outcome: Outcome, timed_out: bool, first_call: bool) -> None:
+    def record(self, outcome: CallOutcome, timed_out: bool, first_call: bool) -> None:
         with self.lock:
             if first_call:
                 self.first_round.append(timed_out)
                 self._first_round_check()
-            if isinstance(outcome, str):
+            if isinstance(outcome, RewardFailure):
                 self.errors += 1
-                self.first_error = self.first_error or outcome.splitlines()[0]
+                self.first_error = self.first_error or outcome.message.splitlines()[0]
             if self.stop_after_errors is not None and self.errors >= self.stop_after_errors:
                 self.halt(f"{self.errors} failed calls")
             elif self.give_up and len(self.first_round) == self.processes and all(self.first_round):
@@ -418,8 +341,8 @@ class ProcessPool:
 
     def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
             stop_after_errors: int | None = None, give_up: bool = True,
-            timings: list[Timing | None] | None = None) -> list[Outcome]:
-        """One :data:`Outcome` per row. Raises :class:`RewardsFailing` as soon as ``stop_after_errors`` calls
+            timings: list[Timing | None] | None = None) -> list[CallOutcome]:
+        """One :data:`~rlplat.reward.calls.CallOutcome` per row. Raises :class:`RewardsFailing` as soon as ``stop_after_errors`` calls
         failed, or (``give_up``) when the first call of every process timed out; the calls still running
         then end at their deadline. ``timings`` (one slot per row) gets each call's seconds (as the
         controller waited for it, from a running worker process: starting or restarting one, ~2 s, is not
@@ -428,7 +351,7 @@ class ProcessPool:
             return self._run(fn_index, rows, first_index, stop_after_errors, give_up, timings)
 
     def _run(self, fn_index: int, rows: Sequence[Row], first_index: int, stop_after_errors: int | None,
-             give_up: bool, timings: list[Timing | None] | None) -> list[Outcome]:
+             give_up: bool, timings: list[Timing | None] | None) -> list[CallOutcome]:
         batch = _PoolBatch(rows, len(self.workers), stop_after_errors, give_up)
 
         def work(executor: ProcessExecutor) -> None:

@@ -23,15 +23,16 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from rlplat.algorithms.reward_shaping import OverlongShaping
 from rlplat.config.validate import reward_weights_problem
 from rlplat.registry import UnknownNameError
+from rlplat.reward.calls import ModelOutcomes, RewardFailure, RewardValue, function_name
 from rlplat.reward.errors import RewardConfigError
-from rlplat.reward.isolation import InProcessExecutor, ProcessPool, function_name
+from rlplat.reward.isolation import InProcessExecutor, ProcessPool
 from rlplat.reward.scorers import REWARD_FUNCTIONS, ModelRewardFunction, load_custom_function
 
 
@@ -65,19 +66,12 @@ class ScoreReport:
 _name = function_name
 
 
-class ModelOutcomes(NamedTuple):
-    """A model-computed reward function's batch: one outcome per sample, and the seconds they took."""
-
-    outcomes: Sequence[Any]
-    seconds: float = 0.0
-
-
 class RewardManager:
     """Scores responses with weighted reward functions ``[(fn, weight), ...]`` and optional overlong shaping.
 
     ``per_function`` is keyed by each function's ``__name__``; a name that repeats gets ``_2``, ``_3``, ...
     in list order. A function may return a float or a dict with ``score`` (+ optional ``acc`` and other
-    numeric fields); see :func:`~rlplat.reward.isolation.check_result`. A call that raises, returns a bad
+    numeric fields); see :func:`~rlplat.reward.calls.check_result`. A call that raises, returns a bad
     value, times out or crashes the worker process contributes 0 to that sample and is counted in
     ``num_errors``; the first such message of this manager is printed to stderr, later ones are only
     counted. ``UnknownDataSourceError`` propagates. ``isolation="process"`` runs the functions in a worker
@@ -137,8 +131,8 @@ class RewardManager:
         """Score ``len(texts)`` samples; every argument has one entry per sample (lengths in tokens).
         ``prompts`` (each prompt's chat messages) go to the functions that take a ``prompt`` argument.
         ``model_outcomes``: for each model-computed function (:class:`~rlplat.reward.scorers.ModelRewardFunction`,
-        by name), :class:`ModelOutcomes`: one outcome per sample computed by the trainer's model workers —
-        ``(score, acc, extras)`` or an error message, counted as a failed call — and the seconds they took."""
+        by name), :class:`~rlplat.reward.calls.ModelOutcomes`: one outcome per sample computed by a model — a
+        ``RewardValue``, or a ``RewardFailure`` counted as a failed call — and the seconds they took."""
         prompts = [None] * len(texts) if prompts is None else prompts
         columns = {"data_sources": data_sources, "ground_truths": ground_truths, "extra_infos": extra_infos,
                    "response_lengths": response_lengths, "prompts": prompts}
@@ -157,19 +151,20 @@ class RewardManager:
             timings: list = [None] * len(rows)
             errors = 0
             if isinstance(self.functions[k][0], ModelRewardFunction):
-                outcomes, seconds = self._model_outcomes(k, model_outcomes, len(rows))
-                timings = [(seconds / max(len(rows), 1), False)] * len(rows)  # the batch's time, per sample
+                given = self._model_outcomes(k, model_outcomes, len(rows))
+                outcomes = given.outcomes
+                timings = [(given.seconds / max(len(rows), 1), False)] * len(rows)  # the batch's time, per sample
             else:
                 outcomes = self._run(k, rows, result.num_errors, timings)
             for i, outcome in enumerate(outcomes):
                 result.num_calls += 1
-                if isinstance(outcome, str):
+                if isinstance(outcome, RewardFailure):
                     result.num_errors += 1
                     errors += 1
-                    result.first_error = result.first_error or outcome.splitlines()[0]
-                    self._report(outcome.rstrip())
-                    outcome = (0.0, None, {})
-                score, acc, extras = outcome
+                    result.first_error = result.first_error or outcome.message.splitlines()[0]
+                    self._report(outcome.message.rstrip())
+                    outcome = RewardValue(0.0)
+                score, acc, extras = outcome.score, outcome.acc, outcome.extras
                 if correct is not None:
                     score, acc = score * correct[i], None
                 values.append(score)

@@ -24,7 +24,8 @@ from rlplat.controller import InProcessWorkerGroup, Pending, RayWorkerGroup, Res
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
 from rlplat.models.embedded import EMBEDDED
 from rlplat.protocol import Batch
-from rlplat.reward import ModelOutcomes, RewardManager, RewardsFailing, ScoreReport, build_reward_manager
+from rlplat.reward import (ModelOutcomes, RewardFailure, RewardManager, RewardsFailing, RewardValue, ScoreReport,
+                           build_reward_manager)
 from rlplat.reward.judge import ServerJudge, judge_prompts, parse_verdict
 from rlplat.rollout.weight_sync import corruption_for_test, probe_tolerance
 from rlplat.trainer.sft import ensure_embedded_model
@@ -244,7 +245,7 @@ class Components:
                 kept = scores[finite]
                 scores = (scores - kept.mean()) / kept.std(unbiased=False).clamp_min(1e-8)
             outcomes["reward_model"] = ModelOutcomes(
-                [(float(s), None, {}) if ok else f"the reward model gave {float(s)} on sample {i}"
+                [RewardValue(float(s)) if ok else RewardFailure("bad_value", f"the reward model gave {float(s)} on sample {i}")
                  for i, (s, ok) in enumerate(zip(scores.tolist(), finite.tolist()))], time.perf_counter() - start)
         if self.judge is not None:
             start = time.perf_counter()
@@ -255,7 +256,7 @@ class Components:
             else:
                 rows = Batch.from_dict(non_tensors={"judge_prompt": np.array(asks, dtype=object)})
                 answers = list(self.judge.judge(rows).non_tensors["judge_output"])
-            outcomes["judge"] = ModelOutcomes([str(a) if isinstance(a, BaseException) else
+            outcomes["judge"] = ModelOutcomes([RewardFailure("exception", str(a)) if isinstance(a, BaseException) else
                                              parse_verdict(a, judge.verdict, judge.score_min, judge.score_max, i)
                                              for i, a in enumerate(answers)], time.perf_counter() - start)
         return outcomes
