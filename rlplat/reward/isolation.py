@@ -5,6 +5,8 @@ Reward functions are user code. Two things protect the run from them:
 * :func:`~rlplat.reward.calls.check_result` turns what a function returned into a ``RewardValue`` and refuses
   anything that is not a finite number or a dict with a finite ``score`` (``None``, strings, NaN, ±inf,
   lists, tuples, ...), with a message naming the function, the sample and the value.
+* :class:`RewardExecutor` is what the reward manager calls: ``run`` a function over a batch's rows (one
+  outcome per row, each call's seconds), optionally giving up early by a :class:`StopRule`, and ``close``.
 * :class:`ProcessExecutor` runs the functions in a separate worker process. The controller waits at most
   ``reward.timeout_s`` for each call; a call that hangs or a process that dies (segfault, ``os._exit``,
   out of memory) costs that one sample (scored 0 and counted as an error): the process is replaced and
@@ -28,7 +30,9 @@ import sys
 import threading
 import time
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from rlplat.reward.calls import CallOutcome, RewardFailure, Row, Timing, call_one, function_name, where
 from rlplat.reward.errors import RewardConfigError, RewardsFailing, UnknownDataSourceError
@@ -37,18 +41,39 @@ from rlplat.reward.errors import RewardConfigError, RewardsFailing, UnknownDataS
 STARTUP_TIMEOUT_S = 120.0
 
 
-class InProcessExecutor:
+@dataclass(frozen=True)
+class StopRule:
+    """When a batch's calls may stop early (:class:`RewardsFailing`): once ``errors`` of them failed (None: never
+    for that), or (``hung``) when the first call of every worker process timed out."""
+
+    errors: int | None = None
+    hung: bool = False
+
+
+class RewardExecutor(ABC):
+    """Runs a reward manager's functions (given when it is built, called by index) on a batch's rows."""
+
+    @abstractmethod
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0, stop: StopRule | None = None,
+            timings: list[Timing | None] | None = None) -> list[CallOutcome]:
+        """One :data:`~rlplat.reward.calls.CallOutcome` per row of function ``fn_index`` (the rows are samples
+        ``first_index``, ``first_index + 1``, ...); ``timings`` (one slot per row) gets each call's seconds and
+        whether it timed out. The process pool honours ``stop`` (None: run every call); the in-process and
+        single-process executors run every call, and the trainer applies ``reward.fail_fraction_to_stop`` to
+        the finished batch. :class:`UnknownDataSourceError` propagates."""
+
+    def close(self) -> None:
+        """Stop the worker processes, if any."""
+
+
+class InProcessExecutor(RewardExecutor):
     """Calls the functions in the controller process (no timeout, no crash isolation)."""
 
     def __init__(self, functions: Sequence[Callable], names: Sequence[str]):
         self.functions, self.names = list(functions), list(names)
 
-    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0, stop: StopRule | None = None,
             timings: list[Timing | None] | None = None) -> list[CallOutcome]:
-        """One :data:`~rlplat.reward.calls.CallOutcome` per row; ``timings`` (one slot per row) gets each
-        call's seconds."""
-        import time
-
         fn, name = self.functions[fn_index], self.names[fn_index]
         out = []
         for i, row in enumerate(rows):
@@ -57,9 +82,6 @@ class InProcessExecutor:
             if timings is not None:
                 timings[i] = (time.perf_counter() - start, False)
         return out
-
-    def close(self) -> None:
-        pass
 
 
 def _spec(fn: Callable) -> tuple:
@@ -161,7 +183,7 @@ BOOT = "import sys; from rlplat.reward.isolation import serve; serve(int(sys.arg
 WORKER_ENV = "RLPLAT_REWARD_WORKER"
 
 
-class ProcessExecutor:
+class ProcessExecutor(RewardExecutor):
     """Runs the functions in a worker process; each call gets at most ``timeout_s`` seconds.
 
     The worker is a fresh interpreter (``subprocess``, not ``fork``, which would copy Ray's and torch's
@@ -178,7 +200,6 @@ class ProcessExecutor:
         self._proc: subprocess.Popen | None = None
         self._conn = None
         self._finalizer = None
-        self.timeouts = 0  # calls that did not return within timeout_s, over this executor's life
 
     def _start(self) -> None:
         from multiprocessing import Pipe
@@ -230,15 +251,22 @@ class ProcessExecutor:
         if self._proc is None:
             self._start()
 
-    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[CallOutcome]:
-
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0, stop: StopRule | None = None,
+            timings: list[Timing | None] | None = None) -> list[CallOutcome]:
+        """A call's seconds in ``timings`` run from the request (or the previous answer) to its answer, from a
+        running worker process: starting or restarting one, ~2 s, is not the function's time."""
         out: list[CallOutcome] = []
         while len(out) < len(rows):
             self.ensure_started()
             start = len(out)
             self._conn.send((fn_index, first_index + start, list(rows[start:])))
+            clock = time.perf_counter()
             for i in range(start, len(rows)):
                 failure = self._receive(fn_index, first_index + i, rows[i], out)
+                now = time.perf_counter()
+                if timings is not None:
+                    timings[i] = (now - clock, failure is not None and failure.kind == "timeout")
+                clock = now
                 if failure is not None:  # the process is gone: count this sample, restart for the rest
                     out.append(failure)
                     self._stop()
@@ -253,7 +281,6 @@ class ProcessExecutor:
         died."""
         name = self.names[fn_index]
         if not self._conn.poll(self.timeout_s):
-            self.timeouts += 1
             return RewardFailure("timeout", f"{where(name, index, row)} did not return within "
                                             f"reward.timeout_s={self.timeout_s:g} s; the reward worker process "
                                             f"was restarted")
@@ -279,8 +306,8 @@ class _PoolBatch:
     whose first call timed out starts no second one until the others' first calls are in, so such a batch
     stops after one deadline, not two."""
 
-    def __init__(self, rows: Sequence[Row], processes: int, stop_after_errors: int | None, give_up: bool):
-        self.rows, self.processes, self.stop_after_errors, self.give_up = rows, processes, stop_after_errors, give_up
+    def __init__(self, rows: Sequence[Row], processes: int, stop: StopRule):
+        self.rows, self.processes, self.stop_after_errors, self.give_up = rows, processes, stop.errors, stop.hung
         self.out: list[CallOutcome | None] = [None] * len(rows)
         self.next, self.errors, self.first_error, self.why = 0, 0, "", ""
         self.first_round: list[bool] = []  # whether each process's first call timed out
@@ -324,7 +351,7 @@ class _PoolBatch:
             self.first_round_in.set()
 
 
-class ProcessPool:
+class ProcessPool(RewardExecutor):
     """``workers`` :class:`ProcessExecutor` processes; a batch's calls are handed out one at a time to
     whichever process is free (a thread waits on each), so they run concurrently and each keeps its own
     ``timeout_s``. Outcomes come back in the rows' order."""
@@ -339,31 +366,25 @@ class ProcessPool:
         # a training batch in its own (the processes' pipes carry one call each)
         self._one_batch = threading.Lock()
 
-    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
-            stop_after_errors: int | None = None, give_up: bool = True,
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0, stop: StopRule | None = None,
             timings: list[Timing | None] | None = None) -> list[CallOutcome]:
-        """One :data:`~rlplat.reward.calls.CallOutcome` per row. Raises :class:`RewardsFailing` as soon as ``stop_after_errors`` calls
-        failed, or (``give_up``) when the first call of every process timed out; the calls still running
-        then end at their deadline. ``timings`` (one slot per row) gets each call's seconds (as the
-        controller waited for it, from a running worker process: starting or restarting one, ~2 s, is not
-        the function's time) and whether it timed out."""
+        """Raises :class:`RewardsFailing` as soon as ``stop`` says so; the calls still running then end at their
+        deadline. ``timings`` as :meth:`ProcessExecutor.run` measures them."""
         with self._one_batch:
-            return self._run(fn_index, rows, first_index, stop_after_errors, give_up, timings)
+            return self._run(fn_index, rows, first_index, stop or StopRule(), timings)
 
-    def _run(self, fn_index: int, rows: Sequence[Row], first_index: int, stop_after_errors: int | None,
-             give_up: bool, timings: list[Timing | None] | None) -> list[CallOutcome]:
-        batch = _PoolBatch(rows, len(self.workers), stop_after_errors, give_up)
+    def _run(self, fn_index: int, rows: Sequence[Row], first_index: int, stop: StopRule,
+             timings: list[Timing | None] | None) -> list[CallOutcome]:
+        batch = _PoolBatch(rows, len(self.workers), stop)
 
         def work(executor: ProcessExecutor) -> None:
-            first_call = True
+            first_call, timing = True, [None]
             while (i := batch.take(first_call)) is not None:
                 executor.ensure_started()
-                timeouts, start = executor.timeouts, time.perf_counter()
-                batch.out[i] = executor.run(fn_index, [rows[i]], first_index + i)[0]
-                timed_out = executor.timeouts > timeouts
+                batch.out[i] = executor.run(fn_index, [rows[i]], first_index + i, timings=timing)[0]
                 if timings is not None:
-                    timings[i] = (time.perf_counter() - start, timed_out)
-                batch.record(batch.out[i], timed_out, first_call)
+                    timings[i] = timing[0]
+                batch.record(batch.out[i], timing[0][1], first_call)
                 first_call = False
 
         def guarded(executor: ProcessExecutor) -> None:

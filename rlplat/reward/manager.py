@@ -32,7 +32,7 @@ from rlplat.config.validate import reward_weights_problem
 from rlplat.registry import UnknownNameError
 from rlplat.reward.calls import ModelOutcomes, RewardFailure, RewardValue, function_name
 from rlplat.reward.errors import RewardConfigError
-from rlplat.reward.isolation import InProcessExecutor, ProcessPool
+from rlplat.reward.isolation import InProcessExecutor, ProcessPool, RewardExecutor, StopRule
 from rlplat.reward.scorers import REWARD_FUNCTIONS, ModelRewardFunction, load_custom_function
 
 
@@ -103,6 +103,7 @@ class RewardManager:
             self.names.append(name)
         fns = [fn for fn, _ in self.functions]
         self.fail_fraction_to_stop = float(fail_fraction_to_stop)
+        self.executor: RewardExecutor
         if isolation == "process":
             self.executor = ProcessPool(fns, self.names, timeout_s, max(1, int(num_workers)))
         elif isolation == "inprocess":
@@ -189,15 +190,13 @@ class RewardManager:
         return scores
 
     def _run(self, k: int, rows: list, errors_so_far: int, timings: list) -> list:
-        """Function ``k``'s outcomes for ``rows`` (each call's time into ``timings``); a process pool gives up
-        early (:class:`RewardsFailing`) once the batch has as many failed calls as ``fail_fraction_to_stop``
-        allows (1 = all calls, > 1 = never)."""
-        if not isinstance(self.executor, ProcessPool):
-            return self.executor.run(k, rows, timings=timings)
+        """Function ``k``'s outcomes for ``rows`` (each call's time into ``timings``); an executor that can
+        (a process pool) gives up early (:class:`RewardsFailing`) once the batch has as many failed calls as
+        ``fail_fraction_to_stop`` allows (1 = all calls, > 1 = never), or when a reward hangs on everything."""
         if self.fail_fraction_to_stop > 1:
-            return self.executor.run(k, rows, give_up=False, timings=timings)
+            return self.executor.run(k, rows, timings=timings)
         allowed = math.ceil(self.fail_fraction_to_stop * len(rows) * len(self.functions)) - errors_so_far
-        return self.executor.run(k, rows, stop_after_errors=max(1, allowed), timings=timings)
+        return self.executor.run(k, rows, stop=StopRule(errors=max(1, allowed), hung=True), timings=timings)
 
     def close(self) -> None:
         """Stop the reward worker processes (if any)."""
