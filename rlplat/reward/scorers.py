@@ -231,11 +231,12 @@ def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_
     return 1.0 if _FORMAT.fullmatch(solution_str) else 0.0
 
 
-# ------------------------------------------------------------------------------------------- model-scored
+# ---------------------------------------------------------------------------------------- model-computed
 class ModelRewardFunction:
-    """A ``reward.functions`` entry whose values a model computes on the trainer's workers (``reward_model``:
-    a learned reward model; ``judge``: an LLM judge, or its server): the trainer hands them to :meth:`RewardManager.score` as ``model_outcomes``,
-    and the manager weighs, gates and logs them like any function's. Never called itself."""
+    """A ``reward.functions`` entry whose values a model computes (``reward_model``: a learned reward model;
+    ``judge``: an LLM judge, or its server): :func:`rlplat.reward.batch.model_outcomes` gets them from the
+    scorers the trainer passes in and hands them to :meth:`RewardManager.score` as ``model_outcomes``, and the
+    manager weighs, gates and logs them like any function's. Never called itself."""
 
     def __init__(self, name: str):
         self.__name__ = name

@@ -115,6 +115,7 @@ def test_grpo_with_the_reward_model_as_the_only_reward_learns_what_it_prefers(ti
 @pytest.mark.slow
 def test_a_separate_reward_model_runs_on_its_own_ray_workers(tiny_reward_model, embedded_cache, small_val, tmp_path, ray_cluster):
     from rlplat.models.embedded import embedded_model_dir
+    from rlplat.reward.batch import model_outcomes
     from rlplat.trainer.components import build_components
 
     cfg, plan = load_run_config([f"trainer.output_dir={tmp_path}", f"data.val_files={small_val}",
@@ -123,7 +124,8 @@ def test_a_separate_reward_model_runs_on_its_own_ray_workers(tiny_reward_model, 
     try:
         rm, actor = components.reward_model, components.actor
         assert len(components.pools) == 2 and not set(rm.actors) & set(actor.actors)
-        outcomes = components.model_outcomes([PROMPT, PROMPT], ["47", "46"], ["47", "47"])["reward_model"].outcomes
+        given = model_outcomes(components.model_scorers, cfg.reward, [PROMPT, PROMPT], ["47", "46"], ["47", "47"])
+        outcomes = given["reward_model"].outcomes
         assert outcomes[0].score > 0 > outcomes[1].score
     finally:
         components.shutdown()

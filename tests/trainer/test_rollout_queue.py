@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from rlplat.controller import Pending
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask
-from rlplat.trainer.components import TrainingScores, join_scores
+from rlplat.reward.batch import TrainingScores, join_scores
 from rlplat.trainer.rollout_queue import RolloutQueue
 from rlplat.utils.errors import RunError
 
@@ -77,7 +77,7 @@ class Scripted:
     def check_weight_syncs(self, needed=None):
         self.checked.append(needed)
 
-    def score_batch(self, out):
+    def training_scores(self, out):
         scores = torch.tensor([float(u[1:]) for u in out.non_tensors["uid"]])
         return TrainingScores(scores, scores[:, None], torch.ones(1), {"reward/score_mean": float(scores.mean())})
 
@@ -108,7 +108,7 @@ def uids(batch):
 
 
 def queue_of(trainer: Scripted, score_ahead: bool) -> RolloutQueue:
-    return RolloutQueue(trainer.cfg, trainer, trainer, trainer, trainer.timeline, trainer.score_batch if score_ahead else None)
+    return RolloutQueue(trainer.cfg, trainer, trainer, trainer, trainer.timeline, trainer.training_scores if score_ahead else None)
 
 
 def test_a_step_takes_the_first_groups_ready_and_drops_calls_that_grew_too_old():
