@@ -59,8 +59,8 @@ class RewardExecutor(ABC):
         """One :data:`~rlplat.reward.calls.CallOutcome` per row of function ``fn_index`` (the rows are samples
         ``first_index``, ``first_index + 1``, ...); ``timings`` (one slot per row) gets each call's seconds and
         whether it timed out. The process pool honours ``stop`` (None: run every call); the in-process and
-        single-process executors run every call, and the trainer applies ``reward.fail_fraction_to_stop`` to
-        the finished batch. :class:`UnknownDataSourceError` propagates."""
+        single-process executors run every call, and :func:`rlplat.reward.batch.score_batch` applies
+        ``reward.fail_fraction_to_stop`` to the finished batch. :class:`UnknownDataSourceError` propagates."""
 
     def close(self) -> None:
         """Stop the worker processes, if any."""

@@ -10,8 +10,8 @@
 A reward function may return a float or a dict with ``score`` (+ ``acc`` and other numeric fields). A call
 that raises, returns anything else (None, a string, NaN, ±inf, a list, ...), times out or kills the reward
 worker process scores 0 for that sample and is counted (``ScoreReport.num_errors``); the first message of a
-manager is printed to stderr once; the trainer stops the run when too many of a step's calls fail
-(``reward.fail_fraction_to_stop``). :class:`~rlplat.reward.scorers.UnknownDataSourceError`, a
+manager is printed to stderr once; :func:`rlplat.reward.batch.score_batch` stops the run when too many of a
+step's calls fail (``reward.fail_fraction_to_stop``). :class:`~rlplat.reward.scorers.UnknownDataSourceError`, a
 configuration error, propagates.
 """
 
