@@ -16,7 +16,7 @@ Three reward functions, each timed over one ``RewardManager.score`` batch, seria
 
 Every manager is warmed up with one small batch first (worker start-up and imports are not counted).
 Columns: seconds for the batch, calls per second, the batch's time as a share of the serial time, and
-the mean seconds per call as the manager measured it (``ScoreResult.stats[...]["latency_mean_s"]``; in
+the mean seconds per call as the manager measured it (``ScoreReport.stats[...]["latency_mean_s"]``; in
 the pool the time the controller waited for the call, pipe round trip included). Figures for the docs
 come from running this script on the machine in question; nothing here is a stored result.
 """

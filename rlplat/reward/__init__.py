@@ -21,6 +21,7 @@ functions listed it is added to them with weight 1.0. Built-ins are combined by 
 row's ``data_source``.
 """
 
+from rlplat.reward.calls import CallOutcome, ModelOutcomes, RewardFailure, RewardValue
 from rlplat.reward.equivalence import math_equal, normalize_math
 from rlplat.reward.errors import BadRewardValue, RewardConfigError, RewardsFailing, UnknownDataSourceError
 from rlplat.reward.scorers import (
@@ -33,7 +34,7 @@ from rlplat.reward.scorers import (
 
 # The manager's names load on first use: the reward worker process imports this package for the scorers
 # and must not pay for torch (its memory and start-up time in every such process).
-_MANAGER_NAMES = ("ModelScores", "OverlongShaping", "RewardManager", "ScoreResult", "build_reward_manager",
+_MANAGER_NAMES = ("OverlongShaping", "RewardManager", "ScoreReport", "build_reward_manager",
                   "token_level_scores")
 
 
@@ -46,7 +47,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "REWARD_FUNCTIONS", "BadRewardValue", "ModelScores", "OverlongShaping", "RewardConfigError", "RewardManager", "RewardsFailing", "ScoreResult",
-    "UnknownDataSourceError", "build_reward_manager", "last_boxed", "load_custom_function", "math_equal", "normalize_math",
-    "safe_arithmetic", "scorer_for", "token_level_scores",
+    "REWARD_FUNCTIONS", "BadRewardValue", "CallOutcome", "ModelOutcomes", "OverlongShaping", "RewardConfigError",
+    "RewardFailure", "RewardManager", "RewardValue", "RewardsFailing", "ScoreReport", "UnknownDataSourceError",
+    "build_reward_manager", "last_boxed", "load_custom_function", "math_equal", "normalize_math", "safe_arithmetic",
+    "scorer_for", "token_level_scores",
 ]

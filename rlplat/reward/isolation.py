@@ -2,9 +2,11 @@
 
 Reward functions are user code. Two things protect the run from them:
 
-* :func:`check_result` turns what a function returned into ``(score, acc, extras)`` and refuses anything
-  that is not a finite number or a dict with a finite ``score`` (``None``, strings, NaN, ±inf, lists,
-  tuples, ...), with a message naming the function, the sample and the value.
+* :func:`~rlplat.reward.calls.check_result` turns what a function returned into a ``RewardValue`` and refuses
+  anything that is not a finite number or a dict with a finite ``score`` (``None``, strings, NaN, ±inf,
+  lists, tuples, ...), with a message naming the function, the sample and the value.
+* :class:`RewardExecutor` is what the reward manager calls: ``run`` a function over a batch's rows (one
+  outcome per row, each call's seconds), optionally giving up early by a :class:`StopRule`, and ``close``.
 * :class:`ProcessExecutor` runs the functions in a separate worker process. The controller waits at most
   ``reward.timeout_s`` for each call; a call that hangs or a process that dies (segfault, ``os._exit``,
   out of memory) costs that one sample (scored 0 and counted as an error): the process is replaced and
@@ -19,9 +21,6 @@ Reward functions are user code. Two things protect the run from them:
 
 from __future__ import annotations
 
-import inspect
-import math
-import numbers
 import os
 import pickle
 import pickletools
@@ -30,103 +29,51 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
-from rlplat.reward.errors import BadRewardValue, RewardConfigError, RewardsFailing, UnknownDataSourceError
+from rlplat.reward.calls import CallOutcome, RewardFailure, Row, Timing, call_one, function_name, where
+from rlplat.reward.errors import RewardConfigError, RewardsFailing, UnknownDataSourceError
 
-# (score, acc or None, extra numeric fields) or an error message.
-Outcome = tuple[float, "float | None", dict[str, float]] | str
-Row = tuple[str, str, str, Any, Any]  # (data_source, solution_str, ground_truth, extra_info, prompt or None)
-Timing = tuple[float, bool]  # a call's seconds, and whether it ran past its deadline
 # Generous because CI machines are shared (the worker itself starts in ~0.1 s).
 STARTUP_TIMEOUT_S = 120.0
 
 
-def function_name(fn: Callable) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)
+@dataclass(frozen=True)
+class StopRule:
+    """When a batch's calls may stop early (:class:`RewardsFailing`): once ``errors`` of them failed (None: never
+    for that), or (``hung``) when the first call of every worker process timed out."""
+
+    errors: int | None = None
+    hung: bool = False
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, numbers.Real):  # int, float, bool and numpy scalars
-        value = float(value)
-        return value if math.isfinite(value) else None
-    return None
+class RewardExecutor(ABC):
+    """Runs a reward manager's functions (given when it is built, called by index) on a batch's rows."""
+
+    @abstractmethod
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0, stop: StopRule | None = None,
+            timings: list[Timing | None] | None = None) -> list[CallOutcome]:
+        """One :data:`~rlplat.reward.calls.CallOutcome` per row of function ``fn_index`` (the rows are samples
+        ``first_index``, ``first_index + 1``, ...); ``timings`` (one slot per row) gets each call's seconds and
+        whether it timed out. The process pool honours ``stop`` (None: run every call); the in-process and
+        single-process executors run every call, and :func:`rlplat.reward.batch.score_batch` applies
+        ``reward.fail_fraction_to_stop`` to the finished batch. :class:`UnknownDataSourceError` propagates."""
+
+    def close(self) -> None:
+        """Stop the worker processes, if any."""
 
 
-def check_result(value: Any, name: str, index: int, row: Row) -> tuple[float, float | None, dict[str, float]]:
-    """``(score, acc, extras)`` from a reward function's return value, or :class:`BadRewardValue`.
-
-    Accepted: a finite real number (bool and numpy scalars included), or a dict (verl style) with a finite
-    ``score``, an optional finite ``acc`` and other finite numeric fields (logged as metrics; non-numeric
-    ones are ignored).
-    """
-    if isinstance(value, dict):
-        if "score" not in value:
-            raise BadRewardValue(f"{_where(name, index, row)} returned a dict without 'score': {_show(value)}")
-        score = _finite(value["score"])
-        acc = None if value.get("acc") is None else _finite(value["acc"])
-        if score is None or (value.get("acc") is not None and acc is None):
-            raise BadRewardValue(f"{_where(name, index, row)} returned {_show(value)}; 'score' and 'acc' must be "
-                                 f"finite numbers")
-        extras = {str(k): v for k, v in ((k, _finite(v)) for k, v in value.items() if k not in ("score", "acc"))
-                  if v is not None}
-        return score, acc, extras
-    score = _finite(value)
-    if score is None:
-        raise BadRewardValue(f"{_where(name, index, row)} returned {_show(value)} ({type(value).__name__}); "
-                             f"expected a finite number or a dict with a finite 'score'")
-    return score, None, {}
-
-
-def _where(name: str, index: int, row: Row) -> str:
-    return (f"reward function {name!r} on sample {index} (data_source {row[0]!r}, ground_truth "
-            f"{_show(row[2])})")
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def takes_prompt(fn: Callable) -> bool:
-    """Whether ``fn`` accepts the sample's prompt: a parameter named ``prompt`` or ``**kwargs``."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "prompt" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
-def call_one(fn: Callable, name: str, index: int, row: Row) -> Outcome:
-    """One checked call, ``fn(data_source, solution_str, ground_truth, extra_info)`` (+ ``prompt=`` the
-    prompt's chat messages when :func:`takes_prompt`); an exception or a bad value becomes an error message
-    (the first line of which names the function, the sample and the value or exception)."""
-
-    try:
-        value = fn(*row[:4], prompt=row[4]) if takes_prompt(fn) else fn(*row[:4])
-        return check_result(value, name, index, row)
-    except UnknownDataSourceError:
-        raise
-    except BadRewardValue as err:
-        return str(err)
-    except Exception as err:  # user code: any exception costs this sample only
-        return f"{_where(name, index, row)} raised {type(err).__name__}: {err}\n{traceback.format_exc()}"
-
-
-class InProcessExecutor:
+class InProcessExecutor(RewardExecutor):
     """Calls the functions in the controller process (no timeout, no crash isolation)."""
 
     def __init__(self, functions: Sequence[Callable], names: Sequence[str]):
         self.functions, self.names = list(functions), list(names)
 
-    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
-            timings: list[Timing | None] | None = None) -> list[Outcome]:
-        """One :data:`Outcome` per row; ``timings`` (one slot per row) gets each call's seconds."""
-        import time
-
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0, stop: StopRule | None = None,
+            timings: list[Timing | None] | None = None) -> list[CallOutcome]:
         fn, name = self.functions[fn_index], self.names[fn_index]
         out = []
         for i, row in enumerate(rows):
@@ -135,9 +82,6 @@ class InProcessExecutor:
             if timings is not None:
                 timings[i] = (time.perf_counter() - start, False)
         return out
-
-    def close(self) -> None:
-        pass
 
 
 def _spec(fn: Callable) -> tuple:
@@ -188,8 +132,9 @@ def _exit_with_parent(interval_s: float = 0.5) -> None:
 
 def serve(fd: int) -> None:
     """The worker process (started as ``python -c BOOT fd``): read the functions from the socket ``fd``,
-    load them, then answer ``(fn_index, first_index, rows)`` requests with one :data:`Outcome` per row,
-    in order, as each is computed."""
+    load them, then answer ``(fn_index, first_index, rows)`` requests with one
+    :data:`~rlplat.reward.calls.CallOutcome` per row, in order, as each is computed (a ``config_error``
+    failure where ``auto`` has no scorer for the row's data_source)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
     _exit_with_parent()
     from multiprocessing.connection import Connection
@@ -219,9 +164,9 @@ def serve(fd: int) -> None:
         fn_index, first, rows = request
         for i, row in enumerate(rows):
             try:
-                conn.send(("ok", call_one(functions[fn_index], names[fn_index], first + i, row)))
+                conn.send(call_one(functions[fn_index], names[fn_index], first + i, row))
             except UnknownDataSourceError as err:
-                conn.send(("config_error", str(err)))
+                conn.send(RewardFailure("config_error", str(err)))
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -238,7 +183,7 @@ BOOT = "import sys; from rlplat.reward.isolation import serve; serve(int(sys.arg
 WORKER_ENV = "RLPLAT_REWARD_WORKER"
 
 
-class ProcessExecutor:
+class ProcessExecutor(RewardExecutor):
     """Runs the functions in a worker process; each call gets at most ``timeout_s`` seconds.
 
     The worker is a fresh interpreter (``subprocess``, not ``fork``, which would copy Ray's and torch's
@@ -255,7 +200,6 @@ class ProcessExecutor:
         self._proc: subprocess.Popen | None = None
         self._conn = None
         self._finalizer = None
-        self.timeouts = 0  # calls that did not return within timeout_s, over this executor's life
 
     def _start(self) -> None:
         from multiprocessing import Pipe
@@ -307,38 +251,44 @@ class ProcessExecutor:
         if self._proc is None:
             self._start()
 
-    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0) -> list[Outcome]:
-
-        out: list[Outcome] = []
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0, stop: StopRule | None = None,
+            timings: list[Timing | None] | None = None) -> list[CallOutcome]:
+        """A call's seconds in ``timings`` run from the request (or the previous answer) to its answer, from a
+        running worker process: starting or restarting one, ~2 s, is not the function's time."""
+        out: list[CallOutcome] = []
         while len(out) < len(rows):
             self.ensure_started()
             start = len(out)
             self._conn.send((fn_index, first_index + start, list(rows[start:])))
+            clock = time.perf_counter()
             for i in range(start, len(rows)):
                 failure = self._receive(fn_index, first_index + i, rows[i], out)
+                now = time.perf_counter()
+                if timings is not None:
+                    timings[i] = (now - clock, failure is not None and failure.kind == "timeout")
+                clock = now
                 if failure is not None:  # the process is gone: count this sample, restart for the rest
                     out.append(failure)
                     self._stop()
                     break
         for outcome in out:
-            if isinstance(outcome, tuple) and outcome and outcome[0] == "config_error":
-                raise UnknownDataSourceError(outcome[1])
+            if isinstance(outcome, RewardFailure) and outcome.kind == "config_error":
+                raise UnknownDataSourceError(outcome.message)
         return out
 
-    def _receive(self, fn_index: int, index: int, row: Row, out: list) -> str | None:
-        """Append the next outcome to ``out``; or return the error message when the call timed out or the
-        process died."""
+    def _receive(self, fn_index: int, index: int, row: Row, out: list) -> RewardFailure | None:
+        """Append the next outcome to ``out``; or return the failure when the call timed out or the process
+        died."""
         name = self.names[fn_index]
         if not self._conn.poll(self.timeout_s):
-            self.timeouts += 1
-            return (f"{_where(name, index, row)} did not return within reward.timeout_s={self.timeout_s:g} s; "
-                    f"the reward worker process was restarted")
+            return RewardFailure("timeout", f"{where(name, index, row)} did not return within "
+                                            f"reward.timeout_s={self.timeout_s:g} s; the reward worker process "
+                                            f"was restarted")
         try:
-            kind, payload = self._conn.recv()
+            out.append(self._conn.recv())
         except (EOFError, ConnectionError):
-            return (f"{_where(name, index, row)} killed the reward worker process (exit code "
-                    f"{self._exit_code()}); it was restarted")
-        out.append(payload if kind == "ok" else (kind, payload))
+            return RewardFailure("crash", f"{where(name, index, row)} killed the reward worker process (exit code "
+                                          f"{self._exit_code()}); it was restarted")
         return None
 
     def close(self) -> None:
@@ -356,9 +306,9 @@ class _PoolBatch:
     whose first call timed out starts no second one until the others' first calls are in, so such a batch
     stops after one deadline, not two."""
 
-    def __init__(self, rows: Sequence[Row], processes: int, stop_after_errors: int | None, give_up: bool):
-        self.rows, self.processes, self.stop_after_errors, self.give_up = rows, processes, stop_after_errors, give_up
-        self.out: list[Outcome | None] = [None] * len(rows)
+    def __init__(self, rows: Sequence[Row], processes: int, stop: StopRule):
+        self.rows, self.processes, self.stop_after_errors, self.give_up = rows, processes, stop.errors, stop.hung
+        self.out: list[CallOutcome | None] = [None] * len(rows)
         self.next, self.errors, self.first_error, self.why = 0, 0, "", ""
         self.first_round: list[bool] = []  # whether each process's first call timed out
         self.round_size = processes  # the processes that have a first call in this batch
@@ -375,14 +325,14 @@ class _PoolBatch:
             self.next += 1
             return self.next - 1
 
-    def record(self, outcome: Outcome, timed_out: bool, first_call: bool) -> None:
+    def record(self, outcome: CallOutcome, timed_out: bool, first_call: bool) -> None:
         with self.lock:
             if first_call:
                 self.first_round.append(timed_out)
                 self._first_round_check()
-            if isinstance(outcome, str):
+            if isinstance(outcome, RewardFailure):
                 self.errors += 1
-                self.first_error = self.first_error or outcome.splitlines()[0]
+                self.first_error = self.first_error or outcome.message.splitlines()[0]
             if self.stop_after_errors is not None and self.errors >= self.stop_after_errors:
                 self.halt(f"{self.errors} failed calls")
             elif self.give_up and len(self.first_round) == self.processes and all(self.first_round):
@@ -401,7 +351,7 @@ class _PoolBatch:
             self.first_round_in.set()
 
 
-class ProcessPool:
+class ProcessPool(RewardExecutor):
     """``workers`` :class:`ProcessExecutor` processes; a batch's calls are handed out one at a time to
     whichever process is free (a thread waits on each), so they run concurrently and each keeps its own
     ``timeout_s``. Outcomes come back in the rows' order."""
@@ -416,31 +366,25 @@ class ProcessPool:
         # a training batch in its own (the processes' pipes carry one call each)
         self._one_batch = threading.Lock()
 
-    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0,
-            stop_after_errors: int | None = None, give_up: bool = True,
-            timings: list[Timing | None] | None = None) -> list[Outcome]:
-        """One :data:`Outcome` per row. Raises :class:`RewardsFailing` as soon as ``stop_after_errors`` calls
-        failed, or (``give_up``) when the first call of every process timed out; the calls still running
-        then end at their deadline. ``timings`` (one slot per row) gets each call's seconds (as the
-        controller waited for it, from a running worker process: starting or restarting one, ~2 s, is not
-        the function's time) and whether it timed out."""
+    def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0, stop: StopRule | None = None,
+            timings: list[Timing | None] | None = None) -> list[CallOutcome]:
+        """Raises :class:`RewardsFailing` as soon as ``stop`` says so; the calls still running then end at their
+        deadline. ``timings`` as :meth:`ProcessExecutor.run` measures them."""
         with self._one_batch:
-            return self._run(fn_index, rows, first_index, stop_after_errors, give_up, timings)
+            return self._run(fn_index, rows, first_index, stop or StopRule(), timings)
 
-    def _run(self, fn_index: int, rows: Sequence[Row], first_index: int, stop_after_errors: int | None,
-             give_up: bool, timings: list[Timing | None] | None) -> list[Outcome]:
-        batch = _PoolBatch(rows, len(self.workers), stop_after_errors, give_up)
+    def _run(self, fn_index: int, rows: Sequence[Row], first_index: int, stop: StopRule,
+             timings: list[Timing | None] | None) -> list[CallOutcome]:
+        batch = _PoolBatch(rows, len(self.workers), stop)
 
         def work(executor: ProcessExecutor) -> None:
-            first_call = True
+            first_call, timing = True, [None]
             while (i := batch.take(first_call)) is not None:
                 executor.ensure_started()
-                timeouts, start = executor.timeouts, time.perf_counter()
-                batch.out[i] = executor.run(fn_index, [rows[i]], first_index + i)[0]
-                timed_out = executor.timeouts > timeouts
+                batch.out[i] = executor.run(fn_index, [rows[i]], first_index + i, timings=timing)[0]
                 if timings is not None:
-                    timings[i] = (time.perf_counter() - start, timed_out)
-                batch.record(batch.out[i], timed_out, first_call)
+                    timings[i] = timing[0]
+                batch.record(batch.out[i], timing[0][1], first_call)
                 first_call = False
 
         def guarded(executor: ProcessExecutor) -> None:

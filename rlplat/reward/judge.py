@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rlplat.reward.calls import CallOutcome, RewardFailure, RewardValue
+
 _NUMBER = r"-?\d+(?:\.\d+)?"
 _SCORE_LINE = re.compile(rf"score\s*[:=]\s*({_NUMBER})", re.IGNORECASE)
 _ANY_NUMBER = re.compile(rf"(?<![\w.]){_NUMBER}(?![\w])")
@@ -56,20 +58,21 @@ def judge_prompts(template: str, prompts: Sequence[Any], responses: Sequence[str
             for p, r, g in zip(prompts, responses, references)]
 
 
-def parse_verdict(text: str, verdict: str, low: float, high: float, index: int) -> tuple[float, None, dict] | str:
-    """The outcome of one judge answer: ``(score in [0, 1], None, {})``, or an error message naming the sample
-    and what the judge wrote."""
+def parse_verdict(text: str, verdict: str, low: float, high: float, index: int) -> CallOutcome:
+    """The outcome of one judge answer: its score in [0, 1], or a ``bad_value`` failure naming the sample and
+    what the judge wrote."""
     shown = repr(text.strip()[-120:])
     if verdict == "yes_no":
         found = _YES_NO.findall(text)
         if not found:
-            return f"the judge's answer on sample {index} has no yes or no: {shown}"
-        return (1.0 if found[-1].lower() == "yes" else 0.0), None, {}
+            return RewardFailure("bad_value", f"the judge's answer on sample {index} has no yes or no: {shown}")
+        return RewardValue(1.0 if found[-1].lower() == "yes" else 0.0)
     found = _SCORE_LINE.findall(text) or _ANY_NUMBER.findall(text)
     value = float(found[-1]) if found else None
     if value is None or not low <= value <= high:
-        return f"the judge's answer on sample {index} is not a score in [{low:g}, {high:g}]: {shown}"
-    return (value - low) / (high - low), None, {}
+        return RewardFailure("bad_value", f"the judge's answer on sample {index} is not a score in "
+                                          f"[{low:g}, {high:g}]: {shown}")
+    return RewardValue((value - low) / (high - low))
 
 
 class ServerJudge:

@@ -9,9 +9,9 @@
 
 A reward function may return a float or a dict with ``score`` (+ ``acc`` and other numeric fields). A call
 that raises, returns anything else (None, a string, NaN, ±inf, a list, ...), times out or kills the reward
-worker process scores 0 for that sample and is counted (``ScoreResult.num_errors``); the first message of a
-manager is printed to stderr once; the trainer stops the run when too many of a step's calls fail
-(``reward.fail_fraction_to_stop``). :class:`~rlplat.reward.scorers.UnknownDataSourceError`, a
+worker process scores 0 for that sample and is counted (``ScoreReport.num_errors``); the first message of a
+manager is printed to stderr once; :func:`rlplat.reward.batch.score_batch` stops the run when too many of a
+step's calls fail (``reward.fail_fraction_to_stop``). :class:`~rlplat.reward.scorers.UnknownDataSourceError`, a
 configuration error, propagates.
 """
 
@@ -23,20 +23,21 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from rlplat.algorithms.reward_shaping import OverlongShaping
 from rlplat.config.validate import reward_weights_problem
 from rlplat.registry import UnknownNameError
+from rlplat.reward.calls import ModelOutcomes, RewardFailure, RewardValue, function_name
 from rlplat.reward.errors import RewardConfigError
-from rlplat.reward.isolation import InProcessExecutor, ProcessPool, function_name
-from rlplat.reward.scorers import REWARD_FUNCTIONS, ModelScored, load_custom_function
+from rlplat.reward.isolation import InProcessExecutor, ProcessPool, RewardExecutor, StopRule
+from rlplat.reward.scorers import REWARD_FUNCTIONS, ModelRewardFunction, load_custom_function
 
 
 @dataclass
-class ScoreResult:
+class ScoreReport:
     """What :meth:`RewardManager.score` returns, one entry per sample in every list."""
 
     scores: list[float]  # weighted sum of the functions + overlong shaping
@@ -65,26 +66,19 @@ class ScoreResult:
 _name = function_name
 
 
-class ModelScores(NamedTuple):
-    """A model-computed reward function's batch: one outcome per sample, and the seconds they took."""
-
-    outcomes: Sequence[Any]
-    seconds: float = 0.0
-
-
 class RewardManager:
     """Scores responses with weighted reward functions ``[(fn, weight), ...]`` and optional overlong shaping.
 
     ``per_function`` is keyed by each function's ``__name__``; a name that repeats gets ``_2``, ``_3``, ...
     in list order. A function may return a float or a dict with ``score`` (+ optional ``acc`` and other
-    numeric fields); see :func:`~rlplat.reward.isolation.check_result`. A call that raises, returns a bad
+    numeric fields); see :func:`~rlplat.reward.calls.check_result`. A call that raises, returns a bad
     value, times out or crashes the worker process contributes 0 to that sample and is counted in
     ``num_errors``; the first such message of this manager is printed to stderr, later ones are only
     counted. ``UnknownDataSourceError`` propagates. ``isolation="process"`` runs the functions in a worker
     process with ``timeout_s`` per call; ``"inprocess"`` calls them directly (no timeout).
 
     ``only_when_correct`` holds indices into ``functions`` whose value counts only on samples that the
-    other functions judge correct (:meth:`ScoreResult.correct` over them: their ``acc``, else their
+    other functions judge correct (:meth:`ScoreReport.correct` over them: their ``acc``, else their
     weighted sum >= 1), as open-instruct's non-additive format reward; their ``per_function`` values are
     the gated ones, so the terms still add up to the scores.
     """
@@ -109,6 +103,7 @@ class RewardManager:
             self.names.append(name)
         fns = [fn for fn, _ in self.functions]
         self.fail_fraction_to_stop = float(fail_fraction_to_stop)
+        self.executor: RewardExecutor
         if isolation == "process":
             self.executor = ProcessPool(fns, self.names, timeout_s, max(1, int(num_workers)))
         elif isolation == "inprocess":
@@ -133,19 +128,19 @@ class RewardManager:
     def score(self, texts: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[str],
               extra_infos: Sequence[dict | None], response_lengths: Sequence[int],
               prompts: Sequence[Any] | None = None,
-              model_outcomes: Mapping[str, ModelScores] | None = None) -> ScoreResult:
+              model_outcomes: Mapping[str, ModelOutcomes] | None = None) -> ScoreReport:
         """Score ``len(texts)`` samples; every argument has one entry per sample (lengths in tokens).
         ``prompts`` (each prompt's chat messages) go to the functions that take a ``prompt`` argument.
-        ``model_outcomes``: for each :class:`~rlplat.reward.scorers.ModelScored` function (by name),
-        :class:`ModelScores`: one outcome per sample computed by the trainer's model workers —
-        ``(score, acc, extras)`` or an error message, counted as a failed call — and the seconds they took."""
+        ``model_outcomes``: for each model-computed function (:class:`~rlplat.reward.scorers.ModelRewardFunction`,
+        by name), :class:`~rlplat.reward.calls.ModelOutcomes`: one outcome per sample computed by a model — a
+        ``RewardValue``, or a ``RewardFailure`` counted as a failed call — and the seconds they took."""
         prompts = [None] * len(texts) if prompts is None else prompts
         columns = {"data_sources": data_sources, "ground_truths": ground_truths, "extra_infos": extra_infos,
                    "response_lengths": response_lengths, "prompts": prompts}
         for key, column in columns.items():
             if len(column) != len(texts):
                 raise ValueError(f"score() got {len(texts)} texts but {len(column)} {key}")
-        result = ScoreResult(scores=[0.0] * len(texts), acc=[None] * len(texts))
+        result = ScoreReport(scores=[0.0] * len(texts), acc=[None] * len(texts))
         rows = list(zip(data_sources, texts, ground_truths, extra_infos, prompts))
         correct: list[float] | None = None
         ungated_first = sorted(range(len(self.functions)), key=lambda k: k in self.gated)
@@ -156,20 +151,21 @@ class RewardManager:
             values = result.per_function[name] = []
             timings: list = [None] * len(rows)
             errors = 0
-            if isinstance(self.functions[k][0], ModelScored):
-                outcomes, seconds = self._model_outcomes(k, model_outcomes, len(rows))
-                timings = [(seconds / max(len(rows), 1), False)] * len(rows)  # the batch's time, per sample
+            if isinstance(self.functions[k][0], ModelRewardFunction):
+                given = self._model_outcomes(k, model_outcomes, len(rows))
+                outcomes = given.outcomes
+                timings = [(given.seconds / max(len(rows), 1), False)] * len(rows)  # the batch's time, per sample
             else:
                 outcomes = self._run(k, rows, result.num_errors, timings)
             for i, outcome in enumerate(outcomes):
                 result.num_calls += 1
-                if isinstance(outcome, str):
+                if isinstance(outcome, RewardFailure):
                     result.num_errors += 1
                     errors += 1
-                    result.first_error = result.first_error or outcome.splitlines()[0]
-                    self._report(outcome.rstrip())
-                    outcome = (0.0, None, {})
-                score, acc, extras = outcome
+                    result.first_error = result.first_error or outcome.message.splitlines()[0]
+                    self._report(outcome.message.rstrip())
+                    outcome = RewardValue(0.0)
+                score, acc, extras = outcome.score, outcome.acc, outcome.extras
                 if correct is not None:
                     score, acc = score * correct[i], None
                 values.append(score)
@@ -185,24 +181,22 @@ class RewardManager:
         result.per_function = {name: result.per_function[name] for name in self.names}
         return result
 
-    def _model_outcomes(self, k: int, given: Mapping[str, ModelScores] | None, n: int) -> ModelScores:
+    def _model_outcomes(self, k: int, given: Mapping[str, ModelOutcomes] | None, n: int) -> ModelOutcomes:
         name = _name(self.functions[k][0])
         scores = (given or {}).get(name)
-        if not isinstance(scores, ModelScores) or len(scores.outcomes) != n:
+        if not isinstance(scores, ModelOutcomes) or len(scores.outcomes) != n:
             raise ValueError(f"reward function {name!r} is computed by model workers: score() needs "
-                             f"model_outcomes[{name!r}], ModelScores with {n} outcomes, got {scores!r:.80}")
+                             f"model_outcomes[{name!r}], ModelOutcomes with {n} outcomes, got {scores!r:.80}")
         return scores
 
     def _run(self, k: int, rows: list, errors_so_far: int, timings: list) -> list:
-        """Function ``k``'s outcomes for ``rows`` (each call's time into ``timings``); a process pool gives up
-        early (:class:`RewardsFailing`) once the batch has as many failed calls as ``fail_fraction_to_stop``
-        allows (1 = all calls, > 1 = never)."""
-        if not isinstance(self.executor, ProcessPool):
-            return self.executor.run(k, rows, timings=timings)
+        """Function ``k``'s outcomes for ``rows`` (each call's time into ``timings``); an executor that can
+        (a process pool) gives up early (:class:`RewardsFailing`) once the batch has as many failed calls as
+        ``fail_fraction_to_stop`` allows (1 = all calls, > 1 = never), or when a reward hangs on everything."""
         if self.fail_fraction_to_stop > 1:
-            return self.executor.run(k, rows, give_up=False, timings=timings)
+            return self.executor.run(k, rows, timings=timings)
         allowed = math.ceil(self.fail_fraction_to_stop * len(rows) * len(self.functions)) - errors_so_far
-        return self.executor.run(k, rows, stop_after_errors=max(1, allowed), timings=timings)
+        return self.executor.run(k, rows, stop=StopRule(errors=max(1, allowed), hung=True), timings=timings)
 
     def close(self) -> None:
         """Stop the reward worker processes (if any)."""

@@ -231,11 +231,12 @@ def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_
     return 1.0 if _FORMAT.fullmatch(solution_str) else 0.0
 
 
-# ------------------------------------------------------------------------------------------- model-scored
-class ModelScored:
-    """A ``reward.functions`` entry whose values a model computes on the trainer's workers (``reward_model``:
-    a learned reward model; ``judge``: an LLM judge, or its server): the trainer hands them to :meth:`RewardManager.score` as ``model_outcomes``,
-    and the manager weighs, gates and logs them like any function's. Never called itself."""
+# ---------------------------------------------------------------------------------------- model-computed
+class ModelRewardFunction:
+    """A ``reward.functions`` entry whose values a model computes (``reward_model``: a learned reward model;
+    ``judge``: an LLM judge, or its server): :func:`rlplat.reward.batch.model_outcomes` gets them from the
+    scorers the trainer passes in and hands them to :meth:`RewardManager.score` as ``model_outcomes``, and the
+    manager weighs, gates and logs them like any function's. Never called itself."""
 
     def __init__(self, name: str):
         self.__name__ = name
@@ -244,11 +245,11 @@ class ModelScored:
         raise RuntimeError(f"reward function {self.__name__!r} is computed by the trainer's model workers")
 
     def __reduce__(self):
-        return ModelScored, (self.__name__,)
+        return ModelRewardFunction, (self.__name__,)
 
 
-REWARD_FUNCTIONS.add("reward_model", ModelScored("reward_model"))
-REWARD_FUNCTIONS.add("judge", ModelScored("judge"))
+REWARD_FUNCTIONS.add("reward_model", ModelRewardFunction("reward_model"))
+REWARD_FUNCTIONS.add("judge", ModelRewardFunction("judge"))
 
 
 # --------------------------------------------------------------------------------------------------- code

@@ -8,7 +8,6 @@ is read (their processes take seconds to import torch) and load the model after 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,53 +23,15 @@ from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
 from rlplat.models.embedded import EMBEDDED
 from rlplat.protocol import Batch
-from rlplat.reward import ModelScores, RewardManager, RewardsFailing, ScoreResult, build_reward_manager
-from rlplat.reward.judge import ServerJudge, judge_prompts, parse_verdict
+from rlplat.reward import RewardManager, ScoreReport, build_reward_manager
+from rlplat.reward.batch import ModelScorers, TrainingScores, score_batch, training_scores
+from rlplat.reward.judge import ServerJudge
 from rlplat.trainer.sft import ensure_embedded_model
 from rlplat.trainer.weight_push import WeightPush
-from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import Tracker
 from rlplat.rollout.agent_loop import prompt_tools
 from rlplat.workers.reward_model import JudgeWorker, RewardModelWorker
 from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker, RolloutWorker
-
-
-@dataclass(frozen=True)
-class Scores:
-    """A training batch's scores, as the reward stage adds them."""
-
-    scores: torch.Tensor  # [batch] the weighted sum of the reward functions (+ overlong shaping)
-    # [batch, num_terms]: each reward function's unweighted value (reward.functions order), then the overlong
-    # shaping term when enabled, so that terms @ weights == scores (gdpo normalises each term on its own)
-    terms: torch.Tensor
-    weights: torch.Tensor  # [num_terms]
-    metrics: dict[str, float]  # errors, per-function means, extra fields of dict rewards
-
-
-def join_scores(parts: list[Scores]) -> Scores:
-    """The :class:`Scores` of several batches as those of their rows in order: rows' scores and terms joined,
-    metrics over all rows (means weighted by rows, counts added, the largest latency, each function's std
-    pooled from the parts' means and stds)."""
-    if len(parts) == 1:
-        return parts[0]
-    rows = [len(part.scores) for part in parts]
-    metrics = {}
-    for key in dict.fromkeys(key for part in parts for key in part.metrics):
-        having = [(part.metrics[key], n, part.metrics) for part, n in zip(parts, rows) if key in part.metrics]
-        total = sum(n for _, n, _ in having)
-        calls = key.startswith("reward_calls/")
-        if key == "reward/num_errors" or calls and key.endswith(("_errors", "_timeouts")):
-            metrics[key] = sum(value for value, _, _ in having)
-        elif key.endswith("_latency_max_s"):
-            metrics[key] = max(value for value, _, _ in having)
-        elif calls and key.endswith("_std") and all((of := f"reward/{key[13:-4]}_mean") in m for _, _, m in having):
-            mean = sum(m[of] * n for _, n, m in having) / total
-            second = sum((value ** 2 + m[of] ** 2) * n for value, n, m in having) / total
-            metrics[key] = max(second - mean ** 2, 0.0) ** 0.5
-        else:
-            metrics[key] = sum(value * n for value, n, _ in having) / total
-    return Scores(torch.cat([part.scores for part in parts]), torch.cat([part.terms for part in parts]),
-                  parts[0].weights, metrics)
 
 
 @dataclass
@@ -159,88 +120,33 @@ class Components:
         stop = torch.tensor([*eos, *self.cfg.rollout.stop_token_ids], dtype=torch.long)
         return ~torch.isin(batch.tensors["responses"], stop).any(-1)
 
-    def score_result(self, batch: Batch, validation: bool = False) -> ScoreResult:
-        """Score a generated batch; stop the run (:class:`RunError`) when at least
-        ``reward.fail_fraction_to_stop`` of a training batch's reward calls failed."""
-        manager = self.reward_val if validation else self.reward_train
-        nt = batch.non_tensors
-        limit = self.cfg.reward.fail_fraction_to_stop
-        where = f"{'validation at ' if validation else ''}step {batch.meta.get('step', '?')}"
-        consequence = "its accuracy would be meaningless" if validation else "the step would train on zeros"
-        texts = self.decode(batch)
-        prompts = list(nt["raw_prompt"]) if "raw_prompt" in nt else None
-        try:
-            result = manager.score(
-                texts, list(nt["data_source"]), list(nt["ground_truth"]), list(nt["extra_info"]),
-                batch.tensors["response_mask"].sum(-1).tolist(), prompts=prompts,
-                model_outcomes=self.model_outcomes(prompts, texts, list(nt["ground_truth"])),
-            )
-        except RewardsFailing as failing:
-            raise RunError(f"{where}: {failing} (reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
-                           f"first error: {failing.first_error}") from None
-        add_environment_rewards(result, list(nt["extra_info"]))
-        if result.num_errors and result.num_errors >= limit * result.num_calls:
-            raise RunError(f"{where}: {result.num_errors} of {result.num_calls} reward calls failed "
-                           f"(reward.fail_fraction_to_stop={limit:g}), so {consequence}; "
-                           f"first error: {result.first_error}")
-        return result
+    @property
+    def model_scorers(self) -> ModelScorers:
+        """The model-based rewards' scorers as plain callables over the reward model's and the judge's workers
+        (or the judge's server)."""
+        reward_model, judge = self.reward_model, self.judge
 
-    def model_outcomes(self, prompts: list | None, texts: list[str], ground_truths: list) -> dict[str, list] | None:
-        """The outcome per sample of each model-computed reward function: ``reward_model`` (its logit, or
-        standardised over the batch with ``reward.model.normalize=batch``; a non-finite one is a failed
-        call) and ``judge`` (its verdict, or why it could not be read)."""
-        if self.reward_model is None and self.judge is None:
-            return None
-        if prompts is None:
-            raise RunError("model-based rewards need each sample's prompt messages (raw_prompt), which this batch lacks")
-        outcomes = {}
-        if self.reward_model is not None:
-            start = time.perf_counter()
+        def logits(prompts: list, texts: list[str]) -> list[float]:
             rows = Batch.from_dict(non_tensors={"raw_prompt": prompts, "response_text": texts})
-            scores = self.reward_model.score(rows).tensors["rm_scores"].double()
-            finite = torch.isfinite(scores)
-            if self.cfg.reward.model.normalize == "batch" and finite.sum() > 1:
-                kept = scores[finite]
-                scores = (scores - kept.mean()) / kept.std(unbiased=False).clamp_min(1e-8)
-            outcomes["reward_model"] = ModelScores(
-                [(float(s), None, {}) if ok else f"the reward model gave {float(s)} on sample {i}"
-                 for i, (s, ok) in enumerate(zip(scores.tolist(), finite.tolist()))], time.perf_counter() - start)
-        if self.judge is not None:
-            start = time.perf_counter()
-            judge = self.cfg.reward.judge
-            asks = judge_prompts(judge.prompt_template, prompts, texts, ground_truths)
-            if isinstance(self.judge, ServerJudge):
-                answers = self.judge.answers(asks)
-            else:
-                rows = Batch.from_dict(non_tensors={"judge_prompt": np.array(asks, dtype=object)})
-                answers = list(self.judge.judge(rows).non_tensors["judge_output"])
-            outcomes["judge"] = ModelScores([str(a) if isinstance(a, BaseException) else
-                                             parse_verdict(a, judge.verdict, judge.score_min, judge.score_max, i)
-                                             for i, a in enumerate(answers)], time.perf_counter() - start)
-        return outcomes
+            return reward_model.score(rows).tensors["rm_scores"].tolist()
 
-    def score_batch(self, batch: Batch) -> Scores:
-        """A training batch's :class:`Scores` (:meth:`score_result`, as tensors with their reward terms)."""
-        manager = self.reward_train
-        result = self.score_result(batch)
-        correct = result.correct()  # the reward's acc, else score >= 1: what val/accuracy counts
-        metrics = {"reward/num_errors": float(result.num_errors),
-                   "reward/accuracy": sum(correct) / max(len(correct), 1)}
-        for name, values in {**result.per_function, **result.extras}.items():
-            metrics[f"reward/{name}_mean"] = sum(values) / max(len(values), 1)
-        for name, stats in result.stats.items():  # seconds under timing/: they differ from run to run
-            metrics.update({f"{'timing/' if key.startswith('latency') else ''}reward_calls/{name}_{key}": value
-                            for key, value in stats.items()})
-        columns = [result.per_function[name] for name in manager.names]
-        weights = [weight for _, weight in manager.functions]
-        if manager.overlong is not None:
-            columns.append(result.overlong)
-            weights.append(1.0)
-        for name in sorted(key for key in result.extras if key.startswith("environment/")):
-            columns.append(result.extras[name])  # an agent environment's reward term (add_environment_rewards)
-            weights.append(1.0)
-        terms = torch.tensor(columns, dtype=torch.float32).T.reshape(len(result.scores), len(columns))
-        return Scores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
+        def judged(asks: list[str]) -> list:
+            rows = Batch.from_dict(non_tensors={"judge_prompt": np.array(asks, dtype=object)})
+            return list(judge.judge(rows).non_tensors["judge_output"])
+
+        answers = judge.answers if isinstance(judge, ServerJudge) else judged if judge is not None else None
+        return ModelScorers(logits if reward_model is not None else None, answers)
+
+    def score(self, batch: Batch, validation: bool = False) -> ScoreReport:
+        """Score a generated batch with the training (or validation) reward: :func:`rlplat.reward.batch.score_batch`,
+        which stops the run when too many of its reward calls failed."""
+        manager = self.reward_val if validation else self.reward_train
+        return score_batch(manager, batch, self.decode(batch), self.cfg.reward, self.model_scorers, validation)
+
+    def training_scores(self, batch: Batch) -> TrainingScores:
+        """A training batch's :class:`~rlplat.reward.batch.TrainingScores` (:meth:`score`, as tensors with their
+        reward terms and metrics)."""
+        return training_scores(self.reward_train, self.score(batch))
 
     def shutdown(self) -> None:
         groups = (self.judge if isinstance(self.judge, WorkerGroup) else None, self.reward_model, self.rollout,
@@ -253,20 +159,6 @@ class Components:
         self.tracker.close()
         self.reward_train.close()
         self.reward_val.close()
-
-
-def environment_terms(extra_info: list) -> list[str]:
-    """The names of the reward terms the agents' environments gave in this batch (sorted)."""
-    return sorted({name for info in extra_info for name in ((info or {}).get("agent") or {}).get("rewards", {})})
-
-
-def add_environment_rewards(result: ScoreResult, extra_info: list) -> None:
-    """An agent environment's reward terms (``extra_info["agent"]["rewards"]``) add to each sample's score,
-    each reported as ``environment/<term>`` (0 where a trajectory's environment gave none)."""
-    for name in environment_terms(extra_info):
-        values = [float(((info or {}).get("agent") or {}).get("rewards", {}).get(name, 0.0)) for info in extra_info]
-        result.extras[f"environment/{name}"] = values
-        result.scores = [score + value for score, value in zip(result.scores, values)]
 
 
 def _in_process_groups(cfg: DictConfig, plan: RunPlan):

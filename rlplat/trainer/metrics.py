@@ -124,7 +124,7 @@ def validation_metrics(
     """Per data source: ``mean@N`` (mean score), ``best@N`` (mean over prompts of the best score),
     ``maj@N`` (score of each prompt's most frequent answer), ``pass@1``/``pass@N`` (unbiased) and
     ``accuracy`` (share of correct samples); plus overall ``val/accuracy``. ``correct`` is 1/0 per sample
-    (from the reward's ``acc`` field, see :meth:`~rlplat.reward.ScoreResult.correct`); without it a sample is
+    (from the reward's ``acc`` field, see :meth:`~rlplat.reward.ScoreReport.correct`); without it a sample is
     correct when its score >= 1.
     """
     if correct is None:

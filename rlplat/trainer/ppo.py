@@ -51,11 +51,12 @@ from rlplat.config.plan import RunPlan
 from rlplat.controller.dispatch import balanced_order
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
+from rlplat.reward.batch import TrainingScores
 from rlplat.rollout.agent_loop import AGENT_LOOPS
 from rlplat.rollout.base import join_rollouts
 from rlplat.trainer.advantage_input import advantage_input
 from rlplat.trainer.checkpoint import Checkpointer
-from rlplat.trainer.components import Components, Scores
+from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import (
     agent_metrics, check_finite, data_metrics, explained_variance, throughput_metrics, timed,
 )
@@ -109,7 +110,7 @@ def overlap_scoring(stages: list[str]) -> list[str]:
     return stages[:start] + ["reward_start", *stages[start + 1:end + 1], "reward_wait"] + stages[end + 1:]
 
 
-def score_in_background(score: Callable[[Batch], Scores], batch: Batch) -> Future:
+def score_in_background(score: Callable[[Batch], TrainingScores], batch: Batch) -> Future:
     """The scores of ``batch``: those the rollout queue computed as it arrived, else computed by ``score`` in a
     thread of its own (a reward worker process computes meanwhile)."""
     if (scored := batch.meta.pop("scores", None)) is not None:
@@ -154,7 +155,7 @@ class PPOTrainer:
                              baseline)
         if cfg.rollout.mode != "separate":
             return ColocatedRollouts(self.prompts, calls, cfg.data.train_batch_size_prompts)
-        score = components.score_batch if type(self).reward is PPOTrainer.reward else None
+        score = components.training_scores if type(self).reward is PPOTrainer.reward else None
         return RolloutQueue(cfg, self.prompts, calls, components, self.timeline, score)
 
     def state_dict(self) -> dict:
@@ -319,20 +320,20 @@ class PPOTrainer:
 
     def reward(self, batch: Batch, metrics: dict) -> Batch:
         """Add the scores: computed now, or already when the rollout queue scored the batch as it arrived."""
-        scored = batch.meta.pop("scores", None) or self.components.score_batch(batch)
+        scored = batch.meta.pop("scores", None) or self.components.training_scores(batch)
         return self._with_scores(batch, scored, metrics)
 
     def reward_start(self, batch: Batch, metrics: dict) -> Batch:
         """Start scoring ``batch`` in a background thread (the reward worker process computes); the worker
         passes run meanwhile, and :meth:`reward_wait` adds the scores."""
-        self._scoring = score_in_background(self.components.score_batch, batch)
+        self._scoring = score_in_background(self.components.training_scores, batch)
         return batch
 
     def reward_wait(self, batch: Batch, metrics: dict) -> Batch:
         scoring, self._scoring = self._scoring, None
         return self._with_scores(batch, scoring.result(), metrics)  # the scoring's error, if any, is raised here
 
-    def _with_scores(self, batch: Batch, scored: Scores, metrics: dict) -> Batch:
+    def _with_scores(self, batch: Batch, scored: TrainingScores, metrics: dict) -> Batch:
         scores, terms, self.reward_term_weights = scored.scores, scored.terms, scored.weights
         metrics.update(scored.metrics)
         if self.cfg.algorithm.truncated_responses == "penalize" and "truncated" in batch.tensors.keys():

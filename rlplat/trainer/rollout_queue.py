@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlplat.protocol import Batch
+from rlplat.reward.batch import join_scores
 from rlplat.rollout.base import join_rollouts
-from rlplat.trainer.components import join_scores
 from rlplat.trainer.prompt_source import PromptSource
 from rlplat.trainer.rollouts import RolloutCalls, Rollouts, Started
 from rlplat.utils.errors import RunError

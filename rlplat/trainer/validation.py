@@ -41,7 +41,7 @@ class Validator:
             out = components.generator.generate_sequences(prompts.repeat(cfg.rollout.val_n, interleave=True))
             if "policy_version" in out.tensors.keys():  # a separate rollout pool: the weights it scored
                 versions.update(out.tensors["policy_version"].tolist())
-            result = components.score_result(out, validation=True)
+            result = components.score(out, validation=True)
             sources += list(out.non_tensors["data_source"])
             pids += list(out.non_tensors["uid"])
             answers += components.decode(out)

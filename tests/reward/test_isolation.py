@@ -10,7 +10,7 @@ import pytest
 
 from rlplat.reward import RewardManager, build_reward_manager
 from rlplat.reward.errors import BadRewardValue
-from rlplat.reward.isolation import check_result
+from rlplat.reward.calls import RewardValue, check_result
 from rlplat.trainer.metrics import validation_metrics
 
 ROW = ("src", "text", "42", {})
@@ -34,8 +34,8 @@ def test_bad_return_values_are_errors_naming_function_sample_and_value(value):
 
 
 @pytest.mark.parametrize("value, expected", [
-    (1, (1.0, None, {})), (True, (1.0, None, {})), (np.float32(0.5), (0.5, None, {})),
-    ({"score": 0.3, "acc": 1, "pred": "7", "len_bonus": 0.1}, (0.3, 1.0, {"len_bonus": 0.1})),
+    (1, RewardValue(1.0)), (True, RewardValue(1.0)), (np.float32(0.5), RewardValue(0.5)),
+    ({"score": 0.3, "acc": 1, "pred": "7", "len_bonus": 0.1}, RewardValue(0.3, 1.0, {"len_bonus": 0.1})),
 ])
 def test_good_return_values(value, expected):
     assert check_result(value, "f", 0, ROW) == expected

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from omegaconf import OmegaConf
 
-from rlplat.reward import RewardConfigError, build_reward_manager
+from rlplat.reward import RewardConfigError, RewardFailure, RewardValue, build_reward_manager
 from rlplat.reward.judge import ServerJudge, check_template, judge_prompts, parse_verdict, question_of
 from rlplat.trainer.run import load_run_config, run
 from rlplat.utils.errors import RunError
@@ -30,9 +30,10 @@ from rlplat.utils.errors import RunError
 def test_parse_verdict(text, verdict, expected):
     outcome = parse_verdict(text, verdict, 0.0, 10.0, 3)
     if expected is None:
-        assert isinstance(outcome, str) and "sample 3" in outcome and repr(text.strip())[:20] in outcome
+        assert isinstance(outcome, RewardFailure) and outcome.kind == "bad_value"
+        assert "sample 3" in outcome.message and repr(text.strip())[:20] in outcome.message
     else:
-        assert outcome == (pytest.approx(expected), None, {})
+        assert outcome == RewardValue(pytest.approx(expected))
 
 
 def test_judge_prompts_fill_question_response_reference():
@@ -115,7 +116,7 @@ def test_the_server_judge_asks_concurrently_with_the_key_from_the_environment(mo
     assert elapsed < 2.5  # concurrent: the slow one costs its timeout once
     assert set(JudgeServer.seen_keys) == {"Bearer sk-test"}
     outcomes = [parse_verdict(a, "score", 0, 10, i) for i, a in enumerate(answers) if isinstance(a, str)]
-    assert [o[0] if isinstance(o, tuple) else "error" for o in outcomes] == [0.9, 0.2, "error"]
+    assert [o.score if isinstance(o, RewardValue) else "error" for o in outcomes] == [0.9, 0.2, "error"]
 
 
 def test_judge_config_rules():

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from rlplat.config import ConfigError
 from rlplat.protocol import Batch
-from rlplat.reward import ModelScores, RewardConfigError, build_reward_manager
+from rlplat.reward import ModelOutcomes, RewardConfigError, RewardFailure, RewardValue, build_reward_manager
 from rlplat.trainer.run import load_run_config, run
 from rlplat.workers.reward_model import RewardModelWorker
 
@@ -62,8 +62,9 @@ def test_reward_model_config_rules(tiny_reward_model):
         build_reward_manager({"functions": ["reward_model"]})
     # the manager weighs model outcomes like any function's; a bad one is a counted error
     result = both.score(["<think>a</think><answer>1</answer>", "x"], ["s"] * 2, ["1"] * 2, [{}] * 2, [1, 1],
-                        model_outcomes={"reward_model": ModelScores([(2.0, None, {}), "the reward model gave nan on sample 1"],
-                                                                    seconds=0.5)})
+                        model_outcomes={"reward_model": ModelOutcomes(
+                            [RewardValue(2.0), RewardFailure("bad_value", "the reward model gave nan on sample 1")],
+                            seconds=0.5)})
     assert result.scores == [2.0 + 0.2, 0.0] and result.num_errors == 1
     assert result.stats["reward_model"]["latency_mean_s"] == 0.25  # the batch's seconds per sample
     with pytest.raises(ConfigError, match="reward.model.placement='nearby' is not one of: colocated, separate"):
@@ -114,6 +115,7 @@ def test_grpo_with_the_reward_model_as_the_only_reward_learns_what_it_prefers(ti
 @pytest.mark.slow
 def test_a_separate_reward_model_runs_on_its_own_ray_workers(tiny_reward_model, embedded_cache, small_val, tmp_path, ray_cluster):
     from rlplat.models.embedded import embedded_model_dir
+    from rlplat.reward.batch import model_outcomes
     from rlplat.trainer.components import build_components
 
     cfg, plan = load_run_config([f"trainer.output_dir={tmp_path}", f"data.val_files={small_val}",
@@ -122,7 +124,8 @@ def test_a_separate_reward_model_runs_on_its_own_ray_workers(tiny_reward_model, 
     try:
         rm, actor = components.reward_model, components.actor
         assert len(components.pools) == 2 and not set(rm.actors) & set(actor.actors)
-        outcomes = components.model_outcomes([PROMPT, PROMPT], ["47", "46"], ["47", "47"])["reward_model"].outcomes
-        assert outcomes[0][0] > 0 > outcomes[1][0]
+        given = model_outcomes(components.model_scorers, cfg.reward, [PROMPT, PROMPT], ["47", "46"], ["47", "47"])
+        outcomes = given["reward_model"].outcomes
+        assert outcomes[0].score > 0 > outcomes[1].score
     finally:
         components.shutdown()

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from rlplat.controller import Pending
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask
-from rlplat.trainer.components import Scores, join_scores
+from rlplat.reward.batch import TrainingScores, join_scores
 from rlplat.trainer.rollout_queue import RolloutQueue
 from rlplat.utils.errors import RunError
 
@@ -77,9 +77,9 @@ class Scripted:
     def check(self, needed=None):
         self.checked.append(needed)
 
-    def score_batch(self, out):
+    def training_scores(self, out):
         scores = torch.tensor([float(u[1:]) for u in out.non_tensors["uid"]])
-        return Scores(scores, scores[:, None], torch.ones(1), {"reward/score_mean": float(scores.mean())})
+        return TrainingScores(scores, scores[:, None], torch.ones(1), {"reward/score_mean": float(scores.mean())})
 
 
 def step(trainer: Scripted, queue: RolloutQueue, release: list[int]):
@@ -108,7 +108,7 @@ def uids(batch):
 
 
 def queue_of(trainer: Scripted, score_ahead: bool) -> RolloutQueue:
-    return RolloutQueue(trainer.cfg, trainer, trainer, trainer, trainer.timeline, trainer.score_batch if score_ahead else None)
+    return RolloutQueue(trainer.cfg, trainer, trainer, trainer, trainer.timeline, trainer.training_scores if score_ahead else None)
 
 
 def test_a_step_takes_the_first_groups_ready_and_drops_calls_that_grew_too_old():
@@ -201,7 +201,7 @@ def test_scores_of_several_calls_join_as_those_of_all_their_rows():
         scores = torch.tensor(values, dtype=torch.float32)
         mean = sum(values) / len(values)
         std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
-        return Scores(scores, scores[:, None], torch.ones(1), {
+        return TrainingScores(scores, scores[:, None], torch.ones(1), {
             "reward/f_mean": mean, "reward_calls/f_std": std, "reward_calls/f_errors": errors,
             "timing/reward_calls/f_latency_max_s": latency, "reward/num_errors": errors})
 

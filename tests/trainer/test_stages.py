@@ -283,7 +283,7 @@ def test_a_pass_that_fails_while_scoring_runs_waits_for_the_scoring():
             raise RuntimeError("the pass failed")
 
     cfg, plan = load_run_config(["algorithm=ppo"])
-    trainer = FailingPass(cfg, plan, components=SimpleNamespace(score_batch=slow_score_terms))
+    trainer = FailingPass(cfg, plan, components=SimpleNamespace(training_scores=slow_score_terms))
     with pytest.raises(RuntimeError, match="the pass failed"):
         trainer.train_step()
     assert finished == [2] and trainer._scoring is None  # done before the error reaches the teardown
@@ -317,14 +317,13 @@ def test_training_logs_the_rewards_accuracy():
     """A reward's ``acc`` (else score >= 1, as validation counts) is logged for training batches too."""
     from types import SimpleNamespace
 
-    from rlplat.reward.manager import ScoreResult
-    from rlplat.trainer.components import Components
+    from rlplat.reward.batch import training_scores
+    from rlplat.reward.manager import ScoreReport
 
-    result = ScoreResult(scores=[0.2, 1.0, 0.9, 0.0], per_function={"f": [0.2, 1.0, 0.9, 0.0]},
+    result = ScoreReport(scores=[0.2, 1.0, 0.9, 0.0], per_function={"f": [0.2, 1.0, 0.9, 0.0]},
                          acc=[1.0, 0.0, None, None], extras={"f/format": [1.0, 1.0, 0.0, 0.0]})
-    fake = SimpleNamespace(score_result=lambda batch: result,
-                           reward_train=SimpleNamespace(names=["f"], functions=[("f", 1.0)], overlong=None))
-    scores = Components.score_batch(fake, batch=None)
+    manager = SimpleNamespace(names=["f"], functions=[("f", 1.0)], overlong=None)
+    scores = training_scores(manager, result)
     assert scores.metrics["reward/accuracy"] == pytest.approx((1 + 0 + 0 + 0) / 4)  # acc, acc, 0.9 < 1, 0.0 < 1
     assert scores.metrics["reward/f_mean"] == pytest.approx(0.525)
     assert scores.metrics["reward/f/format_mean"] == pytest.approx(0.5)
