@@ -46,7 +46,7 @@ from rlplat.workers.weight_channel import BucketLayout, WeightChannel, bucket_la
 class WeightSync:
     """This worker's end of weight sync (see the module's docstring): the sending side in the actor's workers,
     the receiving side in a rollout or reference worker. ``channels`` holds the weight channels this worker
-    joined, by the pool at their other end (``"rollout"``, ``"ref"``)."""
+    joined, on either end, by the name of the receiving pool (``"rollout"``, ``"ref"``)."""
 
     def __init__(self, cfg: DictConfig, plan: RunPlan):
         self.adapters = bool(cfg.model.lora.rank) and cfg.rollout.lora_sync == "adapter"
@@ -117,9 +117,10 @@ class WeightSync:
         else:
             rollout.load_weights(buckets)
 
-    def receive(self, layouts: list[BucketLayout], over: str) -> Iterator[WeightBucket]:
-        """The buckets of these layouts as they arrive over the channel to ``over``'s pool, one at a time."""
-        return self.channels[over].receive(layouts)
+    def receive(self, layouts: list[BucketLayout], to: str) -> Iterator[WeightBucket]:
+        """The buckets of these layouts as they arrive over the channel to this worker's pool ``to``, one at a
+        time."""
+        return self.channels[to].receive(layouts)
 
 
 def _counted(buckets: Iterable[WeightBucket], total: list[int]) -> Iterator[WeightBucket]:
