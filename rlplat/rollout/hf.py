@@ -65,9 +65,10 @@ class HFRolloutEngine(RolloutEngine):
     def memory(cls, shape, engine_cfg, key, dtype, device, sequences, length, device_memory, lent_weights):
         """A KV cache of ``batch_size_seqs_per_worker`` sequences at a time, and a copy of the weights unless it
         samples with the actor's own (whole on the worker and in float32; not LoRA's merged weights)."""
-        size, rows = getattr(torch, dtype).itemsize, min(engine_cfg.batch_size_seqs_per_worker, sequences)
-        parts = {} if lent_weights and size == 4 else {f"rollout weights ({dtype})": size * shape.params}
-        parts[f"KV cache ({rows} sequences x {length} tokens)"] = rows * length * shape.kv_cache_bytes_per_token(size)
+        rows = min(engine_cfg.batch_size_seqs_per_worker, sequences)
+        parts, _ = super().memory(shape, engine_cfg, key, dtype, device, rows, length, device_memory, lent_weights)
+        if lent_weights and dtype == "float32":
+            del parts[f"rollout weights ({dtype})"]
         return parts, f"lower {key}.batch_size_seqs_per_worker, data.max_response_length or the batch"
 
     def __init__(self, setup: RolloutSetup, engine_cfg):
