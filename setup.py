@@ -32,7 +32,7 @@ setup(
         "peft>=0.15",  # LoRA adapters (model.lora): inject_adapter_in_model
     ],
     extras_require={
-        "test": ["pytest>=8.0"],
+        "test": ["pytest>=8.0", "pytest-xdist>=3.5"],
         # experiment trackers for trainer.logger (each optional; a missing one is one line naming its extra)
         "tensorboard": ["tensorboard>=2.15"],
         "wandb": ["wandb>=0.17"],

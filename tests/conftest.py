@@ -20,6 +20,16 @@ def _sigterm_stops_the_session(signum, frame):
                 f"suite, a kill in a test or in rlplat reached beyond the processes it started", returncode=128 + signum)
 
 
+def pytest_configure(config):
+    # Each pytest-xdist worker (scripts/test.sh runs two) gets a Ray temp directory of its own: a cluster that a
+    # test starts there (ray.cluster_utils, `ray start`) writes its address where Ray looks for one to join, so
+    # with a shared directory the other worker's `ray.init()` would join that cluster instead of starting its own.
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and "RAY_TMPDIR" not in os.environ:
+        os.environ["RAY_TMPDIR"] = os.path.join("/tmp", f"rlplat-ray-{os.getppid()}-{worker}")
+        os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
+
+
 def pytest_sessionstart(session):
     # SIGTERM stops the session with a line saying so; without this, the first in-process ray.init would leave
     # Ray's own handler here (SystemExit inside whichever test runs), and without Ray the process would just die
