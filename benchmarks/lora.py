@@ -118,7 +118,7 @@ def main() -> None:
             rows.append(json.loads(out.strip().splitlines()[-1]))
     print(f"{args.seqs} sequences x {args.length} tokens per step, {args.steps} steps, float32, one CPU worker; "
           f"{rows[0]['all'] / 1e6:.1f}M parameters")
-    print(f"| setting | trained parameters | AdamW state MB | saved for backward MB | peak RSS growth MB | step s |")
+    print("| setting | trained parameters | AdamW state MB | saved for backward MB | peak RSS growth MB | step s |")
     print("|---|---:|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['setting']} | {row['trained']:,} | {row['optimizer_mb']:.1f} | {row['saved_mb']:.0f} | "

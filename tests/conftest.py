@@ -105,7 +105,7 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(
         f"this machine: {gflops:.0f} GFLOP/s float32 matmul ({torch.get_num_threads()} threads, ATen "
         f"{torch.backends.cpu.get_cpu_capability()}); the budgets' machine: {BUDGET_MACHINE_GFLOPS:.0f}; "
-        f"budgets x{scale:.2f}; {workers} pytest worker{'s' if workers != 1 else ''} side by side")
+        f"budgets x{scale:.2f}; " + (f"{workers} pytest workers side by side" if workers > 1 else "one pytest process"))
     for area, seconds in sorted(_SECONDS.items(), key=lambda kv: -kv[1]):
         limit = limits.get(area)
         note = "" if limit is None else f" / {limit * scale:.0f}" + ("  OVER BUDGET" if seconds > limit * scale else "")
