@@ -61,13 +61,14 @@ def learning_test():
     return module
 
 
-def embedded_model() -> str:
-    """The warm-started embedded model's directory (built on first use), as the test's fixture gets it."""
+def embedded_model(run) -> str:
+    """The warm-started embedded model the test's ``run`` starts from (built on first use), as the test gets it."""
     try:
         from rlplat.trainer.sft import ensure_embedded_model
     except ImportError:  # older commits (before 93406be) kept it here; the A/B runs in the doc use them
         from rlplat.models.embedded import ensure_embedded_model
-    return str(ensure_embedded_model())
+    variant = getattr(run, "model", None)  # older commits' runs all start from the embedded model
+    return str(ensure_embedded_model(variant) if variant else ensure_embedded_model())
 
 
 def seed_overrides(seed: int) -> list[str]:
@@ -107,7 +108,7 @@ def measure(args: argparse.Namespace, name: str, seed: int, work: Path) -> dict:
     from rlplat.data import TASKS, write_parquet
 
     test = learning_test()
-    model_dir = embedded_model()
+    model_dir = embedded_model(test.RUNS[name])
     rows = test.held_out_rows(model_dir)
     before = test.correct_answer_probability(model_dir, rows)
     val = write_parquet(TASKS.get("arithmetic")(32, seed=1, split="test"), work / "val.parquet")  # = small_val

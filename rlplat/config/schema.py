@@ -130,6 +130,14 @@ class MegatronConfig:
 
 
 @dataclass
+class MoEConfig:
+    # weight of the routers' load-balancing loss added to the actor loss (Switch Transformer's, pooled over the
+    # sparse layers as transformers computes it); None = the model config's router_aux_loss_coef; 0 = off
+    # (the moe/* metrics are reported either way; docs/moe.md)
+    aux_loss_coef: Optional[float] = None
+
+
+@dataclass
 class ActorConfig:
     strategy: str = "fsdp"  # training engine (registry): fsdp | megatron; each reads its own section (actor.fsdp, ...)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -147,6 +155,7 @@ class ActorConfig:
     ppo_epochs: int = count(1)  # passes over each step's batch
     shuffle: bool = True  # shuffle sequences before splitting them into mini-batches (the critic's update too)
     entropy_coeff: float = 0.0  # entropy bonus in the actor loss
+    moe: MoEConfig = field(default_factory=MoEConfig)  # mixture-of-experts models (read when model.path is one)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 

@@ -21,6 +21,8 @@ import torch
 from rlplat.config.errors import ConfigError
 from rlplat.engines.memory import MemoryLayout, hf_activations, model_state
 from rlplat.engines.optim import LR_SCHEDULES, Optimizer
+from rlplat.models.embedded import known_config
+from rlplat.models.moe import is_moe
 from rlplat.models.shape import ModelShape
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
@@ -46,6 +48,10 @@ class ForwardOutput:
     entropy: torch.Tensor | None = None  # entropy of π(· | prefix) at each response position
     values: torch.Tensor | None = None  # critic value V(prefix before the token)
     sum_pi_squared: torch.Tensor | None = None  # Σ_v π(v | prefix)² at each response position (optimal baselines)
+    # a mixture of experts' training forward: aux_loss_coef x the routers' load-balancing loss over the micro-batch's
+    # real tokens (a scalar with its gradient) and the routing metrics (moe/*, micro-batch means); see rlplat.models.moe
+    router_loss: torch.Tensor | None = None
+    router_metrics: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ class TrainingEngine(ABC):
     optim: Optimizer | None  # None for a frozen engine (the reference policy)
     # the model's LoRA adapters (rlplat.engines.lora.LoRA) when model.lora.rank > 0 and the engine trains them
     lora = None
+    #: it trains mixtures of experts (reporting their routing, with the routers' load-balancing loss: actor.moe);
+    #: an engine that does not refuses an MoE model at start-up
+    trains_experts = False
     #: its checkpoints hold the model as torch.distributed.checkpoint entries ``model.<Hugging Face name>`` (or
     #: LoRA's adapters under peft's names), which ``python -m rlplat.tools.export`` reads whatever the layout
     checkpoints_hf_names = False
@@ -90,6 +99,9 @@ class TrainingEngine(ABC):
         if role != "ref" and cfg[role].optim.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"{role}.optim.lr_schedule={cfg[role].optim.lr_schedule!r} is not one of: "
                               f"{', '.join(LR_SCHEDULES)}")
+        if not cls.trains_experts and is_moe(known_config(cfg.model)):
+            raise ConfigError(f"{role}.strategy={cfg[role].strategy}: model.path={cfg.model.path} is a mixture of "
+                              f"experts, which this engine does not train yet; use {role}.strategy=fsdp")
 
     @classmethod
     def computes_in(cls, engine_cfg, device: str) -> str:

@@ -40,6 +40,7 @@ from rlplat.engines.ulysses import ATTENTION as ULYSSES
 from rlplat.engines.ulysses import SequenceShard, check_heads, sharded, split_rows
 from rlplat.engines.ulysses import register as register_ulysses
 from rlplat.models.embedded import known_config
+from rlplat.models.moe import RouterTap, is_moe, load_balancing_loss, routing_metrics
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask, response_log_probs
 
@@ -67,6 +68,7 @@ class FSDPEngine(TrainingEngine):
     """
 
     checkpoints_hf_names = True
+    trains_experts = True
 
     # the plan's memory declarations (the defaults: rlplat.engines.memory)
     @classmethod
@@ -109,6 +111,9 @@ class FSDPEngine(TrainingEngine):
                               f"{world_size} workers the {role} runs on")
         if sp > 1 and (known := known_config(cfg.model)) is not None:
             check_heads(known.num_attention_heads, sp, f"{key}.ulysses_size")
+            if is_moe(known):
+                raise ConfigError(f"{key}.ulysses_size={sp}: Ulysses sequence parallelism does not split the "
+                                  f"routing of a mixture of experts ({cfg.model.path}) yet; set {key}.ulysses_size=1")
         actor_sp = cfg.actor.fsdp.ulysses_size if cfg.actor.strategy == "fsdp" else 1
         if role == "ref" and cfg.ref.placement == "colocated" and sp not in (1, actor_sp):
             raise ConfigError(f"{key}.ulysses_size={sp}: a colocated reference splits its sequences over the "
@@ -125,6 +130,7 @@ class FSDPEngine(TrainingEngine):
         value_head: bool = False,
         lora: DictConfig | None = None,
         seed: int = 0,
+        moe: DictConfig | None = None,
     ):
         self.ctx, self.value_head = dist_ctx, value_head
         module = load_hf_model(model_path, model_cfg, value_head)
@@ -147,6 +153,8 @@ class FSDPEngine(TrainingEngine):
         if optim_cfg is None:
             module.requires_grad_(False)
         install_gated_mlp(module)  # keeps half of the MLP's activations for the backward pass
+        # a mixture of experts trained as the actor (``moe``: actor.moe): its routing recorded in training forwards
+        self.router_tap = RouterTap.of(module, moe) if moe is not None else None
         self.vocab_size = module.config.vocab_size
         # log-prob, entropy and sum pi^2 computed in chunks from the last hidden states, without full logits
         self.chunked_head = not value_head and TokenOutputLM.fits(module)
@@ -216,7 +224,8 @@ class FSDPEngine(TrainingEngine):
         def outs(*values: torch.Tensor) -> list[torch.Tensor]:  # each [N] -> [B, R], combined in one collective
             return [rows.scatter(v) for v in combine(torch.stack(values, -1)).unbind(-1)]
 
-        with torch.set_grad_enabled(grad), shard:
+        tap = self.router_tap if grad else None
+        with torch.set_grad_enabled(grad), shard, tap.recording() if tap else contextlib.nullcontext() as routing:
             if self.chunked_head:
                 log_prob, entropy, sum_sq = self._model(
                     **inputs, positions=positions, targets=targets, temperature=temperature,
@@ -233,8 +242,14 @@ class FSDPEngine(TrainingEngine):
                 entropy = entropy_from_logits(scaled) if need_entropy else None
                 sum_sq = torch.softmax(scaled, dim=-1).square().sum(-1) if need_sum_pi_squared else None
             got = outs(log_prob, *([entropy] if need_entropy else []), *([sum_sq] if need_sum_pi_squared else []))
-            return ForwardOutput(log_probs=got[0], entropy=got[1] if need_entropy else None,
-                                 sum_pi_squared=got[-1] if need_sum_pi_squared else None)
+        out = ForwardOutput(log_probs=got[0], entropy=got[1] if need_entropy else None,
+                            sum_pi_squared=got[-1] if need_sum_pi_squared else None)
+        if routing is not None:
+            real = rows.real.to(device)
+            aux = load_balancing_loss(routing, real, tap.num_experts)
+            out.router_loss = tap.aux_loss_coef * aux
+            out.router_metrics = {"moe/aux_loss": float(aux.detach()), **routing_metrics(routing, real, tap.num_experts)}
+        return out
 
     def _packing_matches_padding(self) -> bool:
         """Whether this model, given packed rows, scores each sequence as it does alone (see

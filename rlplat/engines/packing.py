@@ -47,6 +47,7 @@ class PackedBatch:
     dest_col: torch.Tensor  # [N]
     shape: tuple[int, int]  # (B, R)
     real_tokens: int  # tokens that are not padding (the packing efficiency's numerator)
+    real: torch.Tensor  # [rows * capacity] bool: which positions of the flattened rows hold a real token
 
     @classmethod
     def build(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor) -> PackedBatch | None:
@@ -82,6 +83,8 @@ class PackedBatch:
         dest = row_start[seq] + t
         ids[dest] = input_ids[seq, first[seq] + t]
         positions[dest] = t
+        real = torch.zeros(len(bins) * capacity, dtype=torch.bool)
+        real[dest] = True
         tail = torch.arange(capacity) - torch.tensor(used)[:, None]  # the tail of a row is a sequence of its own
         positions = torch.where(tail >= 0, tail, positions.view(len(bins), capacity))
         # the output at token t predicts token t + 1: response token j is predicted by the sequence's token
@@ -91,7 +94,7 @@ class PackedBatch:
         j = (t - prompt_len + 1)[predicts]
         rows = seq[predicts]
         return cls(ids.view(len(bins), capacity), positions, dest[predicts], responses[rows, j].long(), rows, j,
-                   (batch, response_len), int(lengths.sum()))
+                   (batch, response_len), int(lengths.sum()), real)
 
     @classmethod
     def padded(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -104,7 +107,7 @@ class PackedBatch:
         cols = torch.arange(response_len).repeat(batch)
         flat = rows * width + (width - response_len - 1) + cols
         return cls(input_ids, position_ids, flat, responses.reshape(-1).long(), rows, cols,
-                   (batch, response_len), int(attention_mask.sum()))
+                   (batch, response_len), int(attention_mask.sum()), attention_mask.bool().reshape(-1))
 
     @property
     def efficiency(self) -> float:

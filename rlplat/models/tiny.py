@@ -48,6 +48,19 @@ class TinyModelSpec:
     tie_word_embeddings: bool = True
 
 
+@dataclass(frozen=True)
+class TinyMoESpec(TinyModelSpec):
+    """Architecture of a tiny Qwen3-MoE: the attention of :class:`TinyModelSpec`, and every decoder layer's MLP
+    ``num_experts`` small gated MLPs, of which a router picks ``num_experts_per_tok`` per token
+    (``intermediate_size`` would be a dense layer's MLP: there is none)."""
+
+    moe_intermediate_size: int = 128  # one expert's MLP (top-2: as wide as the embedded dense model's MLP in all)
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    norm_topk_prob: bool = True  # the chosen experts' gate weights renormalised to sum to 1 (Qwen3-MoE's)
+    router_aux_loss_coef: float = 0.001  # the load-balancing loss's weight (Qwen3-MoE's default)
+
+
 def build_tokenizer():
     """A character-level ``PreTrainedTokenizerFast`` with pad/eos/role tokens and a chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -72,13 +85,15 @@ def build_tokenizer():
     )
 
 
-def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec(), seed: int = 0) -> Path:
-    """Build a randomly initialised tiny Qwen2 + tokenizer and save both to ``out_dir``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | TinyMoESpec = TinyModelSpec(), seed: int = 0) -> Path:
+    """Build a randomly initialised tiny model (a Qwen2 for a :class:`TinyModelSpec`, a Qwen3-MoE for a
+    :class:`TinyMoESpec`) + tokenizer and save both to ``out_dir``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
-    config = Qwen2Config(
+    moe = isinstance(spec, TinyMoESpec)
+    config = (Qwen3MoeConfig if moe else Qwen2Config)(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -87,7 +102,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         **asdict(spec),
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = (Qwen3MoeForCausalLM if moe else Qwen2ForCausalLM)(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     out_dir.mkdir(parents=True, exist_ok=True)

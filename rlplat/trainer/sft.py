@@ -31,7 +31,7 @@ from rlplat.agents.trajectory import Trajectory
 from rlplat.data import TASKS, PromptSampler, RLDataset, collate, resolve_files, write_parquet
 from rlplat.data.synthetic import with_tool_demonstrations
 from rlplat.data.dataset import ToolsOf
-from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, SPEC, TOOL_WARM_START, WARM_START, embedded_model_dir
+from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, TOOL_WARM_START, embedded_model_dir, spec_of, warm_start_of
 from rlplat.models.tiny import build_tiny_model
 from rlplat.protocol import Batch
 from rlplat.agents.setup import Environments
@@ -132,8 +132,9 @@ def run_sft(
 
 def ensure_embedded_model(name: str = EMBEDDED) -> Path:
     """Return the warm-started embedded model's directory, building it on first use: the tiny model of
-    :data:`rlplat.models.embedded.SPEC`, fine-tuned per :data:`~rlplat.models.embedded.WARM_START`; for
-    ``embedded-tools``, that model fine-tuned further per :data:`~rlplat.models.embedded.TOOL_WARM_START`."""
+    :data:`rlplat.models.embedded.SPEC` (``embedded-moe``: the mixture of experts of
+    :data:`~rlplat.models.embedded.MOE_SPEC`), fine-tuned per :func:`~rlplat.models.embedded.warm_start_of`; for
+    ``embedded-tools``, the embedded model fine-tuned further per :data:`~rlplat.models.embedded.TOOL_WARM_START`."""
     target = embedded_model_dir(name)
     if (target / "config.json").exists():
         return target
@@ -143,18 +144,18 @@ def ensure_embedded_model(name: str = EMBEDDED) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "config.json").exists():
             return target
-        return _build_embedded_model(target, base)
+        return _build_embedded_model(name, target, base)
 
 
-def _build_embedded_model(target: Path, base: Path | None) -> Path:
-    warm = TOOL_WARM_START if base else WARM_START
+def _build_embedded_model(name: str, target: Path, base: Path | None) -> Path:
+    warm = TOOL_WARM_START if base else warm_start_of(name)
     print(f"[embedded] building {target.name} and warm-starting it with SFT ({warm['steps']} steps) -> {target}", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
         out = Path(tmp) / "sft"
         if base is None:
-            init = build_tiny_model(Path(tmp) / "init", SPEC, seed=WARM_START["seed"])
-            run_sft(str(init), [WARM_START["data"]], str(out), WARM_START["steps"], WARM_START["batch_size"],
-                    WARM_START["lr"], micro_batch_size=WARM_START["batch_size"], seed=WARM_START["seed"])
+            init = build_tiny_model(Path(tmp) / "init", spec_of(name), seed=warm["seed"])
+            run_sft(str(init), [warm["data"]], str(out), warm["steps"], warm["batch_size"], warm["lr"],
+                    micro_batch_size=warm["batch_size"], seed=warm["seed"])
         else:
             rows = with_tool_demonstrations(TASKS.get("tool_arithmetic")(warm["rows"], warm["seed"]),
                                             warm["demonstrations"], warm["seed"])

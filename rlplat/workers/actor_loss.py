@@ -4,8 +4,10 @@ actor loss = agg(w · policy loss) − entropy_coeff · agg(entropy) + kl_loss_c
     w = the off-policy correction's weight of each token from π_old / π_rollout
     (``algorithm.off_policy``, :mod:`rlplat.algorithms.off_policy`: tis, mis, icepop), else 1: it corrects
     for the rollout engine's probabilities differing from the trainer's
+    + aux_loss_coef · L_aux   (a mixture of experts: the routers' load-balancing loss, :mod:`rlplat.models.moe`,
+    each micro-batch's weighted by its share of the mini-batch's response tokens)
 critic loss = agg(½ max((V − R)², (clip(V, V_old ± ε_v) − R)²))
-SFT loss    = token-mean(−log π(token))   (the warm start of the embedded model)
+SFT loss    = token-mean(−log π(token))   (the warm start of the embedded model; + the same L_aux term)
 
 Every ``agg`` uses the *mini-batch's* global denominators, so the micro-batch losses (and their
 gradients) add up to the mini-batch's exactly; metrics are weighted the same way, so summing a
@@ -87,7 +89,17 @@ def actor_loss(
         kl_loss = agg(kl)
         loss = loss + algo.kl_loss_coef * kl_loss
         metrics["actor/kl_loss"] = float(kl_loss.detach())
-    return loss, metrics
+    return _with_router_loss(loss, metrics, fwd, mask, denominators)
+
+
+def _with_router_loss(loss: torch.Tensor, metrics: dict[str, float], fwd: ForwardOutput, mask: torch.Tensor,
+                      denominators: LossDenominators) -> tuple[torch.Tensor, dict[str, float]]:
+    """A mixture of experts' micro-batch: its load-balancing loss and routing metrics (:attr:`ForwardOutput.router_loss`)
+    weighted by its share of the mini-batch's response tokens, so they add up to the mini-batch's mean."""
+    if fwd.router_loss is None:
+        return loss, metrics
+    share = float(mask.sum()) / max(denominators.num_tokens, 1.0)
+    return loss + share * fwd.router_loss, {**metrics, **{k: v * share for k, v in fwd.router_metrics.items()}}
 
 
 def old_log_probs_key(t, old_policy: str) -> str | None:
@@ -139,4 +151,5 @@ def critic_loss(
 def sft_loss(fwd: ForwardOutput, micro: Batch, denominators: LossDenominators) -> tuple[torch.Tensor, dict[str, float]]:
     mask = micro.tensors["response_mask"].to(fwd.log_probs.device)
     loss = aggregate_loss(-fwd.log_probs, mask, "token-mean", denominators)
-    return loss, {"sft/nll": float(loss.detach())}
+    metrics = {"sft/nll": float(loss.detach())}
+    return _with_router_loss(loss, metrics, fwd, mask, denominators)

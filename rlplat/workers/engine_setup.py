@@ -117,5 +117,7 @@ def build_training_engine(cfg: DictConfig, role: str, model_path: str, ctx, opti
     if optim is None:
         return engine_cls(model_path, cfg.model, engine_cfg, ctx)
     # the actor's LoRA adapters, initialised alike on every rank
-    lora = {"lora": cfg.model.lora, "seed": cfg.trainer.seed} if role == "actor" and cfg.model.lora.rank else {}
-    return engine_cls(model_path, cfg.model, engine_cfg, ctx, optim, total_steps, value_head=value_head, **lora)
+    extra = {"lora": cfg.model.lora, "seed": cfg.trainer.seed} if role == "actor" and cfg.model.lora.rank else {}
+    if role == "actor" and engine_cls.trains_experts:  # read when the model is a mixture of experts
+        extra["moe"] = cfg.actor.moe
+    return engine_cls(model_path, cfg.model, engine_cfg, ctx, optim, total_steps, value_head=value_head, **extra)

@@ -25,6 +25,7 @@ class LearningRun(NamedTuple):
     overrides: list[str]  # on top of learning_run's shared ones
     steps: int  # x 64 prompts x 8 responses, 4 optimizer steps each
     min_gain: float  # P(correct answer) must rise by more than this
+    model: str = "embedded"  # model.path: the embedded model it starts from (rlplat.models.embedded.VARIANTS)
 
 
 # docs/learning_thresholds.md has the gains over seeds these come from (10 per run; 5 for grpo_vllm), and
@@ -47,6 +48,8 @@ RUNS = {
     # LoRA adapters (docs/lora.md), at the learning rate they want (3x the full run's)
     "grpo_lora": LearningRun(["algorithm=grpo", "model.lora.rank=16", "model.lora.alpha=32", "actor.optim.lr=1e-3"],
                              40, 0.02),
+    # the tiny mixture of experts (docs/moe.md), the routers' load-balancing loss at the model's coefficient
+    "grpo_moe": LearningRun(["algorithm=grpo"], 40, 0.045, model="embedded-moe"),
 }
 # ppo's critic at its default learning rate. The raw value loss is not a fair yardstick: its floor,
 # about ½·Var(return) = ½·p(1 − p) for a 0/1 reward, *grows* as the policy's accuracy p rises from 0.12.
@@ -81,6 +84,16 @@ def correct_answer_probability(model_dir: str, rows: list[dict]) -> float:
     return float(token.sum(-1).exp().mean())
 
 
+def before_training(name: str) -> tuple[str, list[dict], float]:
+    """The embedded model :data:`RUNS` ``[name]`` starts from (built on first use), the held-out rows and its
+    P(correct answer) on them."""
+    from rlplat.trainer.sft import ensure_embedded_model
+
+    model_dir = str(ensure_embedded_model(RUNS[name].model))
+    rows = held_out_rows(model_dir)
+    return model_dir, rows, correct_answer_probability(model_dir, rows)
+
+
 def held_out_rows(model_dir: str) -> list[dict]:
     """The built-in arithmetic task's 256 test prompts, tokenized as the trainer reads them."""
     from transformers import AutoTokenizer
@@ -98,18 +111,14 @@ def learning_run(name: str, val_file: str, output_dir: str, extra: Sequence[str]
         "trainer.ray_address=inprocess", f"trainer.total_steps={steps or RUNS[name].steps}",
         f"trainer.output_dir={output_dir}", "trainer.test_freq=0", f"data.val_files={val_file}",
         "rollout.val_n=1", "actor.optim.lr_schedule=constant",  # cosine would decay the LR within the run
-        *RUNS[name].overrides, *extra,
+        f"model.path={RUNS[name].model}", *RUNS[name].overrides, *extra,
     ])
     return run(cfg, plan, trainer_cls)
 
 
 @pytest.fixture(scope="module")
 def held_out(embedded_cache):
-    from rlplat.trainer.sft import ensure_embedded_model
-
-    model_dir = str(ensure_embedded_model())
-    rows = held_out_rows(model_dir)
-    return rows, correct_answer_probability(model_dir, rows)
+    return before_training("grpo")[1:]
 
 
 def assert_gain(name: str, held_out, small_val, tmp_path) -> dict:
@@ -157,3 +166,15 @@ def test_grpo_with_vllm_rollout_raises_expected_reward(held_out, small_val, tmp_
 @pytest.mark.slow
 def test_grpo_with_lora_adapters_raises_expected_reward(held_out, small_val, tmp_path):
     assert_gain("grpo_lora", held_out, small_val, tmp_path)
+
+
+@pytest.mark.slow
+def test_grpo_trains_the_mixture_of_experts(embedded_cache, small_val, tmp_path):
+    """model.path=embedded-moe learns, and its training reports the routers' load-balancing loss and load."""
+    _, rows, before = before_training("grpo_moe")
+    summary = assert_gain("grpo_moe", (rows, before), small_val, tmp_path)
+    metrics = [json.loads(line) for line in (Path(summary["output_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in metrics if "moe/aux_loss" in m]
+    assert len(trained) == RUNS["grpo_moe"].steps
+    # 2 (top-2) when the routers spread tokens evenly; between 1/8 (balanced) and 1/2 (one expert takes all)
+    assert all(1.9 < m["moe/aux_loss"] < 3 and 1 / 8 <= m["moe/expert_load_max_frac"] <= 1 / 2 for m in trained)
