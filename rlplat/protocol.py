@@ -26,6 +26,8 @@ Documented fields (``B`` rows, ``P`` prompt tokens, ``R`` response tokens); the 
     input_ids            [B, P+R] int64: prompts and responses concatenated
     attention_mask       [B, P+R] int64: prompt_mask and the attended response tokens concatenated
     position_ids         [B, P+R] int64: positions counting attended tokens only
+    routed_experts       [B, P+R, L, k] int16: a mixture of experts' routing in the rollout: each token's experts per sparse layer (-1: none)
+    old_routed_experts   [B, P+R, L, k] int16: the same from the actor's log-prob pass (actor.moe.router_replay=r2)
     rollout_log_probs    [B, R] float: log-probs of the sampled tokens from the rollout engine
     old_log_probs        [B, R] float: log-probs under the policy before this step's update
     ref_log_probs        [B, R] float: log-probs under the reference policy
@@ -67,6 +69,8 @@ FIELDS: dict[str, str] = {
     "input_ids": "[B, P+R] int64: prompts and responses concatenated",
     "attention_mask": "[B, P+R] int64: prompt_mask and the attended response tokens concatenated",
     "position_ids": "[B, P+R] int64: positions counting attended tokens only",
+    "routed_experts": "[B, P+R, L, k] int16: a mixture of experts' routing in the rollout: each token's experts per sparse layer (-1: none)",
+    "old_routed_experts": "[B, P+R, L, k] int16: the same from the actor's log-prob pass (actor.moe.router_replay=r2)",
     "rollout_log_probs": "[B, R] float: log-probs of the sampled tokens from the rollout engine",
     "old_log_probs": "[B, R] float: log-probs under the policy before this step's update",
     "ref_log_probs": "[B, R] float: log-probs under the reference policy",

@@ -32,6 +32,9 @@ class RolloutDeclaration:
     scores_sequences: bool = False  # it scores a given token sequence: the weight sync's log-prob probe
     # it loads a weight update between two tokens of a generation under way and goes on (rollout.partial=resume)
     pauses_for_updates: bool = False
+    # a mixture of experts' single-turn rollouts carry the experts each token was routed to (routed_experts), which
+    # actor.moe.router_replay=r3 replays and moe/routing_mismatch_frac compares with
+    returns_routing: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,11 @@ def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines:
     then taken against the policy that actually sampled. ``auto`` picks it only where those log-probs are
     the actor's own to float error: the rollout engine declares that it samples with the actor's model
     code, and both sides compute in float32 (0.5e-6 mean |Δ log π| on the Quickstart; docs/concepts.md).
-    "recompute": the actor's pass.
+    "recompute": the actor's pass (always with ``actor.moe.router_replay=r2``, whose routing that pass records).
     """
     algo = cfg.algorithm
+    if cfg.actor.moe.router_replay == "r2":  # the actor's pass records the routing the update replays
+        return "recompute"
     reads_sum_sq = spec.needs_sum_pi_squared
     # with trainer.async_steps > 0 the batch was sampled by weights up to K updates older than the actor's
     stale = cfg.trainer.async_steps > 0

@@ -135,6 +135,9 @@ class MoEConfig:
     # sparse layers as transformers computes it); None = the model config's router_aux_loss_coef; 0 = off
     # (the moe/* metrics are reported either way; docs/moe.md)
     aux_loss_coef: Optional[float] = None
+    # routing replay: none | r2 = the update replays the routing of the actor's log-prob pass | r3 = every training
+    # forward replays the rollout engine's routing (tokens go to the experts they went to when sampled)
+    router_replay: str = "none"
 
 
 @dataclass

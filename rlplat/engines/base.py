@@ -42,7 +42,8 @@ class ParallelLayout:
 
 @dataclass
 class ForwardOutput:
-    """Per-token outputs for the response part of a micro-batch, all ``[batch, response_len]``."""
+    """Per-token outputs for the response part of a micro-batch, ``[batch, response_len]`` (and a mixture of
+    experts' routing and router loss)."""
 
     log_probs: torch.Tensor | None = None  # log π(response token) with logits / temperature
     entropy: torch.Tensor | None = None  # entropy of π(· | prefix) at each response position
@@ -52,6 +53,8 @@ class ForwardOutput:
     # real tokens (a scalar with its gradient) and the routing metrics (moe/*, micro-batch means); see rlplat.models.moe
     router_loss: torch.Tensor | None = None
     router_metrics: dict[str, float] | None = None
+    # actor.moe.router_replay=r2's log-prob pass: the experts each token went to, [batch, P + R, layers, top_k] int16
+    routed_experts: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ class TrainingEngine(ABC):
         need_sum_pi_squared: bool = False,
     ) -> dict[str, torch.Tensor]:
         """No-grad forward over ``batch`` in micro-batches (``split``); the non-empty :class:`ForwardOutput`
-        fields, concatenated as float32 CPU tensors ``[rows, response_len]`` by name."""
+        fields, concatenated as float32 CPU tensors ``[rows, response_len]`` by name (``routed_experts`` as it is)."""
         outputs: dict[str, list[torch.Tensor]] = {}
         for micro in micro_batches(self, batch, split):
             fwd = self.forward(micro, temperature=temperature, need_entropy=need_entropy,
@@ -188,6 +191,8 @@ class TrainingEngine(ABC):
             for name in ("log_probs", "entropy", "values", "sum_pi_squared"):
                 if (value := getattr(fwd, name)) is not None:
                     outputs.setdefault(name, []).append(value.float().cpu())
+            if fwd.routed_experts is not None:
+                outputs.setdefault("routed_experts", []).append(fwd.routed_experts)
         return {name: torch.cat(parts) for name, parts in outputs.items()}
 
     def train_mini_batch(

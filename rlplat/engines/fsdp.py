@@ -35,12 +35,13 @@ from rlplat.engines.lora import LoRA, bucketed, inject_lora, owner
 from rlplat.engines.memory import MemoryLayout, model_state
 from rlplat.engines.optim import Optimizer
 from rlplat.engines.packing import PackedBatch
+from rlplat.engines.routing import RoutedForward
 from rlplat.engines.token_head import TokenOutputLM
 from rlplat.engines.ulysses import ATTENTION as ULYSSES
 from rlplat.engines.ulysses import SequenceShard, check_heads, sharded, split_rows
 from rlplat.engines.ulysses import register as register_ulysses
 from rlplat.models.embedded import known_config
-from rlplat.models.moe import RouterTap, is_moe, load_balancing_loss, routing_metrics
+from rlplat.models.moe import RouterTap, is_moe
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask, response_log_probs
 
@@ -153,8 +154,9 @@ class FSDPEngine(TrainingEngine):
         if optim_cfg is None:
             module.requires_grad_(False)
         install_gated_mlp(module)  # keeps half of the MLP's activations for the backward pass
-        # a mixture of experts trained as the actor (``moe``: actor.moe): its routing recorded in training forwards
-        self.router_tap = RouterTap.of(module, moe) if moe is not None else None
+        # a mixture of experts (``moe``: actor.moe): the routing its forwards replay and record (rlplat.engines.routing)
+        tap = RouterTap.of(module, moe) if moe is not None else None
+        self.routing = RoutedForward(tap, moe.router_replay, optim_cfg is not None) if tap is not None else None
         self.vocab_size = module.config.vocab_size
         # log-prob, entropy and sum pi^2 computed in chunks from the last hidden states, without full logits
         self.chunked_head = not value_head and TokenOutputLM.fits(module)
@@ -224,8 +226,8 @@ class FSDPEngine(TrainingEngine):
         def outs(*values: torch.Tensor) -> list[torch.Tensor]:  # each [N] -> [B, R], combined in one collective
             return [rows.scatter(v) for v in combine(torch.stack(values, -1)).unbind(-1)]
 
-        tap = self.router_tap if grad else None
-        with torch.set_grad_enabled(grad), shard, tap.recording() if tap else contextlib.nullcontext() as routing:
+        routes = self.routing.around(rows, t, grad) if self.routing is not None else contextlib.nullcontext()
+        with torch.set_grad_enabled(grad), shard, routes as routing:
             if self.chunked_head:
                 log_prob, entropy, sum_sq = self._model(
                     **inputs, positions=positions, targets=targets, temperature=temperature,
@@ -245,10 +247,7 @@ class FSDPEngine(TrainingEngine):
         out = ForwardOutput(log_probs=got[0], entropy=got[1] if need_entropy else None,
                             sum_pi_squared=got[-1] if need_sum_pi_squared else None)
         if routing is not None:
-            real = rows.real.to(device)
-            aux = load_balancing_loss(routing, real, tap.num_experts)
-            out.router_loss = tap.aux_loss_coef * aux
-            out.router_metrics = {"moe/aux_loss": float(aux.detach()), **routing_metrics(routing, real, tap.num_experts)}
+            self.routing.finish(out, routing, rows, t, grad)
         return out
 
     def _packing_matches_padding(self) -> bool:
@@ -259,10 +258,12 @@ class FSDPEngine(TrainingEngine):
         mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0, 0]])
         micro = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids_from_mask(mask),
                                  "responses": ids[:, 4:]})
+        routing, self.routing = self.routing, None  # a mixture of experts routes on its own here (no replay)
         self.pack_sequences = True
         packed = self.forward(micro)
         self.pack_sequences = False
         padded = self.forward(micro)
+        self.routing = routing
         scores = "values" if self.value_head else "log_probs"
         real = mask[:, 4:].bool()
         gap = (getattr(packed, scores)[real] - getattr(padded, scores)[real]).abs().max().item()

@@ -48,6 +48,10 @@ class PackedBatch:
     shape: tuple[int, int]  # (B, R)
     real_tokens: int  # tokens that are not padding (the packing efficiency's numerator)
     real: torch.Tensor  # [rows * capacity] bool: which positions of the flattened rows hold a real token
+    # every token the rows hold, from where in the [B, P + R] batch ([N] each) to where in the flattened rows
+    token_row: torch.Tensor
+    token_col: torch.Tensor
+    token_dest: torch.Tensor
 
     @classmethod
     def build(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor) -> PackedBatch | None:
@@ -94,7 +98,7 @@ class PackedBatch:
         j = (t - prompt_len + 1)[predicts]
         rows = seq[predicts]
         return cls(ids.view(len(bins), capacity), positions, dest[predicts], responses[rows, j].long(), rows, j,
-                   (batch, response_len), int(lengths.sum()), real)
+                   (batch, response_len), int(lengths.sum()), real, seq, first[seq] + t, dest)
 
     @classmethod
     def padded(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -107,12 +111,27 @@ class PackedBatch:
         cols = torch.arange(response_len).repeat(batch)
         flat = rows * width + (width - response_len - 1) + cols
         return cls(input_ids, position_ids, flat, responses.reshape(-1).long(), rows, cols,
-                   (batch, response_len), int(attention_mask.sum()), attention_mask.bool().reshape(-1))
+                   (batch, response_len), int(attention_mask.sum()), attention_mask.bool().reshape(-1),
+                   torch.arange(batch).repeat_interleave(width), torch.arange(width).repeat(batch),
+                   torch.arange(batch * width))
 
     @property
     def efficiency(self) -> float:
         """Real tokens over the tokens the packed rows compute."""
         return self.real_tokens / self.input_ids.numel()
+
+    def pack(self, values: torch.Tensor, fill: int = 0) -> torch.Tensor:
+        """A per-token field of the batch, ``[B, P + R, ...]``, laid out as the flattened rows ``[rows * capacity,
+        ...]`` (``fill`` where the rows hold no token of the batch)."""
+        out = values.new_full((self.input_ids.numel(), *values.shape[2:]), fill)
+        out[self.token_dest] = values[self.token_row, self.token_col]
+        return out
+
+    def unpack(self, flat: torch.Tensor, width: int, fill: int = 0) -> torch.Tensor:
+        """The inverse of :meth:`pack`: ``[rows * capacity, ...]`` -> ``[B, width, ...]`` (``fill`` on padding)."""
+        out = flat.new_full((self.shape[0], width, *flat.shape[1:]), fill)
+        out[self.token_row.to(flat.device), self.token_col.to(flat.device)] = flat[self.token_dest.to(flat.device)]
+        return out
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """``[N]`` outputs at the response-predicting positions -> ``[B, R]`` (0 where no response token)."""

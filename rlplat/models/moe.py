@@ -16,6 +16,13 @@ what it means there), over the real tokens of all sparse layers pooled::
     P_i     = mean over (token, layer) of softmax(logits)_i                      (the gradient flows here)
 
 1 per choice slot when routing is uniform (so ``k`` in all), larger when a few experts take most tokens.
+
+Routing replay (``actor.moe.router_replay``; R3: Ma et al., *Stabilizing MoE Reinforcement Learning by Aligning
+Training and Inference Routers*, arXiv 2510.23027): a forward given the experts each token was routed to
+elsewhere (by the rollout engine, or by the actor's log-prob pass) sends the token to those experts instead of
+its router's own top-k; the gate weights are still the router's probabilities of the chosen experts
+(renormalised as the model does), so the router keeps its gradient and keeps learning. Tokens without recorded
+routing (``-1``: padding, an agent's observation tokens, the last sampled token) use the router's own choice.
 """
 
 from __future__ import annotations
@@ -44,19 +51,29 @@ def find_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
             and hasattr(m, "top_k") and hasattr(m, "num_experts")]
 
 
+NO_ROUTING = -1  # a token without recorded routing (in a routed_experts field)
+
+
 @dataclass
 class Routing:
-    """What the sparse layers of one forward routed: per layer, the router's logits ``[tokens, experts]`` and
-    the chosen experts ``[tokens, top_k]``, tokens in the order of the flattened input rows."""
+    """What the sparse layers of one forward routed, per layer, tokens in the order of the flattened input rows:
+    the router's logits ``[tokens, experts]`` and the experts the tokens went to ``[tokens, top_k]`` (the
+    router's own top-k, or the replayed routing)."""
 
     logits: list[torch.Tensor]
     indices: list[torch.Tensor]
+
+    def stacked(self) -> torch.Tensor:
+        """The experts the tokens went to, ``[tokens, layers, top_k]`` int16 (a routed_experts field's layout)."""
+        return torch.stack(self.indices, dim=1).to(torch.int16)
 
 
 class RouterTap:
     """Forward hooks on a model's routers that record a :class:`Routing` while :meth:`recording` is open
     (and not otherwise: a gradient-checkpointed layer that runs its forward again in the backward pass adds
-    nothing)."""
+    nothing), and that replay :attr:`replay` while it is set: ``[tokens, layers, top_k]`` experts in the order of
+    the flattened input rows, ``-1`` where the router chooses (kept until changed, so a checkpointed layer's
+    recomputation in the backward pass routes as its forward did)."""
 
     def __init__(self, model: torch.nn.Module, aux_loss_coef: float):
         self.routers = find_routers(model)
@@ -65,6 +82,8 @@ class RouterTap:
                              f"in TopKRouter): rlplat's mixture-of-experts support does not know its routing")
         self.num_experts, self.top_k = self.routers[0].num_experts, self.routers[0].top_k
         self.aux_loss_coef = aux_loss_coef
+        self.norm_topk_prob = bool(getattr(self.routers[0], "norm_topk_prob", False))
+        self.replay: torch.Tensor | None = None
         self._routing: Routing | None = None
         for layer, router in enumerate(self.routers):
             router.register_forward_hook(self._hook(layer))
@@ -80,11 +99,27 @@ class RouterTap:
         return cls(model, float(getattr(model.config, "router_aux_loss_coef", 0.0) if coef is None else coef))
 
     def _hook(self, layer: int):
-        def record(module, args, output) -> None:
+        def record(module, args, output):
+            logits, weights, own = output
+            indices = own
+            if self.replay is not None:
+                indices, weights = self._replayed(logits, own, self.replay[:, layer].to(own.device))
             if self._routing is not None:
-                logits, _, indices = output
                 self._routing.logits[layer], self._routing.indices[layer] = logits, indices
+            return logits, weights, indices
         return record
+
+    def _replayed(self, logits: torch.Tensor, own: torch.Tensor, chosen: torch.Tensor):
+        """The experts ``chosen`` ``[tokens, top_k]`` (``-1``: the router's ``own``) and their gate weights: the
+        router's softmax probabilities of them, renormalised over them when the model does."""
+        if chosen.shape != own.shape:
+            raise ValueError(f"replayed routing has {tuple(chosen.shape)} entries for a layer that routed "
+                             f"{tuple(own.shape)} (tokens, top_k)")
+        indices = torch.where(chosen >= 0, chosen.long(), own)
+        weights = F.softmax(logits, dim=-1, dtype=torch.float).gather(-1, indices)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return indices, weights.to(logits.dtype)
 
     @contextlib.contextmanager
     def recording(self):
@@ -101,6 +136,19 @@ def load_balancing_loss(routing: Routing, real: torch.Tensor, num_experts: int) 
     probs = torch.cat([F.softmax(logits[real].float(), dim=-1) for logits in routing.logits])  # [layers*T, E]
     chosen = torch.cat([F.one_hot(indices[real], num_experts) for indices in routing.indices]).float()  # [L*T, k, E]
     return num_experts * (chosen.mean(0) * probs.mean(0)[None]).sum()
+
+
+def routing_mismatch(routing: Routing, real: torch.Tensor, recorded: torch.Tensor) -> float | None:
+    """``moe/routing_mismatch_frac``: the share of (token, layer) pairs, over the real tokens with a recorded
+    routing (``recorded`` ``[tokens, layers, top_k]``, e.g. the rollout engine's), where the experts this forward
+    used are not the recorded set; None when no token has one."""
+    with torch.no_grad():
+        used = torch.stack(routing.indices, dim=1).sort(-1).values  # [tokens, layers, k]
+        recorded = recorded.to(used.device).long().sort(-1).values
+        held = real[:, None] & (recorded >= 0).all(-1)  # [tokens, layers]
+        if not bool(held.any()):
+            return None
+        return float((used != recorded).any(-1)[held].float().mean())
 
 
 def routing_metrics(routing: Routing, real: torch.Tensor, num_experts: int) -> dict[str, float]:

@@ -23,26 +23,57 @@ class ModelShape:
     vocab: int
     tied: bool
     qkv_bias: bool
+    # a mixture of experts (every layer sparse, as Qwen3-MoE): routed experts per layer, one expert's MLP width,
+    # experts per token; 0 for a dense model
+    experts: int = 0
+    expert_intermediate: int = 0
+    top_k: int = 0
+    qk_norm: bool = False  # an RMSNorm over each head's query and key (Qwen3)
 
     @classmethod
     def from_config(cls, config) -> ModelShape:
+        from rlplat.models.moe import num_experts
+
         heads = config.num_attention_heads
+        experts = num_experts(config)
         return cls(layers=config.num_hidden_layers, hidden=config.hidden_size, heads=heads,
                    kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                    head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
                    intermediate=config.intermediate_size, vocab=config.vocab_size,
                    tied=bool(getattr(config, "tie_word_embeddings", False)),
-                   qkv_bias=bool(getattr(config, "attention_bias", config.model_type == "qwen2")))
+                   qkv_bias=bool(getattr(config, "attention_bias", config.model_type == "qwen2")),
+                   experts=experts, expert_intermediate=config.moe_intermediate_size if experts else 0,
+                   top_k=config.num_experts_per_tok if experts else 0,
+                   qk_norm=config.model_type in ("qwen3", "qwen3_moe"))
+
+    def _layer_params(self, experts: int) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
+        attention += 2 * self.head_dim if self.qk_norm else 0
+        if not self.experts:
+            return attention + 3 * h * self.intermediate + 2 * h  # + gate/up/down, two RMSNorms
+        return attention + experts * 3 * h * self.expert_intermediate + self.experts * h + 2 * h  # + the router
 
     @property
     def layer_params(self) -> int:
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
-        return attention + 3 * h * self.intermediate + 2 * h  # + gate/up/down, two RMSNorms
+        return self._layer_params(self.experts)
+
+    def _params(self, layer_params: int) -> int:
+        return self.layers * layer_params + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     @property
     def params(self) -> int:
-        return self.layers * self.layer_params + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+        return self._params(self.layer_params)
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token's forward uses: a mixture of experts' top_k experts per layer, not all."""
+        return self._params(self._layer_params(self.top_k)) if self.experts else self.params
+
+    @property
+    def mlp_width(self) -> int:
+        """The width of the MLP activations one token keeps: its top_k experts' together for an MoE."""
+        return self.top_k * self.expert_intermediate if self.experts else self.intermediate
 
     def saved_bytes_per_token(self, compute_bytes: int) -> float:
         """Bytes one decoder layer keeps for the backward pass per token, as rlplat's FSDP engine runs it
@@ -52,7 +83,7 @@ class ModelShape:
         per head and the norms' two float32 scalars. With bf16 compute each RMSNorm keeps its input as
         float32 (Hugging Face's RMSNorm computes in float32)."""
         kv = self.kv_heads * self.head_dim
-        elements = 8 * self.hidden + 2 * kv + 2 * self.intermediate
+        elements = 8 * self.hidden + 2 * kv + 2 * self.mlp_width
         return compute_bytes * elements + 4 * (self.heads + 2) + 2 * self.hidden * (4 - compute_bytes)
 
     def eager_attention_extra(self, seq: int, compute_bytes: int) -> float:

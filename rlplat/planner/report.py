@@ -138,9 +138,11 @@ def check_inputs(cfg: DictConfig, plan, model_path: Callable[[], str]) -> tuple[
     rollout = cfg.rollout
     pool = (f" on {rollout.nnodes * rollout.workers_per_node} worker(s) of its own, "
             f"{cfg.trainer.async_steps} step(s) ahead" if rollout.mode == "separate" else "")
+    moe = (f" in {shape.experts} experts per layer, top-{shape.top_k}: {shape.active_params / 1e6:.1f}M active per "
+           f"token" if shape.experts else "")
     say(f"rlplat plan: {cfg.algorithm.adv_estimator} on {plan.world_size} worker(s) ({plan.device}), "
         f"actor {cfg.actor.strategy}, rollout {rollout.name}{pool}; model {cfg.model.path} "
-        f"({shape.params / 1e6:.1f}M parameters, {shape.layers} layers, hidden {shape.hidden}, vocabulary {shape.vocab})")
+        f"({shape.params / 1e6:.1f}M parameters{moe}, {shape.layers} layers, hidden {shape.hidden}, vocabulary {shape.vocab})")
     say("config, reward functions and imports: ok")
     for problem in missing_packages(cfg, plan):
         say(f"note: {problem}; the run needs it where it runs")

@@ -289,6 +289,10 @@ def join_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
             fields = {key: torch.nn.functional.pad(batch.tensors[key], (extra, 0), value=pad_token_id if key in
                                                    ("prompts", "input_ids") else 0)
                       for key in PROMPT_SIDE_FIELDS}
+            if "routed_experts" in batch.tensors.keys():  # [B, P + R, layers, top_k]: -1 = no routing
+                routed = batch.tensors["routed_experts"]
+                fields["routed_experts"] = torch.cat([routed.new_full((len(routed), extra, *routed.shape[2:]), -1),
+                                                      routed], dim=1)
             batch = batch.select(tensor_keys=[k for k in batch.tensors.keys() if k not in fields]).union(
                 Batch.from_dict(fields))
         padded.append(batch)

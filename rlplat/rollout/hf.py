@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rlplat.config.plan import RolloutDeclaration
+from rlplat.models.moe import NO_ROUTING, RouterTap, is_moe
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     NonFiniteLogitsError, RolloutEngine, RolloutSetup, Sample, SamplingParams, WeightBucket, assemble_rollout,
@@ -38,6 +39,27 @@ from rlplat.rollout.base import (
 from rlplat.rollout.decoder import DenseForward, KeptCache, ModelForward, matches_model
 from rlplat.rollout.checksums import named_checksums
 from rlplat.sequence import position_ids_from_mask, response_log_probs, response_mask_from_ids
+
+
+class _RoutingLog:
+    """The experts each token of a batch of generations went to, ``[rows, width, layers, top_k]`` int16 (``-1``
+    where no forward routed one), filled by the forward passes that run inside :meth:`record`."""
+
+    def __init__(self, tap: RouterTap, rows: int, width: int, device):
+        self.tap = tap
+        self.experts = torch.full((rows, width, len(tap.routers), tap.top_k), NO_ROUTING, dtype=torch.int16,
+                                  device=device)
+
+    @contextlib.contextmanager
+    def record(self, rows: torch.Tensor, first: int, attended: torch.Tensor | None = None):
+        """Around a forward over ``rows`` (indices of the batch's rows) whose tokens are the rows' positions from
+        ``first`` on; ``attended`` marks its real tokens (padding keeps -1)."""
+        with self.tap.recording() as routing:
+            yield
+        experts = routing.stacked().view(len(rows), -1, *self.experts.shape[2:])
+        if attended is not None:
+            experts = experts.masked_fill(~attended.bool()[..., None, None], NO_ROUTING)
+        self.experts[rows, first:first + experts.shape[1]] = experts
 
 
 @dataclass
@@ -59,7 +81,8 @@ class HFRolloutEngine(RolloutEngine):
         transformers' ``generate``: ``use_model_generation_config``)."""
         return replace(super().declare(engine_cfg, device), actor_log_probs=True, applies_adapters=True,
                        shows_weights=True, scores_sequences=True,
-                       pauses_for_updates=not engine_cfg.use_model_generation_config)
+                       pauses_for_updates=not engine_cfg.use_model_generation_config,
+                       returns_routing=not engine_cfg.use_model_generation_config)
 
     @classmethod
     def memory(cls, shape, engine_cfg, key, dtype, device, sequences, length, device_memory, lent_weights):
@@ -83,6 +106,8 @@ class HFRolloutEngine(RolloutEngine):
         self.model.eval().requires_grad_(False)
         self.use_model_generation_config = engine_cfg.use_model_generation_config
         self.forward = self._choose_forward(engine_cfg.dense_forward, setup)
+        # a mixture of experts: the experts each sampled token went to (routing replay, rlplat.engines.routing)
+        self.router_tap = RouterTap(self.model, aux_loss_coef=0.0) if is_moe(self.model.config) else None
         self._kept: list[_Conversation] | None = None  # the last generate_ids call's samples, to continue
         self._updates_taken = 0
 
@@ -123,7 +148,7 @@ class HFRolloutEngine(RolloutEngine):
             generated, log_probs = self._generate_with_transformers(ids, mask, params)
             updates = torch.zeros(ids.shape[0], dtype=torch.long)
         else:
-            generated, log_probs, updates = self._sample(ids, mask, params)
+            generated, log_probs, updates, routed = self._sample(ids, mask, params)
         if not bool(torch.isfinite(log_probs).all()):  # greedy decoding picks a NaN logit without complaint
             raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
         response_mask = response_mask_from_ids(generated, tuple(params.stop_ids(self.eos_token_id)))
@@ -132,6 +157,8 @@ class HFRolloutEngine(RolloutEngine):
         if self.updates is not None:
             out = out.union(Batch.from_dict({"weight_updates_before": torch.full_like(updates.cpu(), before),
                                              "weight_updates": updates.cpu()}))
+        if not self.use_model_generation_config and routed is not None:
+            out = out.union(Batch.from_dict({"routed_experts": routed.cpu()}))
         return out
 
     def _sample(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, kept: KeptCache | None = None,
@@ -144,7 +171,10 @@ class HFRolloutEngine(RolloutEngine):
         which ``ids`` follow); ``keep_rows``: filled with each row's cache (prompt and sampled tokens but the last),
         by row. Without those, an update offered to :attr:`updates` is loaded between two tokens and the rows
         still sampling go on under it: their cache is computed again with the new weights (prompt and tokens so
-        far), so each token's log-prob is exactly that of the weights that sampled it."""
+        far), so each token's log-prob is exactly that of the weights that sampled it. A mixture of experts'
+        single-turn rows (no ``kept`` or ``held``) also return the experts each token went to, ``[B, P +
+        max_new_tokens, layers, top_k]`` (``-1``: padding, and the last token, which no forward reads; after an
+        update, the rows' context as routed by the new weights), else None."""
         rows, limit = ids.shape[0], params.max_new_tokens
         pausable = self.updates is not None and kept is None and held is None and keep_rows is None
         updates = torch.zeros(rows, dtype=torch.long, device=self.device)
@@ -157,8 +187,12 @@ class HFRolloutEngine(RolloutEngine):
         positions = position_ids_from_mask(mask) + (0 if held is None else held[:, None])
         # per row, the tokens its cache will hold when it stops: its context, then each sampled token but the last
         cached = mask.sum(-1) + (0 if held is None else held) - 1
+        routed = _RoutingLog(self.router_tap, rows, ids.shape[1] + limit, self.device) \
+            if self.router_tap is not None and kept is None and held is None else None
+        record = routed.record if routed is not None else lambda *args: contextlib.nullcontext()
         try:
-            logits = self.forward.start(ids, mask, positions, limit, kept)
+            with record(torch.arange(rows, device=self.device), 0, mask):
+                logits = self.forward.start(ids, mask, positions, limit, kept)
             kept = None  # copied into the forward's cache
             positions = positions[:, -1]
             for step in range(limit):
@@ -184,13 +218,16 @@ class HFRolloutEngine(RolloutEngine):
                     keep = (~done).nonzero().squeeze(-1)
                     live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
                     updates[live] += 1
-                    logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1)
+                    context_mask = torch.cat([mask[live], torch.ones_like(tokens[live, :step + 1])], dim=1)
+                    with record(live, 0, context_mask):
+                        logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1)
                 else:
-                    logits = self.forward.step(token, positions)
+                    with record(live, ids.shape[1] + step):
+                        logits = self.forward.step(token, positions)
             self._keep_rows(keep_rows, torch.arange(len(live), device=self.device), live, cached)
         finally:  # the cache (every layer x row x token) is not held through the other stages
             self.forward.release()
-        return tokens, log_probs, updates
+        return tokens, log_probs, updates, routed.experts if routed is not None else None
 
     def _restart(self, ids: torch.Tensor, mask: torch.Tensor, sampled: torch.Tensor, remaining: int) -> torch.Tensor:
         """A fresh cache of the prompts ``ids`` and the tokens ``sampled`` so far (all live: none has stopped); the
@@ -262,7 +299,7 @@ class HFRolloutEngine(RolloutEngine):
         rows = {}
         held = torch.tensor([len(past.ids) if past else 0 for past in earlier], device=self.device)
         # the kept rows as one batch, held by _sample alone until the forward has copied them into its cache
-        tokens, log_probs, _ = self._sample(ids, mask, params, _batched(earlier), held, keep_rows=rows)
+        tokens, log_probs, _, _ = self._sample(ids, mask, params, _batched(earlier), held, keep_rows=rows)
         if not bool(torch.isfinite(log_probs).all()):
             raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
         stops = params.stop_ids(self.eos_token_id)

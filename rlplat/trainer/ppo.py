@@ -49,6 +49,7 @@ from rlplat.algorithms import (
 )
 from rlplat.config.plan import RunPlan
 from rlplat.controller.dispatch import balanced_order
+from rlplat.engines.routing import OLD_ROUTING
 from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.reward.batch import TrainingScores
@@ -385,7 +386,8 @@ class PPOTrainer:
 
     def old_log_probs(self, batch: Batch, metrics: dict) -> Batch:
         out = self.components.actor.compute_log_probs(tensors_only(batch))
-        return batch.union(out.select([k for k in ("old_log_probs", "sum_pi_squared") if k in out.tensors.keys()]))
+        kept = ("old_log_probs", "sum_pi_squared", OLD_ROUTING)  # the last: actor.moe.router_replay=r2
+        return batch.union(out.select([k for k in kept if k in out.tensors.keys()]))
 
     def reference(self, batch: Batch, metrics: dict) -> Batch:
         return batch.union(self.components.reference.compute_ref_log_probs(tensors_only(batch)))

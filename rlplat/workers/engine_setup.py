@@ -17,6 +17,9 @@ from rlplat.config.errors import ConfigError
 from rlplat.config.plan import EngineDeclarations, RunPlan, make_plan
 from rlplat.config.validate import resolve_device
 from rlplat.engines import TRAINING_ENGINES, TrainingEngine
+from rlplat.engines.routing import ROUTER_REPLAY
+from rlplat.models.embedded import known_config
+from rlplat.models.moe import is_moe
 from rlplat.registry import Registry
 from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup
 from rlplat.rollout.agent_loop import AGENT_LOOPS, AgentLoop, check_agent_config
@@ -79,7 +82,28 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
         raise ConfigError(f"rollout.lora_sync=adapter: {engine} cannot apply LoRA adapters from rlplat (yet); "
                           f"use rollout.lora_sync=merged")
     check_agent_config(cfg.rollout.agent)
+    check_router_replay(cfg, rollout)
     return plan
+
+
+def check_router_replay(cfg: DictConfig, rollout) -> None:
+    """``actor.moe.router_replay``: a known mode, a mixture of experts to replay, and for r3 rollouts that carry
+    their routing (``rollout``: the rollout engine's declaration)."""
+    replay = cfg.actor.moe.router_replay
+    if replay not in ROUTER_REPLAY:
+        raise ConfigError(f"actor.moe.router_replay={replay!r} is not one of: {', '.join(ROUTER_REPLAY)}")
+    if replay == "none":
+        return
+    known = known_config(cfg.model)
+    if known is not None and not is_moe(known):
+        raise ConfigError(f"actor.moe.router_replay={replay}: model.path={cfg.model.path} is a dense model (no "
+                          f"experts to route); set actor.moe.router_replay=none")
+    if replay == "r3" and not rollout.returns_routing:
+        raise ConfigError(f"actor.moe.router_replay=r3 replays the rollout engine's routing, which the "
+                          f"{cfg.rollout.name} engine does not return with these settings (docs/moe.md); use r2 or none")
+    if replay == "r3" and cfg.rollout.agent.name != "single_turn":
+        raise ConfigError(f"actor.moe.router_replay=r3: the {cfg.rollout.agent.name} agent loop's trajectories do not "
+                          f"carry the rollout's routing yet (docs/moe.md); use r2 or none")
 
 
 def build_agent_loop(cfg: DictConfig, plan: RunPlan, tokenizer) -> AgentLoop:
@@ -114,10 +138,9 @@ def build_training_engine(cfg: DictConfig, role: str, model_path: str, ctx, opti
     trainable with ``optim`` over ``total_steps`` optimizer steps, or frozen (the reference) without."""
     strategy = cfg[role].strategy
     engine_cls, engine_cfg = TRAINING_ENGINES.get(strategy), cfg[role].get(strategy)
+    moe = {"moe": cfg.actor.moe} if role in ("actor", "ref") and engine_cls.trains_experts else {}  # read by an MoE
     if optim is None:
-        return engine_cls(model_path, cfg.model, engine_cfg, ctx)
+        return engine_cls(model_path, cfg.model, engine_cfg, ctx, **moe)
     # the actor's LoRA adapters, initialised alike on every rank
     extra = {"lora": cfg.model.lora, "seed": cfg.trainer.seed} if role == "actor" and cfg.model.lora.rank else {}
-    if role == "actor" and engine_cls.trains_experts:  # read when the model is a mixture of experts
-        extra["moe"] = cfg.actor.moe
-    return engine_cls(model_path, cfg.model, engine_cfg, ctx, optim, total_steps, value_head=value_head, **extra)
+    return engine_cls(model_path, cfg.model, engine_cfg, ctx, optim, total_steps, value_head=value_head, **extra, **moe)

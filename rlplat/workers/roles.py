@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from rlplat.algorithms import LossDenominators
 from rlplat.config.plan import RunPlan
 from rlplat.engines import MicroBatching, ParallelLayout, TrainingEngine
+from rlplat.engines.routing import OLD_ROUTING
 from rlplat.models.hf_files import save_hf_model
 from rlplat.protocol import Batch
 from rlplat.rollout import SamplingParams
@@ -234,7 +235,8 @@ class ActorRolloutRefWorker(_Generates):
 
     @register(Dispatch.DP_SPLIT)
     def compute_log_probs(self, batch: Batch, entropy: bool = False) -> Batch:
-        """``old_log_probs`` ``[B, R]`` under the current actor, with ``sum_pi_squared`` when the advantage
+        """``old_log_probs`` ``[B, R]`` under the current actor (and, for ``actor.moe.router_replay=r2``, the
+        routing it took, ``old_routed_experts``), with ``sum_pi_squared`` when the advantage
         estimator reads it and ``entropy`` when asked (the trainer does not: the update reports the entropy
         of the same policy, and at a large vocabulary it costs another pass over each token's logits)."""
         actor = self.cfg.actor
@@ -242,6 +244,8 @@ class ActorRolloutRefWorker(_Generates):
         out = self.actor.infer(batch, split=split, temperature=batch.meta["temperature"], need_entropy=entropy,
                                need_sum_pi_squared=self.plan.estimator.needs_sum_pi_squared)
         out["old_log_probs"] = out.pop("log_probs")
+        if "routed_experts" in out:  # actor.moe.router_replay=r2: this pass's routing, which the update replays
+            out[OLD_ROUTING] = out.pop("routed_experts")
         return Batch.from_dict(out)
 
     @register(Dispatch.DP_SPLIT)

@@ -1,6 +1,7 @@
 """Mixtures of experts on the FSDP engine: the routers' load-balancing loss (transformers' own formula), the
-routing metrics, the loss's gradient reaching the routers, packed rows routing as padded ones, and what is
-refused at start-up (rlplat.models.moe)."""
+routing metrics, the loss's gradient reaching the routers, packed rows routing as padded ones, routing replay
+(the HF rollout's routing in r3, the log-prob pass's in r2, through gradient checkpointing), and what is
+refused at start-up (rlplat.models.moe, rlplat.engines.routing)."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss
 
 from rlplat.config.errors import ConfigError
 from rlplat.controller import InProcessWorkerGroup
+from rlplat.engines import MicroBatching
 from rlplat.models.moe import RouterTap, find_routers, load_balancing_loss, routing_metrics
 from rlplat.models.tiny import TinyMoESpec, build_tiny_model
 from rlplat.trainer.run import load_run_config
@@ -44,13 +46,27 @@ def test_the_load_balancing_loss_is_transformers_own_over_the_real_tokens(tiny_m
     assert routing.logits[0].shape == (48, 8)
 
 
+def test_the_plans_shape_counts_all_and_active_parameters(tiny_moe_path):
+    from transformers import AutoConfig
+
+    from rlplat.models.shape import ModelShape
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_moe_path, dtype=torch.float32)
+    shape = ModelShape.from_config(AutoConfig.from_pretrained(tiny_moe_path))
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    expert_weights = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    assert shape.active_params == shape.params - expert_weights * (8 - 2) // 8  # 2 of each layer's 8 experts
+    assert shape.mlp_width == 2 * TinyMoESpec().moe_intermediate_size
+
+
 def test_the_update_adds_the_load_balancing_loss_and_reports_the_routing(tiny_moe_path):
     cfg, plan = engine_config(tiny_moe_path, extra=["actor.moe.aux_loss_coef=0.5"])
     group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
     group.init_model(tiny_moe_path, with_ref=True)
     try:
         engine = group.worker.actor
-        assert engine.router_tap.aux_loss_coef == 0.5 and group.worker.ref.router_tap is None  # the actor's only
+        assert engine.routing.tap.aux_loss_coef == 0.5 and engine.routing.trained
+        assert not group.worker.ref.routing.trained  # the reference replays r3's routing, records nothing
         torch.manual_seed(0)
         batch = with_training_fields(group.generate_sequences(prompt_batch(tiny_moe_path)))
         assert engine.pack_sequences
@@ -82,12 +98,101 @@ def test_the_coefficient_defaults_to_the_model_configs(tiny_moe_path):
     group.init_model(tiny_moe_path, with_ref=False)
     try:
         assert cfg.actor.moe.aux_loss_coef is None
-        assert group.worker.actor.router_tap.aux_loss_coef == TinyMoESpec().router_aux_loss_coef == 0.001
+        assert group.worker.actor.routing.tap.aux_loss_coef == TinyMoESpec().router_aux_loss_coef == 0.001
     finally:
         group.shutdown()
 
 
+def _moe_group(model_path: str, extra: list[str]):
+    cfg, plan = engine_config(model_path, extra=extra)
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    group.init_model(model_path, with_ref=False)
+    return group
+
+
+def _perturb_routers(engine) -> None:
+    """Move the trainer's routers (not the rollout's, whose samples are taken) far enough to route differently."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for router in find_routers(engine.model):
+            router.weight.add_(torch.randn(router.weight.shape, generator=gen) * 0.3)
+
+
+def test_r3_replays_the_rollouts_routing_in_every_training_forward(tiny_moe_path):
+    group = _moe_group(tiny_moe_path, ["actor.moe.router_replay=r3"])
+    try:
+        engine = group.worker.actor
+        torch.manual_seed(0)
+        batch = with_training_fields(group.generate_sequences(prompt_batch(tiny_moe_path)))
+        routed, t = batch.tensors["routed_experts"], batch.tensors
+        assert routed.shape == (*t["input_ids"].shape, 2, 2) and routed.dtype == torch.int16
+        fed = t["attention_mask"].bool().clone()  # every real token but each row's last was fed to a forward
+        fed[torch.arange(len(fed)), fed.shape[1] - 1 - fed.flip(1).long().argmax(1)] = False
+        assert bool((routed[fed] >= 0).all()) and bool((routed[~t["attention_mask"].bool()] == -1).all())
+        mask = t["response_mask"].bool()
+
+        def trained(replay: str):
+            engine.routing.replay = replay
+            out = engine.forward(batch, grad=True)
+            return out.router_metrics["moe/routing_mismatch_frac"], (out.log_probs - t["rollout_log_probs"])[mask]
+
+        mismatch, gap = trained("none")
+        assert mismatch == 0 and gap.abs().max() < 1e-4  # the trainer's routers are the rollout's
+        _perturb_routers(engine)  # the trainer's side only: the rollout's samples are taken
+        mismatch_none, gap_none = trained("none")
+        mismatch_r3, gap_r3 = trained("r3")
+        print(f"routing mismatch none {mismatch_none:.3f} r3 {mismatch_r3:.3f}; mean |log-prob gap| "
+              f"none {gap_none.abs().mean():.4f} r3 {gap_r3.abs().mean():.4f}")
+        assert mismatch_none > 0.1 and mismatch_r3 == 0
+        assert gap_r3.abs().mean() < 0.75 * gap_none.abs().mean()  # 0.024 vs 0.039: the gates moved too
+        # the log-prob pass replays it too
+        engine.routing.replay = "r3"
+        replayed = engine.infer(batch, split=MicroBatching(4))["log_probs"]
+        torch.testing.assert_close(replayed[mask], engine.forward(batch).log_probs[mask].detach())
+        with pytest.raises(KeyError, match="routed_experts"):
+            engine.forward(batch.select([k for k in t.keys() if k != "routed_experts"]))
+    finally:
+        group.shutdown()
+
+
+def test_r2_replays_the_log_prob_pass_routing_also_in_the_recomputation(tiny_moe_path):
+    grads = []
+    for checkpointing in (False, True):
+        group = _moe_group(tiny_moe_path, ["actor.moe.router_replay=r2", f"model.gradient_checkpointing={checkpointing}"])
+        try:
+            engine = group.worker.actor
+            torch.manual_seed(0)
+            batch = with_training_fields(group.generate_sequences(prompt_batch(tiny_moe_path)))
+            old = group.compute_log_probs(batch)
+            assert group.worker.plan.old_policy == "recompute"
+            recorded, rollout = old.tensors["old_routed_experts"], batch.tensors["routed_experts"]
+            real = batch.tensors["attention_mask"].bool()
+            assert bool((recorded[real] >= 0).all()) and bool((recorded[~real] == -1).all())
+            fed = rollout >= 0  # the same weights: the rollout routed every token it fed the same way
+            assert torch.equal(recorded[fed], rollout[fed])
+            batch = batch.union(old)
+            _perturb_routers(engine)  # as an update would: the routers now choose differently
+            # the rollout's routing compared with is the log-prob pass's, so r2's forward uses it exactly
+            out = engine.forward(batch, grad=True)
+            assert out.router_metrics["moe/routing_mismatch_frac"] == 0
+            (out.log_probs.sum() + out.router_loss).backward()
+            grads.append([p.grad.clone() for p in engine.model.parameters() if p.grad is not None])
+        finally:
+            group.shutdown()
+    # the recomputation in the backward pass routed as the forward did: the same gradients
+    assert len(grads[0]) == len(grads[1])
+    for plain, recomputed in zip(*grads):
+        torch.testing.assert_close(recomputed, plain, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("extra, message", [
+    (["actor.moe.router_replay=r4"], r"actor.moe.router_replay='r4' is not one of: none, r2, r3"),
+    (["model.path=embedded", "actor.moe.router_replay=r2"],
+     r"actor.moe.router_replay=r2: model.path=embedded is a dense model \(no experts to route\)"),
+    (["actor.moe.router_replay=r3", "rollout.hf.use_model_generation_config=true"],
+     r"actor.moe.router_replay=r3 replays the rollout engine's routing, which the hf engine does not return"),
+    (["actor.moe.router_replay=r3", "rollout.agent.name=tool"],
+     r"actor.moe.router_replay=r3: the tool agent loop's trajectories do not carry the rollout's routing yet"),
     (["actor.strategy=megatron"], r"actor.strategy=megatron: model.path=embedded-moe is a mixture of experts, "
                                   r"which this engine does not train yet; use actor.strategy=fsdp"),
     (["trainer.workers_per_node=2", "actor.fsdp.ulysses_size=2"],
@@ -95,4 +200,5 @@ def test_the_coefficient_defaults_to_the_model_configs(tiny_moe_path):
 ])
 def test_what_mixtures_of_experts_cannot_run_yet_is_one_line_at_start_up(extra, message):
     with pytest.raises(ConfigError, match=message):
-        load_run_config(["model.path=embedded-moe", *extra])
+        chosen = any(arg.startswith("model.path=") for arg in extra)
+        load_run_config([*([] if chosen else ["model.path=embedded-moe"]), *extra])
