@@ -35,6 +35,8 @@ class RolloutDeclaration:
     # a mixture of experts' single-turn rollouts carry the experts each token was routed to (routed_experts), which
     # actor.moe.router_replay=r3 replays and moe/routing_mismatch_frac compares with
     returns_routing: bool = False
+    # it takes a mixture of experts' weight updates (vLLM's CPU MoE backend does not: docs/moe.md)
+    loads_expert_weights: bool = True
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,26 @@ class RouterTap:
             self._routing = None
 
 
+def checkpoint_layout(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Weights under the names and shapes of a Hugging Face checkpoint, which vLLM's and SGLang's ``load_weights``
+    read: transformers (5.x) holds a layer's experts fused, ``mlp.experts.gate_up_proj`` ``[E, 2I, H]`` and
+    ``mlp.experts.down_proj`` ``[E, H, I]``, where checkpoints keep one tensor per expert and projection
+    (``mlp.experts.{e}.gate_proj.weight`` ``[I, H]``, ``up_proj``, ``down_proj`` ``[H, I]``). Other weights pass
+    as they are (views: nothing is copied)."""
+    out = []
+    for name, tensor in bucket:
+        prefix, _, kind = name.rpartition(".experts.")
+        if kind == "gate_up_proj" and tensor.dim() == 3:
+            gate, up = tensor.chunk(2, dim=1)
+            for e in range(tensor.shape[0]):
+                out += [(f"{prefix}.experts.{e}.gate_proj.weight", gate[e]), (f"{prefix}.experts.{e}.up_proj.weight", up[e])]
+        elif kind == "down_proj" and tensor.dim() == 3:
+            out += [(f"{prefix}.experts.{e}.down_proj.weight", tensor[e]) for e in range(tensor.shape[0])]
+        else:
+            out.append((name, tensor))
+    return out
+
+
 def load_balancing_loss(routing: Routing, real: torch.Tensor, num_experts: int) -> torch.Tensor:
     """``L_aux`` of the module docstring over the tokens where ``real`` (``[tokens]`` bool) is set."""
     probs = torch.cat([F.softmax(logits[real].float(), dim=-1) for logits in routing.logits])  # [layers*T, E]

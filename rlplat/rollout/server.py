@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable
 
+from rlplat.models.moe import checkpoint_layout
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, pad_responses,
@@ -101,7 +102,7 @@ class VLLMServerClient(RolloutEngine):
                 pass
             return
         self._rpc("rlplat_start_weight_update")
-        for bucket in buckets:
-            self._rpc("rlplat_load_serialized_weights", encode_bucket(bucket))
+        for bucket in buckets:  # a mixture of experts' fused expert tensors as the checkpoint's per-expert ones
+            self._rpc("rlplat_load_serialized_weights", encode_bucket(checkpoint_layout(bucket)))
         self._rpc("rlplat_finish_weight_update")
         self._request("/reset_prefix_cache", {})

