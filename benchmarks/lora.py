@@ -41,6 +41,19 @@ def build_model(path: Path) -> None:
     build_tiny_model(path, spec, seed=0)
 
 
+def timed_updates(engine, batch, loss_fn, steps: int, split) -> tuple[float, float]:
+    """``steps`` updates of ``engine`` on ``batch`` after a warm-up one (which allocates the optimizer state): how far
+    they raise the process's peak resident memory (MB) above what it held before, and the median step time (s)."""
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports, model, batch
+    times = []
+    for step in range(steps + 1):
+        start = time.perf_counter()
+        engine.train_mini_batch(batch, loss_fn, split=split)
+        if step:
+            times.append(time.perf_counter() - start)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - start_rss, statistics.median(times)
+
+
 def measure(model: str, rank: int, steps: int, seqs: int, length: int) -> dict:
     """One setting, in this process: the engine, a batch, timed updates."""
     import torch
@@ -78,13 +91,7 @@ def measure(model: str, rank: int, steps: int, seqs: int, length: int) -> dict:
         engine.forward(batch, grad=True)
     params = {p.untyped_storage().data_ptr() for p in engine.model.parameters()}
     saved = sum(size for ptr, size in kept.items() if ptr not in params)
-    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports, model, batch
-    times = []
-    for step in range(steps + 1):
-        start = time.perf_counter()
-        engine.train_mini_batch(batch, loss_fn, split=MicroBatching(seqs))
-        if step:  # the first step allocates the optimizer state
-            times.append(time.perf_counter() - start)
+    rss_growth_mb, step_s = timed_updates(engine, batch, loss_fn, steps, MicroBatching(seqs))
     state = sum(t.numel() * t.element_size() for s in engine.optim.optimizer.state.values()
                 for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
     return {"setting": f"LoRA rank {rank}" if rank else "full fine-tuning",
@@ -92,8 +99,7 @@ def measure(model: str, rank: int, steps: int, seqs: int, length: int) -> dict:
             "all": sum(p.numel() for p in engine.model.parameters()),
             "optimizer_mb": state / 2**20,
             "saved_mb": saved / 2**20,
-            "rss_growth_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - start_rss,
-            "step_s": statistics.median(times)}
+            "rss_growth_mb": rss_growth_mb, "step_s": step_s}
 
 
 def main() -> None:

@@ -21,16 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lora import MALLOC  # noqa: E402  the same allocator setting, so the peaks compare
+from lora import MALLOC, timed_updates  # noqa: E402  the same allocator setting and timing, so the peaks compare
 
 SETTINGS = {"dense": ("dense", "none"), "moe": ("moe", "none"), "moe r3": ("moe", "r3")}
 
@@ -77,16 +74,9 @@ def measure(model: str, replay: str, steps: int, seqs: int, length: int) -> dict
         loss = -(fwd.log_probs * micro.tensors["response_mask"]).sum() / tokens
         return loss + (fwd.router_loss if fwd.router_loss is not None else 0), {}
 
-    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports, model, batch
-    times = []
-    for step in range(steps + 1):
-        start = time.perf_counter()
-        engine.train_mini_batch(batch, loss_fn, split=MicroBatching(seqs))
-        if step:  # the first step allocates the optimizer state
-            times.append(time.perf_counter() - start)
+    rss_growth_mb, step_s = timed_updates(engine, batch, loss_fn, steps, MicroBatching(seqs))
     return {"all": sum(p.numel() for p in engine.model.parameters()), "active": active,
-            "rss_growth_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - start_rss,
-            "step_s": statistics.median(times)}
+            "rss_growth_mb": rss_growth_mb, "step_s": step_s}
 
 
 def main() -> None:
