@@ -54,8 +54,9 @@ class RoutedForward:
         (None when it records nothing)."""
         field = self._replayed_field(grad)
         if field is not None and field not in tensors.keys():
+            why = "the rollout engine did not return it" if field == ROLLOUT_ROUTING else "no log-prob pass recorded it"
             raise KeyError(f"actor.moe.router_replay={self.replay} replays the batch field {field!r}, which this "
-                           f"batch lacks ({'the rollout engine did not return it' if field == ROLLOUT_ROUTING else 'no log-prob pass recorded it'})")
+                           f"batch lacks ({why})")
         self.tap.replay = rows.pack(tensors[field], NO_ROUTING) if field is not None else None
         with self.tap.recording() if self._records(grad) else contextlib.nullcontext() as routing:
             yield routing
@@ -75,4 +76,3 @@ class RoutedForward:
             mismatch = routing_mismatch(routing, real, rows.pack(tensors[ROLLOUT_ROUTING], NO_ROUTING))
             if mismatch is not None:
                 out.router_metrics["moe/routing_mismatch_frac"] = mismatch
-

@@ -143,7 +143,8 @@ def checkpoint_layout(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str,
         if kind == "gate_up_proj" and tensor.dim() == 3:
             gate, up = tensor.chunk(2, dim=1)
             for e in range(tensor.shape[0]):
-                out += [(f"{prefix}.experts.{e}.gate_proj.weight", gate[e]), (f"{prefix}.experts.{e}.up_proj.weight", up[e])]
+                out += [(f"{prefix}.experts.{e}.gate_proj.weight", gate[e]),
+                        (f"{prefix}.experts.{e}.up_proj.weight", up[e])]
         elif kind == "down_proj" and tensor.dim() == 3:
             out += [(f"{prefix}.experts.{e}.down_proj.weight", tensor[e]) for e in range(tensor.shape[0])]
         else:

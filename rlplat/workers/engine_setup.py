@@ -93,8 +93,9 @@ def check_experts(cfg: DictConfig, rollout) -> None:
     replay = cfg.actor.moe.router_replay
     known = known_config(cfg.model)
     if not rollout.loads_expert_weights and known is not None and is_moe(known):
-        raise ConfigError(f"rollout.name={cfg.rollout.name}: model.path={cfg.model.path} is a mixture of experts, and "
-                          f"this engine does not take its weight updates on this device (docs/moe.md); use rollout.name=hf")
+        raise ConfigError(f"rollout.name={cfg.rollout.name}: model.path={cfg.model.path} is a mixture of experts, "
+                          f"and this engine does not take its weight updates on this device (docs/moe.md); "
+                          f"use rollout.name=hf")
     if replay not in ROUTER_REPLAY:
         raise ConfigError(f"actor.moe.router_replay={replay!r} is not one of: {', '.join(ROUTER_REPLAY)}")
     if replay == "none":
@@ -104,7 +105,8 @@ def check_experts(cfg: DictConfig, rollout) -> None:
                           f"experts to route); set actor.moe.router_replay=none")
     if replay == "r3" and not rollout.returns_routing:
         raise ConfigError(f"actor.moe.router_replay=r3 replays the rollout engine's routing, which the "
-                          f"{cfg.rollout.name} engine does not return with these settings (docs/moe.md); use r2 or none")
+                          f"{cfg.rollout.name} engine does not return with these settings (docs/moe.md); "
+                          f"use r2 or none")
     if replay == "r3" and cfg.rollout.agent.name != "single_turn":
         raise ConfigError(f"actor.moe.router_replay=r3: the {cfg.rollout.agent.name} agent loop's trajectories do not "
                           f"carry the rollout's routing yet (docs/moe.md); use r2 or none")

@@ -175,7 +175,8 @@ def test_r3_replays_the_rollouts_routing_in_every_training_forward(tiny_moe_path
 def test_r2_replays_the_log_prob_pass_routing_also_in_the_recomputation(tiny_moe_path):
     grads = []
     for checkpointing in (False, True):
-        group = _moe_group(tiny_moe_path, ["actor.moe.router_replay=r2", f"model.gradient_checkpointing={checkpointing}"])
+        group = _moe_group(tiny_moe_path, ["actor.moe.router_replay=r2",
+                                           f"model.gradient_checkpointing={checkpointing}"])
         try:
             engine = group.worker.actor
             torch.manual_seed(0)
