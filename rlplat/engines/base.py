@@ -12,6 +12,7 @@ rank, replicates them across the model-parallel ranks of one replica, and collec
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -173,6 +174,12 @@ class TrainingEngine(ABC):
         """Accumulate the gradients of one micro-batch's ``loss`` (already scaled with the global
         denominators; summed over replicas by :meth:`reduce_gradients` or by the engine's wrapper)."""
         loss.backward()
+
+    def own_routing(self):
+        """A context in which a mixture of experts' forwards route with its own routers, replaying no recorded
+        routing (``actor.moe.router_replay``): for sequences no rollout sampled, such as the weight sync's probe.
+        Nothing for an engine that replays none."""
+        return contextlib.nullcontext()
 
     def reduce_gradients(self) -> None:
         """After the last micro-batch: make the gradients the sum over the data-parallel replicas (an

@@ -141,6 +141,9 @@ class FSDPEngine(TrainingEngine):
         self._sequence_shard: SequenceShard | None = None  # the last forward's, for a backward that recomputes it
         if self.sp_size > 1:
             check_heads(module.config.num_attention_heads, self.sp_size, "fsdp.ulysses_size")
+            if is_moe(module.config):  # a hub id's config is read only here (check_config refuses a known one)
+                raise ValueError(f"fsdp.ulysses_size={self.sp_size}: Ulysses sequence parallelism does not split "
+                                 f"the routing of a mixture of experts ({model_path}) yet")
             register_ulysses()
             module.set_attn_implementation(ULYSSES)
             self.dp_group, self.sp_group = dist_ctx.replica_groups(self.sp_size)
@@ -250,6 +253,9 @@ class FSDPEngine(TrainingEngine):
             self.routing.finish(out, routing, rows, t, grad)
         return out
 
+    def own_routing(self):
+        return self.routing.own_routing() if self.routing is not None else contextlib.nullcontext()
+
     def _packing_matches_padding(self) -> bool:
         """Whether this model, given packed rows, scores each sequence as it does alone (see
         :mod:`rlplat.engines.packing`): one long and two short sequences, once padded and once packed
@@ -258,12 +264,11 @@ class FSDPEngine(TrainingEngine):
         mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0, 0]])
         micro = Batch.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids_from_mask(mask),
                                  "responses": ids[:, 4:]})
-        routing, self.routing = self.routing, None  # a mixture of experts routes on its own here (no replay)
-        self.pack_sequences = True
-        packed = self.forward(micro)
-        self.pack_sequences = False
-        padded = self.forward(micro)
-        self.routing = routing
+        with self.own_routing():
+            self.pack_sequences = True
+            packed = self.forward(micro)
+            self.pack_sequences = False
+            padded = self.forward(micro)
         scores = "values" if self.value_head else "log_probs"
         real = mask[:, 4:].bool()
         gap = (getattr(packed, scores)[real] - getattr(padded, scores)[real]).abs().max().item()

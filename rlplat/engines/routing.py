@@ -38,6 +38,16 @@ class RoutedForward:
     def __init__(self, tap: RouterTap, replay: str, trained: bool):
         self.tap, self.replay, self.trained = tap, replay, trained
 
+    @contextlib.contextmanager
+    def own_routing(self):
+        """Forwards inside route with the model's own routers, replaying nothing (sequences no rollout routed, such
+        as the weight sync's probe or the engine's start-up check)."""
+        replay, self.replay = self.replay, "none"
+        try:
+            yield
+        finally:
+            self.replay = replay
+
     def _replayed_field(self, grad: bool) -> str | None:
         if self.replay == "r3":
             return ROLLOUT_ROUTING
@@ -73,6 +83,5 @@ class RoutedForward:
         out.router_loss = tap.aux_loss_coef * aux
         out.router_metrics = {"moe/aux_loss": float(aux.detach()), **routing_metrics(routing, real, tap.num_experts)}
         if ROLLOUT_ROUTING in tensors.keys():
-            mismatch = routing_mismatch(routing, real, rows.pack(tensors[ROLLOUT_ROUTING], NO_ROUTING))
-            if mismatch is not None:
-                out.router_metrics["moe/routing_mismatch_frac"] = mismatch
+            recorded = rows.pack(tensors[ROLLOUT_ROUTING], NO_ROUTING)
+            out.router_metrics["moe/routing_mismatch_frac"] = routing_mismatch(routing, real, recorded)

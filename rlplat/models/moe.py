@@ -82,7 +82,9 @@ class RouterTap:
                              f"in TopKRouter): rlplat's mixture-of-experts support does not know its routing")
         self.num_experts, self.top_k = self.routers[0].num_experts, self.routers[0].top_k
         self.aux_loss_coef = aux_loss_coef
-        self.norm_topk_prob = bool(getattr(self.routers[0], "norm_topk_prob", False))
+        # per router, whether its gate weights are its chosen experts' softmax probabilities renormalised over them
+        # (Qwen's norm_topk_prob, Mixtral, softmax over the top-k logits) or as they are; read off its first output
+        self._renormalises: list[bool | None] = [None] * len(self.routers)
         self.replay: torch.Tensor | None = None
         self._routing: Routing | None = None
         for layer, router in enumerate(self.routers):
@@ -102,22 +104,39 @@ class RouterTap:
         def record(module, args, output):
             logits, weights, own = output
             indices = own
+            if self._renormalises[layer] is None:
+                self._renormalises[layer] = self._gates_of(module, logits, weights, own)
             if self.replay is not None:
-                indices, weights = self._replayed(logits, own, self.replay[:, layer].to(own.device))
+                indices, weights = self._replayed(layer, logits, own, self.replay[:, layer].to(own.device))
             if self._routing is not None:
                 self._routing.logits[layer], self._routing.indices[layer] = logits, indices
             return logits, weights, indices
         return record
 
-    def _replayed(self, logits: torch.Tensor, own: torch.Tensor, chosen: torch.Tensor):
+    @staticmethod
+    def _gates_of(router: torch.nn.Module, logits: torch.Tensor, weights: torch.Tensor, own: torch.Tensor) -> bool:
+        """Whether ``router``'s gate ``weights`` are the softmax probabilities of its ``own`` experts renormalised
+        over them (True) or as they are (False); ValueError for a router whose gates are neither (e.g. sigmoid
+        scores): its load-balancing loss and replay would be wrong."""
+        with torch.no_grad():
+            probs = F.softmax(logits, dim=-1, dtype=torch.float).gather(-1, own)
+            tolerance = 1e-4 if weights.dtype == torch.float32 else 2e-2
+            for renormalised, expected in ((True, probs / probs.sum(-1, keepdim=True)), (False, probs)):
+                if torch.allclose(weights.float(), expected, atol=tolerance, rtol=0):
+                    return renormalised
+        raise ValueError(f"{type(router).__name__}'s gate weights are not the softmax probabilities of the experts "
+                         f"it chooses: rlplat's mixture-of-experts support (load-balancing loss, routing replay) "
+                         f"covers softmax top-k routers only")
+
+    def _replayed(self, layer: int, logits: torch.Tensor, own: torch.Tensor, chosen: torch.Tensor):
         """The experts ``chosen`` ``[tokens, top_k]`` (``-1``: the router's ``own``) and their gate weights: the
-        router's softmax probabilities of them, renormalised over them when the model does."""
+        router's softmax probabilities of them, renormalised over them when the router does."""
         if chosen.shape != own.shape:
             raise ValueError(f"replayed routing has {tuple(chosen.shape)} entries for a layer that routed "
                              f"{tuple(own.shape)} (tokens, top_k)")
         indices = torch.where(chosen >= 0, chosen.long(), own)
         weights = F.softmax(logits, dim=-1, dtype=torch.float).gather(-1, indices)
-        if self.norm_topk_prob:
+        if self._renormalises[layer]:
             weights = weights / weights.sum(-1, keepdim=True)
         return indices, weights.to(logits.dtype)
 
@@ -159,16 +178,16 @@ def load_balancing_loss(routing: Routing, real: torch.Tensor, num_experts: int) 
     return num_experts * (chosen.mean(0) * probs.mean(0)[None]).sum()
 
 
-def routing_mismatch(routing: Routing, real: torch.Tensor, recorded: torch.Tensor) -> float | None:
+def routing_mismatch(routing: Routing, real: torch.Tensor, recorded: torch.Tensor) -> float:
     """``moe/routing_mismatch_frac``: the share of (token, layer) pairs, over the real tokens with a recorded
     routing (``recorded`` ``[tokens, layers, top_k]``, e.g. the rollout engine's), where the experts this forward
-    used are not the recorded set; None when no token has one."""
+    used are not the recorded set; 0 when no token has one (so every micro-batch reports it)."""
     with torch.no_grad():
         used = torch.stack(routing.indices, dim=1).sort(-1).values  # [tokens, layers, k]
         recorded = recorded.to(used.device).long().sort(-1).values
         held = real[:, None] & (recorded >= 0).all(-1)  # [tokens, layers]
         if not bool(held.any()):
-            return None
+            return 0.0
         return float((used != recorded).any(-1)[held].float().mean())
 
 

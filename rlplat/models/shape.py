@@ -23,52 +23,66 @@ class ModelShape:
     vocab: int
     tied: bool
     qkv_bias: bool
-    # a mixture of experts (every layer sparse, as Qwen3-MoE): routed experts per layer, one expert's MLP width,
-    # experts per token; 0 for a dense model
+    # a mixture of experts: routed experts per sparse layer, one expert's MLP width, experts per token, the width of
+    # a shared expert every token also goes through (Qwen2-MoE), the sparse layers (the rest have a dense MLP of
+    # ``intermediate``); 0 for a dense model
     experts: int = 0
     expert_intermediate: int = 0
     top_k: int = 0
-    qk_norm: bool = False  # an RMSNorm over each head's query and key (Qwen3)
+    shared_intermediate: int = 0
+    sparse_layers: int = 0
+    qk_norm: int = 0  # a layer's RMSNorm weights over query and key: per head (Qwen3: 2 x head_dim), whole (OLMoE)
 
     @classmethod
     def from_config(cls, config) -> ModelShape:
         from rlplat.models.moe import num_experts
 
-        heads = config.num_attention_heads
+        heads, layers = config.num_attention_heads, config.num_hidden_layers
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        qk_norm = {"qwen3": 2 * head_dim, "qwen3_moe": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}
         experts = num_experts(config)
-        return cls(layers=config.num_hidden_layers, hidden=config.hidden_size, heads=heads,
-                   kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        step = getattr(config, "decoder_sparse_step", None) or 1  # Qwen-MoE: every step-th layer is sparse ...
+        dense = set(getattr(config, "mlp_only_layers", None) or ())  # ... but these
+        return cls(layers=layers, hidden=config.hidden_size, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                    intermediate=config.intermediate_size, vocab=config.vocab_size,
                    tied=bool(getattr(config, "tie_word_embeddings", False)),
-                   qkv_bias=bool(getattr(config, "attention_bias", config.model_type == "qwen2")),
-                   experts=experts, expert_intermediate=config.moe_intermediate_size if experts else 0,
-                   top_k=config.num_experts_per_tok if experts else 0,
-                   qk_norm=config.model_type in ("qwen3", "qwen3_moe"))
+                   qkv_bias=bool(getattr(config, "attention_bias", config.model_type in ("qwen2", "qwen2_moe"))),
+                   experts=experts, top_k=config.num_experts_per_tok if experts else 0,
+                   expert_intermediate=(getattr(config, "moe_intermediate_size", None) or config.intermediate_size)
+                   if experts else 0,
+                   shared_intermediate=getattr(config, "shared_expert_intermediate_size", None) or 0,
+                   sparse_layers=sum(i not in dense and (i + 1) % step == 0 for i in range(layers)) if experts else 0,
+                   qk_norm=qk_norm.get(config.model_type, 0))
 
-    def _layer_params(self, experts: int) -> int:
+    def _layer_params(self, sparse: bool, experts: int) -> int:
+        """One decoder layer's parameters: a dense one, or a sparse one counting ``experts`` of its experts."""
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
-        attention += 2 * self.head_dim if self.qk_norm else 0
-        if not self.experts:
+        attention += self.qk_norm
+        if not sparse:
             return attention + 3 * h * self.intermediate + 2 * h  # + gate/up/down, two RMSNorms
-        return attention + experts * 3 * h * self.expert_intermediate + self.experts * h + 2 * h  # + the router
+        shared = 3 * h * self.shared_intermediate + h if self.shared_intermediate else 0  # + its gate
+        return attention + experts * 3 * h * self.expert_intermediate + self.experts * h + shared + 2 * h  # + router
 
     @property
     def layer_params(self) -> int:
-        return self._layer_params(self.experts)
+        """The largest decoder layer's parameters."""
+        return self._layer_params(self.sparse_layers > 0, self.experts)
 
-    def _params(self, layer_params: int) -> int:
-        return self.layers * layer_params + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+    def _params(self, experts: int) -> int:
+        layers = (self.sparse_layers * self._layer_params(True, experts)
+                  + (self.layers - self.sparse_layers) * self._layer_params(False, 0))
+        return layers + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     @property
     def params(self) -> int:
-        return self._params(self.layer_params)
+        return self._params(self.experts)
 
     @property
     def active_params(self) -> int:
         """The parameters one token's forward uses: a mixture of experts' top_k experts per layer, not all."""
-        return self._params(self._layer_params(self.top_k)) if self.experts else self.params
+        return self._params(self.top_k)
 
     @property
     def mlp_width(self) -> int:

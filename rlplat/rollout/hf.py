@@ -173,8 +173,9 @@ class HFRolloutEngine(RolloutEngine):
         still sampling go on under it: their cache is computed again with the new weights (prompt and tokens so
         far), so each token's log-prob is exactly that of the weights that sampled it. A mixture of experts'
         single-turn rows (no ``kept`` or ``held``) also return the experts each token went to, ``[B, P +
-        max_new_tokens, layers, top_k]`` (``-1``: padding, and the last token, which no forward reads; after an
-        update, the rows' context as routed by the new weights), else None."""
+        max_new_tokens, layers, top_k]`` (``-1``: padding, and the last token, which no forward reads; each
+        token's routing when it was first fed: an update between two tokens leaves the earlier tokens' routing as
+        the weights that sampled them routed it), else None."""
         rows, limit = ids.shape[0], params.max_new_tokens
         pausable = self.updates is not None and kept is None and held is None and keep_rows is None
         updates = torch.zeros(rows, dtype=torch.long, device=self.device)
@@ -199,7 +200,7 @@ class HFRolloutEngine(RolloutEngine):
                 scaled = logits.float() / temperature
                 step_log_probs = torch.log_softmax(scaled, dim=-1)
                 token = choose_tokens(scaled, params)
-                writing = ~done
+                writing = ~done  # the rows that sample a token this step (and feed it next: the routing log)
                 tokens[live[writing], step] = token[writing]
                 log_probs[live[writing], step] = step_log_probs.gather(-1, token[:, None]).squeeze(-1)[writing]
                 cached[live[writing]] += 1
@@ -211,6 +212,7 @@ class HFRolloutEngine(RolloutEngine):
                     self._keep_rows(keep_rows, done.nonzero().squeeze(-1), live, cached)
                     self.forward.keep(keep)
                     live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
+                    writing = writing[keep]
                 positions = positions + 1
                 if pausable and (update := self.updates.take()) is not None:
                     update()  # the new weights: the cache of the rows still sampling is computed again under them
@@ -218,11 +220,9 @@ class HFRolloutEngine(RolloutEngine):
                     keep = (~done).nonzero().squeeze(-1)
                     live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
                     updates[live] += 1
-                    context_mask = torch.cat([mask[live], torch.ones_like(tokens[live, :step + 1])], dim=1)
-                    with record(live, 0, context_mask):
-                        logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1)
-                else:
-                    with record(live, ids.shape[1] + step):
+                    logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1)
+                else:  # the rows that sampled a token this step feed it; the others' input is padding
+                    with record(live, ids.shape[1] + step, writing[:, None]):
                         logits = self.forward.step(token, positions)
             self._keep_rows(keep_rows, torch.arange(len(live), device=self.device), live, cached)
         finally:  # the cache (every layer x row x token) is not held through the other stages

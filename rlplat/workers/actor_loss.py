@@ -5,7 +5,8 @@ actor loss = agg(w · policy loss) − entropy_coeff · agg(entropy) + kl_loss_c
     (``algorithm.off_policy``, :mod:`rlplat.algorithms.off_policy`: tis, mis, icepop), else 1: it corrects
     for the rollout engine's probabilities differing from the trainer's
     + aux_loss_coef · L_aux   (a mixture of experts: the routers' load-balancing loss, :mod:`rlplat.models.moe`,
-    each micro-batch's weighted by its share of the mini-batch's response tokens)
+    each micro-batch's weighted by its share of the mini-batch's response tokens; L_aux is not a sum over
+    tokens, so this term alone depends on the micro-batch split)
 critic loss = agg(½ max((V − R)², (clip(V, V_old ± ε_v) − R)²))
 SFT loss    = token-mean(−log π(token))   (the warm start of the embedded model; + the same L_aux term)
 

@@ -330,7 +330,8 @@ class ActorRolloutRefWorker(_Generates):
         one = torch.ones(1, len(ids) - 1, dtype=torch.long)
         prompt = Batch.from_dict({"prompts": tokens[:, :1], "prompt_mask": torch.ones(1, 1, dtype=torch.long)})
         batch = assemble_rollout(prompt, tokens[:, 1:], one, torch.zeros(one.shape))
-        return self.actor.infer(batch, split=MicroBatching(1))["log_probs"][0].tolist()
+        with self.actor.own_routing():  # no rollout routed the probe: a mixture of experts routes it on its own
+            return self.actor.infer(batch, split=MicroBatching(1))["log_probs"][0].tolist()
 
     @register(Dispatch.ONE_TO_ALL)
     def sync_reference(self, alpha: float) -> None:

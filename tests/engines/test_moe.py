@@ -43,9 +43,10 @@ def test_the_load_balancing_loss_is_transformers_own_over_the_real_tokens(tiny_m
     metrics = routing_metrics(routing, mask.reshape(-1).bool(), 8)
     assert 1 / 8 <= metrics["moe/expert_load_max_frac"] <= 1 / 2
     assert 0 < metrics["moe/routing_entropy"] <= torch.log(torch.tensor(8.0)).item() + 1e-6
+    recorded = routing.logits[0]
     with torch.no_grad():  # a forward outside recording() records nothing (a checkpointed layer's recomputation)
-        model(ids)
-    assert routing.logits[0].shape == (48, 8)
+        model(ids[:2])
+    assert routing.logits[0] is recorded
 
 
 def test_the_rollout_engines_get_the_experts_as_a_checkpoint_holds_them(tiny_moe_path):
@@ -61,6 +62,100 @@ def test_the_rollout_engines_get_the_experts_as_a_checkpoint_holds_them(tiny_moe
     assert set(converted) - {"lm_head.weight"} == set(checkpoint)  # the tied head is named either way
     for name, tensor in checkpoint.items():
         assert torch.equal(converted[name], tensor), name
+
+
+def _tiny(kind: str):
+    """A randomly initialised tiny model of another MoE family (and a dense one), from its config."""
+    import transformers
+
+    small = dict(vocab_size=100, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=96, eos_token_id=1, bos_token_id=2, pad_token_id=0)
+    families = {"Mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+                "Qwen2Moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                 shared_expert_intermediate_size=48, mlp_only_layers=[1]),
+                "Olmoe": dict(num_experts=4, num_experts_per_tok=2), "Qwen2": {}}
+    config = getattr(transformers, f"{kind}Config")(**small, **families[kind])
+    torch.manual_seed(0)
+    return getattr(transformers, f"{kind}ForCausalLM")(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["Mixtral", "Qwen2Moe", "Olmoe", "Qwen2"])
+def test_the_plans_shape_counts_the_parameters_of_each_family(kind):
+    from rlplat.models.shape import ModelShape
+
+    model = _tiny(kind)
+    assert ModelShape.from_config(model.config).params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["Mixtral", "Qwen2Moe", "Olmoe"])
+def test_replaying_a_models_own_routing_changes_nothing(kind):
+    """Each family's gates (renormalised over the chosen experts or not) are rebuilt exactly by replay."""
+    model = _tiny(kind)
+    tap = RouterTap(model, aux_loss_coef=0.0)
+    ids = torch.randint(3, 100, (3, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), tap.recording() as routing:
+        own = model(ids).logits
+    tap.replay = routing.stacked()
+    with torch.no_grad():
+        replayed = model(ids).logits
+    torch.testing.assert_close(replayed, own, atol=1e-6, rtol=0)
+    tap.replay = routing.stacked().roll(1, dims=-1)  # the same experts in another order: the same sets
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, own, atol=1e-5, rtol=0)
+
+
+def test_a_router_whose_gates_are_not_softmax_probabilities_is_refused():
+    class SigmoidTopKRouter(torch.nn.Module):
+        top_k, num_experts = 2, 4
+
+        def forward(self, hidden):
+            logits = hidden[..., :4]
+            weights, indices = torch.sigmoid(logits).topk(2, dim=-1)
+            return logits, weights, indices
+
+    model = torch.nn.Sequential(SigmoidTopKRouter())
+    RouterTap(model, aux_loss_coef=0.0)
+    with pytest.raises(ValueError, match="SigmoidTopKRouter's gate weights are not the softmax probabilities"):
+        model(torch.randn(5, 8))
+
+
+def test_joined_rollouts_pad_the_routing_with_no_routing():
+    from rlplat.protocol import Batch
+    from rlplat.rollout.base import assemble_rollout, join_rollouts
+
+    def generated(width: int) -> Batch:
+        prompts = Batch.from_dict({"prompts": torch.ones(2, width, dtype=torch.long),
+                                   "prompt_mask": torch.ones(2, width, dtype=torch.long)})
+        out = assemble_rollout(prompts, torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long),
+                               torch.zeros(2, 3))
+        return out.union(Batch.from_dict({"routed_experts": torch.full((2, width + 3, 2, 2), 5, dtype=torch.int16)}))
+
+    joined = join_rollouts([generated(2), generated(4)], pad_token_id=0).tensors["routed_experts"]
+    assert joined.shape == (4, 7, 2, 2)
+    assert bool((joined[:2, :2] == -1).all()) and bool((joined[:2, 2:] == 5).all()) and bool((joined[2:] == 5).all())
+
+
+def test_the_rollout_routes_only_the_tokens_it_feeds(tiny_moe_path):
+    """Rows stop at different steps (here at any of 10 stop tokens) and a stopped row stays in the batch until a
+    quarter of the rows have stopped, fed a padding token: only real tokens carry routing, every one a forward read
+    has it, and the weight sync's probe (no rollout routing) routes on its own under r3."""
+    from rlplat.rollout.base import SamplingParams
+
+    group = _moe_group(tiny_moe_path, ["actor.moe.router_replay=r3"])
+    try:
+        torch.manual_seed(0)
+        params = SamplingParams(max_new_tokens=8, stop_token_ids=tuple(range(20, 30)))
+        t = group.worker.rollout.generate(prompt_batch(tiny_moe_path).repeat(4), params).tensors
+        lengths = t["response_mask"].sum(-1)
+        assert lengths.min() < lengths.max() and int((lengths < 8).sum()) > 8  # rows stopped, at different steps
+        real = t["attention_mask"].bool()
+        fed = real.clone()  # every real token but each row's last (which a stopped row may still feed)
+        fed[torch.arange(len(fed)), fed.shape[1] - 1 - fed.flip(1).long().argmax(1)] = False
+        routed = t["routed_experts"]
+        assert bool((routed[fed] >= 0).all()) and bool((routed[~real] == -1).all())
+        assert len(group.worker._sequence_log_probs(t["input_ids"][0][real[0]].tolist())) == int(real[0].sum()) - 1
+    finally:
+        group.shutdown()
 
 
 def test_the_plans_shape_counts_all_and_active_parameters(tiny_moe_path):

@@ -44,6 +44,7 @@ from rlplat.engines.megatron.shards import RankShards
 from rlplat.engines.megatron.model import build_gpt_model, no_grad_at
 from rlplat.engines.megatron.vocab_parallel import mask_vocab_padding, vocab_parallel_outputs
 from rlplat.engines.optim import Optimizer
+from rlplat.models.moe import is_moe
 from rlplat.protocol import Batch
 
 PARAMS_DTYPES = ("fp32", "bf16")  # <role>.megatron.params_dtype
@@ -184,6 +185,9 @@ class MegatronEngine(TrainingEngine):
         tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
         _init_parallel_state(tp, pp, self.device, seed=0)
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
+        if is_moe(hf_config):  # a hub id's config is read only here (check_config refuses a known one at start-up)
+            raise ValueError(f"{model_path} is a mixture of experts, which the Megatron engine does not train yet; "
+                             f"use <role>.strategy=fsdp")
         self.shape = GPTShape.from_hf_config(hf_config)
         data_parallel_size(self.ctx.world_size, tp, pp, self.shape)  # a clear error for sizes that do not fit
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), tp
