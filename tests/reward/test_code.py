@@ -156,8 +156,10 @@ PROGRAMS = {  # response -> expected score against SUM_TESTS
 
 
 def test_the_code_reward_scores_each_kind_of_program_in_the_reward_pool():
+    # 3 s of wall clock per test: the looping program's cost. 1 s was too little on a loaded machine (CI, two
+    # pytest workers and this pool's two): a right program's first test timed out starting Python, and scored 0
     manager = build_reward_manager({"functions": ["code"], "num_workers": 2, "timeout_s": 20,
-                                    "code": {"timeout_s": 1.0, "memory_mb": 256, "max_output_bytes": 4096}})
+                                    "code": {"timeout_s": 3.0, "memory_mb": 256, "max_output_bytes": 4096}})
     try:
         responses = [text for text, _ in PROGRAMS.values()]
         start = time.monotonic()
