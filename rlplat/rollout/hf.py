@@ -43,17 +43,21 @@ from rlplat.sequence import position_ids_from_mask, response_log_probs, response
 
 class _RoutingLog:
     """The experts each token of a batch of generations went to, ``[rows, width, layers, top_k]`` int16 (``-1``
-    where no forward routed one), filled by the forward passes that run inside :meth:`record`."""
+    where no forward routed one), filled by the forward passes that run inside :meth:`record`; without a
+    ``tap`` (a dense model, or rows that continue a conversation) it records nothing and ``experts`` is None."""
 
-    def __init__(self, tap: RouterTap, rows: int, width: int, device):
+    def __init__(self, tap: RouterTap | None, rows: int, width: int, device):
         self.tap = tap
-        self.experts = torch.full((rows, width, len(tap.routers), tap.top_k), NO_ROUTING, dtype=torch.int16,
-                                  device=device)
+        self.experts = None if tap is None else torch.full(
+            (rows, width, len(tap.routers), tap.top_k), NO_ROUTING, dtype=torch.int16, device=device)
 
     @contextlib.contextmanager
     def record(self, rows: torch.Tensor, first: int, attended: torch.Tensor | None = None):
         """Around a forward over ``rows`` (indices of the batch's rows) whose tokens are the rows' positions from
         ``first`` on; ``attended`` marks its real tokens (padding keeps -1)."""
+        if self.tap is None:
+            yield
+            return
         with self.tap.recording() as routing:
             yield
         experts = routing.stacked().view(len(rows), -1, *self.experts.shape[2:])
@@ -188,11 +192,10 @@ class HFRolloutEngine(RolloutEngine):
         positions = position_ids_from_mask(mask) + (0 if held is None else held[:, None])
         # per row, the tokens its cache will hold when it stops: its context, then each sampled token but the last
         cached = mask.sum(-1) + (0 if held is None else held) - 1
-        routed = _RoutingLog(self.router_tap, rows, ids.shape[1] + limit, self.device) \
-            if self.router_tap is not None and kept is None and held is None else None
-        record = routed.record if routed is not None else lambda *args: contextlib.nullcontext()
+        routed = _RoutingLog(self.router_tap if kept is None and held is None else None, rows, ids.shape[1] + limit,
+                             self.device)
         try:
-            with record(torch.arange(rows, device=self.device), 0, mask):
+            with routed.record(torch.arange(rows, device=self.device), 0, mask):
                 logits = self.forward.start(ids, mask, positions, limit, kept)
             kept = None  # copied into the forward's cache
             positions = positions[:, -1]
@@ -222,12 +225,12 @@ class HFRolloutEngine(RolloutEngine):
                     updates[live] += 1
                     logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1)
                 else:  # the rows that sampled a token this step feed it; the others' input is padding
-                    with record(live, ids.shape[1] + step, writing[:, None]):
+                    with routed.record(live, ids.shape[1] + step, writing[:, None]):
                         logits = self.forward.step(token, positions)
             self._keep_rows(keep_rows, torch.arange(len(live), device=self.device), live, cached)
         finally:  # the cache (every layer x row x token) is not held through the other stages
             self.forward.release()
-        return tokens, log_probs, updates, routed.experts if routed is not None else None
+        return tokens, log_probs, updates, routed.experts
 
     def _restart(self, ids: torch.Tensor, mask: torch.Tensor, sampled: torch.Tensor, remaining: int) -> torch.Tensor:
         """A fresh cache of the prompts ``ids`` and the tokens ``sampled`` so far (all live: none has stopped); the
