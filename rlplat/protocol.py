@@ -45,8 +45,9 @@ Documented fields (``B`` rows, ``P`` prompt tokens, ``R`` response tokens); the 
     extra_info           [B] dict: per-row extras from the dataset
     raw_prompt           [B] list[dict]: the chat messages of the prompt
     response_text        [B] str: what the reward scores when it is not the decoded response (agents: the last assistant message)
+    multi_modal_inputs   [B] dict | None: a row's image inputs for a vision-language model (pixel_values, image_grid_thw)
 
-The last six are non-tensors; the rest are tensors. With a multi-turn agent loop the responses hold the
+The last seven are non-tensors; the rest are tensors. With a multi-turn agent loop the responses hold the
 observation tokens between the turns too: ``attention_mask`` is 1 on them, ``response_mask`` is not.
 """
 
@@ -89,8 +90,10 @@ FIELDS: dict[str, str] = {
     "extra_info": "[B] dict: per-row extras from the dataset",
     "raw_prompt": "[B] list[dict]: the chat messages of the prompt",
     "response_text": "[B] str: what the reward scores when it is not the decoded response (agents: the last assistant message)",
+    "multi_modal_inputs": "[B] dict | None: a row's image inputs for a vision-language model (pixel_values, image_grid_thw)",
 }
-NON_TENSOR_FIELDS = ("uid", "data_source", "ground_truth", "extra_info", "raw_prompt", "response_text")
+NON_TENSOR_FIELDS = ("uid", "data_source", "ground_truth", "extra_info", "raw_prompt", "response_text",
+                     "multi_modal_inputs")
 
 
 def _object_array(values: Iterable[Any]) -> np.ndarray:

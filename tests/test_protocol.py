@@ -328,4 +328,5 @@ def test_documented_fields():
         assert FIELDS[name].startswith("[B"), name
     assert FIELDS["responses"].startswith("[B, R] int64") and FIELDS["input_ids"].startswith("[B, P+R]")
     assert set(NON_TENSOR_FIELDS) <= set(FIELDS)
-    assert set(NON_TENSOR_FIELDS) == {"uid", "data_source", "ground_truth", "extra_info", "raw_prompt", "response_text"}
+    assert set(NON_TENSOR_FIELDS) == {"uid", "data_source", "ground_truth", "extra_info", "raw_prompt", "response_text",
+                                      "multi_modal_inputs"}

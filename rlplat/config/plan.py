@@ -37,6 +37,8 @@ class RolloutDeclaration:
     returns_routing: bool = False
     # it takes a mixture of experts' weight updates (vLLM's CPU MoE backend does not: docs/moe.md)
     loads_expert_weights: bool = True
+    # it generates from prompts that show images (a vision-language model's; docs/vision.md)
+    takes_images: bool = False
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,10 @@ class DataConfig:
     # step with that step's samples; the dataset indices or rows it returns are the next prompts served
     # (before the dataset's own order continues). See docs/options.md.
     dynamic_prompts_fn: Optional[str] = None
+    # images (vision-language models; docs/vision.md): the image processor resizes each image to at least
+    # image_min_pixels pixels and at most image_max_pixels (None = the model's preprocessor_config.json)
+    image_min_pixels: Optional[int] = None
+    image_max_pixels: Optional[int] = None  # with truncation=error a larger image is an error, else it is shrunk
 
 
 @dataclass
@@ -141,6 +145,13 @@ class MoEConfig:
 
 
 @dataclass
+class VisionConfig:
+    # keep the vision tower (encoder and merger) of a vision-language model as loaded: not optimised, not sent by
+    # the weight sync (most VLM RL recipes do; docs/vision.md)
+    freeze: bool = True
+
+
+@dataclass
 class ActorConfig:
     strategy: str = "fsdp"  # training engine (registry): fsdp | megatron; each reads its own section (actor.fsdp, ...)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -159,6 +170,7 @@ class ActorConfig:
     shuffle: bool = True  # shuffle sequences before splitting them into mini-batches (the critic's update too)
     entropy_coeff: float = 0.0  # entropy bonus in the actor loss
     moe: MoEConfig = field(default_factory=MoEConfig)  # mixture-of-experts models (read when model.path is one)
+    vision: VisionConfig = field(default_factory=VisionConfig)  # vision-language models (read when model.path is one)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rlplat.data.synthetic import DataError
+from rlplat.data.vision import DEFAULT_IMAGE_TOKEN, MULTI_MODAL, ImageInputs, image_bytes, image_parts, row_images
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where a DataFrame is built: memory that training never needs
@@ -27,6 +28,7 @@ REQUIRED = ("data_source", "prompt", "reward_model")
 TRUNCATION = ("error", "left", "right", "filter")
 ITEM_LISTS = ("raw_prompt", "data_source", "ground_truth", "extra_info")  # per-row values collate keeps as lists
 SCHEMA_HINT = "expected {'style': ..., 'ground_truth': ...}"
+IMAGE_HINT = "one <image> placeholder or {'type': 'image'} content part per image of the 'images' column"
 
 
 def _plain(value: Any) -> Any:
@@ -47,12 +49,15 @@ def _as_dict(value: Any) -> Any:
     return value
 
 
-def _messages(prompt: Any, where: str) -> list[dict[str, str]]:
+def _messages(prompt: Any, where: str) -> list[dict]:
+    """The prompt as messages: a string is one user message; a content is a string or a list of parts (an
+    image's: rlplat.data.vision)."""
     prompt = _plain(prompt)
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     if isinstance(prompt, list) and prompt and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))
+        for m in prompt
     ):
         return [{"role": m["role"], "content": m["content"]} for m in prompt]
     raise DataError(f"{where}: prompt must be a string or a non-empty list of {{'role': str, 'content': str}} "
@@ -88,8 +93,13 @@ def _check_row(record: dict, path: str, index: int) -> dict:
         extra = {}
     if not isinstance(extra, dict):
         raise DataError(f"{where}: extra_info must be a dict, got {str(extra)[:80]!r}")
-    checked = {"prompt": _messages(record["prompt"], where), "extra_info": extra,
-               "ground_truth": _ground_truth(record["reward_model"], where)}
+    images = row_images(record, where)
+    messages, shown = image_parts(_messages(record["prompt"], where), where)
+    if shown != len(images):
+        raise DataError(f"{where}: the prompt shows {shown} image(s) ({IMAGE_HINT}) but the row has {len(images)}")
+    checked = {"prompt": messages, "extra_info": extra, "ground_truth": _ground_truth(record["reward_model"], where)}
+    if images or "images" in record:  # a file's rows without images get [] (and keep no image column)
+        checked["images"] = [image_bytes(image, where) for image in images]
     return {**record, **checked, "source_file": path, "source_row": index}
 
 
@@ -108,7 +118,8 @@ def _read_file(path: str) -> tuple[list[dict], list[str]]:
     if missing:
         raise DataError(f"{path}: missing column(s) {missing}; expected {list(REQUIRED)} (+ optional extra_info)")
     rows = [_check_row(record, path, i) for i, record in enumerate(table.to_pylist())]
-    return rows, list(dict.fromkeys([*table.column_names, "extra_info", "ground_truth", "source_file", "source_row"]))
+    added = ["extra_info", "ground_truth", "source_file", "source_row"] + ["images"] * any("images" in r for r in rows)
+    return rows, list(dict.fromkeys([*table.column_names, *added]))
 
 
 def load_rows(files: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.DataFrame:
@@ -176,18 +187,22 @@ class RLDataset:
     ``data_source``, ``ground_truth`` (str) and ``extra_info`` (dict). Prompts longer than
     ``max_prompt_length`` tokens fail (``truncation="error"``), keep their last / first tokens
     (``"left"`` / ``"right"``) or are dropped and counted in ``num_filtered`` (``"filter"``). ``tools_of``
-    gives the tools a row's prompt shows the model (an agent loop's: the template renders them).
+    gives the tools a row's prompt shows the model (an agent loop's: the template renders them). A row with
+    images (:mod:`rlplat.data.vision`) needs ``images``, the model's :class:`ImageInputs`: its item also holds
+    ``images`` (the encoded images) and its ``prompt_ids`` each image's tokens.
     """
 
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer, max_prompt_length: int,
-                 truncation: str = "error", apply_chat_template: bool = True, tools_of: ToolsOf | None = None):
+                 truncation: str = "error", apply_chat_template: bool = True, tools_of: ToolsOf | None = None,
+                 images: ImageInputs | None = None):
         if truncation not in TRUNCATION:
             raise ValueError(f"data.truncation={truncation!r} is not one of {', '.join(TRUNCATION)}")
         if max_prompt_length < 1:
             raise ValueError(f"data.max_prompt_length must be positive, got {max_prompt_length}")
         self.tokenizer, self.max_prompt_length = tokenizer, max_prompt_length
         self.truncation, self.apply_chat_template, self.tools_of = truncation, apply_chat_template, tools_of
-        key = None if tools_of else _encoding_key(_paths(files), tokenizer, max_prompt_length, truncation,
+        self.images = images
+        key = None if tools_of or images else _encoding_key(_paths(files), tokenizer, max_prompt_length, truncation,
                                                   apply_chat_template)
         encoded = _RECENT.get(key) if key else None
         if encoded is not None:
@@ -212,7 +227,20 @@ class RLDataset:
 
     def _encode(self, rows: list[dict]) -> list[dict | None]:
         """Items of checked rows (None for a prompt dropped by ``truncation="filter"``)."""
-        texts = [self._render(self.tokenizer, row["prompt"], self.apply_chat_template, self._tools(row)) for row in rows]
+        if self.images is None and (shown := next((row for row in rows if row.get("images")), None)):
+            raise DataError(f"{shown['source_file']} row {shown['source_row']}: the row has images, but the model has "
+                            f"no image processor (no preprocessor_config.json in model.path): a vision-language "
+                            f"model is needed")
+        rendered: dict[str, str] = {}  # rows with the same messages and tools (a visual task's) render once
+
+        def render(row: dict) -> str:
+            tools = self._tools(row)
+            key = repr((row["prompt"], tools))
+            if key not in rendered:
+                rendered[key] = self._render(self.tokenizer, row["prompt"], self.apply_chat_template, tools)
+            return rendered[key]
+
+        texts = [self._with_images(row, render(row)) for row in rows]
         # One batched call: the fast tokenizer splits 20,000 prompts in parallel instead of one by one.
         all_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         items: list[dict | None] = []
@@ -228,10 +256,24 @@ class RLDataset:
                 if self.truncation == "filter":
                     items.append(None)
                     continue
+                if row.get("images"):
+                    raise DataError(f"{where}: a prompt with images has {len(ids)} tokens > data.max_prompt_length="
+                                    f"{limit}, and its image tokens cannot be cut: set data.truncation=filter, a larger "
+                                    f"data.max_prompt_length or a smaller data.image_max_pixels")
                 ids = ids[-limit:] if self.truncation == "left" else ids[:limit]
-            items.append({"prompt_ids": list(ids), "raw_prompt": row["prompt"], "data_source": row["data_source"],
-                          "ground_truth": row["ground_truth"], "extra_info": row["extra_info"]})
+            item = {"prompt_ids": list(ids), "raw_prompt": row["prompt"], "data_source": row["data_source"],
+                    "ground_truth": row["ground_truth"], "extra_info": row["extra_info"]}
+            if row.get("images"):
+                item["images"], item["source"] = row["images"], where
+            items.append(item)
         return items
+
+    def _with_images(self, row: dict, text: str) -> str:
+        """The rendered prompt of a row with images: each image token repeated as often as the image takes."""
+        if not row.get("images"):
+            return text
+        where = f"{row['source_file']} row {row['source_row']}"
+        return self.images.expand(text, [self.images.token_count(data, where) for data in row["images"]], where)
 
     def _tools(self, row: dict) -> list[dict] | None:
         if self.tools_of is None:
@@ -255,8 +297,10 @@ class RLDataset:
 
     @staticmethod
     def _render(tokenizer, messages: list[dict], apply_chat_template: bool, tools: list[dict] | None = None) -> str:
-        if not apply_chat_template:
-            return "".join(m["content"] for m in messages)
+        if not apply_chat_template:  # an image part is the model's image token (ImageInputs.expand repeats it)
+            image = getattr(tokenizer, "image_token", None) or DEFAULT_IMAGE_TOKEN
+            return "".join(m["content"] if isinstance(m["content"], str) else
+                           "".join(p["text"] if p["type"] == "text" else image for p in m["content"]) for m in messages)
         try:
             return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except ValueError as err:  # e.g. a base model's tokenizer has no chat template
@@ -281,11 +325,14 @@ def prompt_token_lengths(files: str | os.PathLike | Iterable[str | os.PathLike],
     return [(f"{row['source_file']} row {row['source_row']}", len(ids)) for row, ids in zip(rows, all_ids)]
 
 
-def collate(items: Sequence[Mapping], pad_token_id: int) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
+def collate(items: Sequence[Mapping], pad_token_id: int,
+            images: ImageInputs | None = None) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
     """Left-pad ``prompt_ids`` to the batch's longest prompt (generation continues from the right edge).
 
     Returns tensors ``prompts`` [batch, prompt_len] int64 and ``prompt_mask`` [batch, prompt_len] int64
-    (1 on real tokens), and the lists ``raw_prompt``, ``data_source``, ``ground_truth``, ``extra_info``.
+    (1 on real tokens), and the lists ``raw_prompt``, ``data_source``, ``ground_truth``, ``extra_info``; when
+    an item has images, also ``multi_modal_inputs``: each row's image inputs from ``images`` (None for a row
+    without images).
     """
     if not items:
         raise ValueError("collate needs at least one item")
@@ -296,7 +343,13 @@ def collate(items: Sequence[Mapping], pad_token_id: int) -> tuple[dict[str, torc
         ids = item["prompt_ids"]
         prompts[row, width - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
         mask[row, width - len(ids):] = 1
-    return {"prompts": prompts, "prompt_mask": mask}, {key: [item[key] for item in items] for key in ITEM_LISTS}
+    lists = {key: [item[key] for item in items] for key in ITEM_LISTS}
+    if any("images" in item for item in items):
+        if images is None:
+            raise ValueError("prompts with images need the model's image inputs (collate's images=)")
+        lists[MULTI_MODAL] = [images.inputs(item["images"], item["source"]) if "images" in item else None
+                              for item in items]
+    return {"prompts": prompts, "prompt_mask": mask}, lists
 
 
 class PromptSampler:

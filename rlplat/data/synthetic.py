@@ -194,6 +194,49 @@ def tool_arithmetic(num: int, seed: int, split: str = "train", digits: int = 3) 
     return rows
 
 
+# ------------------------------------------------------------------------------------------------- shapes
+SHAPE_COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 70, 220), "black": (20, 20, 20)}
+SHAPE_CELL = 28  # pixels: a Qwen-VL image token covers 2 x 2 patches of 14 pixels, one cell of the grid
+
+
+def _png(image) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+@TASKS.register("shapes")
+def shapes(num: int, seed: int, split: str = "train", max_count: int = 4, grid: int = 3) -> list[dict]:
+    """A picture and "How many shapes?": 1 to ``max_count`` filled squares and circles (random colours and
+    sizes) in distinct cells of a ``grid`` x ``grid`` board of 28-pixel cells on white, drawn with PIL; the
+    answer is the count. The rows are in verl's multimodal form: the PNG in an ``images`` column
+    (``{"bytes", "path"}``) and an ``<image>`` placeholder in the prompt (rlplat.data.vision), for a
+    vision-language model (``model.path=embedded-vl``); scored by the ``arithmetic`` rules (the exact integer,
+    ``data_source`` ``rlplat/shapes``). Train and test draw from different random streams."""
+    from PIL import Image, ImageDraw
+
+    if not isinstance(grid, int) or isinstance(grid, bool) or not 2 <= grid <= 8:
+        raise DataError(f"shapes: option grid must be an integer from 2 to 8, got {grid!r}")
+    if not isinstance(max_count, int) or isinstance(max_count, bool) or not 1 <= max_count <= min(9, grid * grid):
+        raise DataError(f"shapes: option max_count must be an integer from 1 to {min(9, grid * grid)}, got {max_count!r}")
+    rng, rows = _rng("shapes", split, seed), []
+    for index in range(num):
+        count = rng.randint(1, max_count)
+        image = Image.new("RGB", (grid * SHAPE_CELL, grid * SHAPE_CELL), (255, 255, 255))
+        draw = ImageDraw.Draw(image)
+        for cell in rng.sample(range(grid * grid), count):
+            side = rng.randint(12, 22)
+            x = cell % grid * SHAPE_CELL + rng.randint(0, SHAPE_CELL - side)
+            y = cell // grid * SHAPE_CELL + rng.randint(0, SHAPE_CELL - side)
+            box, colour = (x, y, x + side - 1, y + side - 1), SHAPE_COLOURS[rng.choice(sorted(SHAPE_COLOURS))]
+            (draw.rectangle if rng.random() < 0.5 else draw.ellipse)(box, fill=colour)
+        row = _row("rlplat/shapes", "<image>How many shapes?", str(count), index, split)
+        rows.append({**row, "ability": "vision", "images": [{"bytes": _png(image), "path": None}]})
+    return rows
+
+
 # The calculator call of a demonstration, in the hermes format with the arguments first: the expression is
 # then copied from closer to the prompt (a tiny model learns that copy in fewer steps).
 DEMONSTRATION_CALL = '<tool_call>{"arguments":{"expression":"EXPRESSION"},"name":"calculator"}</tool_call>'

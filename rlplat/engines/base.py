@@ -235,6 +235,10 @@ class TrainingEngine(ABC):
         summed.update(self.optim.step())
         return summed
 
+    trains_vision = False  # it takes a ``vision`` section (actor.vision) and trains vision-language models
+    #: the names of weights no update changes (a frozen vision tower): the weight sync leaves them out
+    frozen_names: frozenset[str] = frozenset()
+
     @abstractmethod
     def export_weights(
         self, dtype: torch.dtype | None = None, bucket_bytes: int = 512 * 2**20

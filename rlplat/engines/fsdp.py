@@ -42,13 +42,18 @@ from rlplat.engines.ulysses import SequenceShard, check_heads, sharded, split_ro
 from rlplat.engines.ulysses import register as register_ulysses
 from rlplat.models.embedded import known_config
 from rlplat.models.moe import RouterTap, is_moe
+from rlplat.models.vision import (
+    image_inputs, is_vision, load_generative, model_positions, rope_positions, vision_parameters,
+)
+from rlplat.data.vision import MULTI_MODAL
 from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask, response_log_probs
 
 
 def load_hf_model(path: str, model_cfg: DictConfig, value_head: bool = False) -> torch.nn.Module:
-    """Load a causal LM (or, with ``value_head``, the same backbone with a 1-output token head) in fp32."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    """Load a causal LM (a vision-language model's generative model: rlplat.models.vision; or, with
+    ``value_head``, the same backbone with a 1-output token head) in fp32."""
+    from transformers import AutoModelForTokenClassification
 
     kwargs = dict(
         dtype=torch.float32,
@@ -57,7 +62,7 @@ def load_hf_model(path: str, model_cfg: DictConfig, value_head: bool = False) ->
     )
     if value_head:
         return AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    return load_generative(path, **kwargs)
 
 
 @TRAINING_ENGINES.register("fsdp")
@@ -70,6 +75,7 @@ class FSDPEngine(TrainingEngine):
 
     checkpoints_hf_names = True
     trains_experts = True
+    trains_vision = True
 
     # the plan's memory declarations (the defaults: rlplat.engines.memory)
     @classmethod
@@ -132,6 +138,7 @@ class FSDPEngine(TrainingEngine):
         lora: DictConfig | None = None,
         seed: int = 0,
         moe: DictConfig | None = None,
+        vision: DictConfig | None = None,
     ):
         self.ctx, self.value_head = dist_ctx, value_head
         module = load_hf_model(model_path, model_cfg, value_head)
@@ -144,6 +151,9 @@ class FSDPEngine(TrainingEngine):
             if is_moe(module.config):  # a hub id's config is read only here (check_config refuses a known one)
                 raise ValueError(f"fsdp.ulysses_size={self.sp_size}: Ulysses sequence parallelism does not split "
                                  f"the routing of a mixture of experts ({model_path}) yet")
+            if is_vision(module.config):
+                raise ValueError(f"fsdp.ulysses_size={self.sp_size}: Ulysses sequence parallelism does not split "
+                                 f"an image's tokens ({model_path} is a vision-language model) yet")
             register_ulysses()
             module.set_attn_implementation(ULYSSES)
             self.dp_group, self.sp_group = dist_ctx.replica_groups(self.sp_size)
@@ -156,11 +166,17 @@ class FSDPEngine(TrainingEngine):
             _without_dropout(module)  # ... whose dropout stays off: updates see the log-probs the rollout had
         if optim_cfg is None:
             module.requires_grad_(False)
+        self.vision = is_vision(module.config)
+        if self.vision and optim_cfg is not None and vision is not None and vision.freeze:  # actor.vision.freeze
+            self.frozen_names = frozenset(vision_parameters(module))
+            for name, param in module.named_parameters():
+                if name in self.frozen_names:
+                    param.requires_grad_(False)
         install_gated_mlp(module)  # keeps half of the MLP's activations for the backward pass
         # a mixture of experts (``moe``: actor.moe): the routing its forwards replay and record (rlplat.engines.routing)
         tap = RouterTap.of(module, moe) if moe is not None else None
         self.routing = RoutedForward(tap, moe.router_replay, optim_cfg is not None) if tap is not None else None
-        self.vocab_size = module.config.vocab_size
+        self.vocab_size = module.config.get_text_config().vocab_size
         # log-prob, entropy and sum pi^2 computed in chunks from the last hidden states, without full logits
         self.chunked_head = not value_head and TokenOutputLM.fits(module)
         layer_classes = set(getattr(module, "_no_split_modules", None) or ())
@@ -216,6 +232,8 @@ class FSDPEngine(TrainingEngine):
         device = self.ctx.device
         inputs = {"input_ids": rows.input_ids.to(device), "position_ids": rows.position_ids.to(device),
                   "attention_mask": t["attention_mask"].to(device) if masked else None}
+        if self.vision:
+            inputs.update(self._vision_inputs(micro, rows, masked))
         positions, targets = rows.flat_index.to(device), rows.targets.to(device)
         shard, combine = contextlib.nullcontext(), lambda values: values
         if self.sp_group is not None:  # this rank's slice of the rows; the outputs combined over the group
@@ -252,6 +270,20 @@ class FSDPEngine(TrainingEngine):
         if routing is not None:
             self.routing.finish(out, routing, rows, t, grad)
         return out
+
+    def _vision_inputs(self, micro: Batch, rows: PackedBatch, masked: bool) -> dict[str, torch.Tensor]:
+        """A vision-language model's inputs for ``rows``: every token's 3-D rotary position (in packed rows with
+        each sequence's token indices first, which keep the sequences apart) and the images of the rows in the
+        order their tokens come."""
+        t, device = micro.tensors, self.ctx.device
+        multi_modal = micro.non_tensors.get(MULTI_MODAL)
+        prompt_width = t["input_ids"].shape[1] - t["responses"].shape[1]
+        positions = rope_positions(self._model, t["input_ids"], t["attention_mask"], multi_modal, prompt_width)
+        if masked:
+            spatial = model_positions(positions)
+        else:
+            spatial = model_positions(rows.pack(positions).view(*rows.input_ids.shape, 3), rows.position_ids)
+        return {"position_ids": spatial.to(device), **image_inputs(multi_modal, rows.sequence_order(), device)}
 
     def own_routing(self):
         return self.routing.own_routing() if self.routing is not None else contextlib.nullcontext()

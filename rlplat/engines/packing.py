@@ -133,6 +133,12 @@ class PackedBatch:
         out[self.token_row.to(flat.device), self.token_col.to(flat.device)] = flat[self.token_dest.to(flat.device)]
         return out
 
+    def sequence_order(self) -> list[int]:
+        """The batch's rows in the order their tokens come in the flattened rows."""
+        first = torch.full((self.shape[0],), self.input_ids.numel(), dtype=torch.long)
+        first.scatter_reduce_(0, self.token_row, self.token_dest, reduce="amin")
+        return first.argsort(stable=True).tolist()
+
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """``[N]`` outputs at the response-predicting positions -> ``[B, R]`` (0 where no response token)."""
         out = values.new_zeros(self.shape)

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rlplat.data.synthetic import DEMONSTRATION_CALL, task_digest
-from rlplat.models.tiny import CHAT_TEMPLATE, TinyModelSpec, TinyMoESpec
+from rlplat.models.tiny import CHAT_TEMPLATE, VISION_CHAT_TEMPLATE, TinyModelSpec, TinyMoESpec, TinyVisionSpec
 
 EMBEDDED = "embedded"  # the model.path value that selects this model
 SPEC = TinyModelSpec()
@@ -36,7 +36,13 @@ TOOL_WARM_START = {"rows": 8192, "demonstrations": 0.5, "steps": 800, "batch_siz
 EMBEDDED_MOE = "embedded-moe"
 MOE_SPEC = TinyMoESpec()
 MOE_WARM_START = {**WARM_START, "steps": 500}
-VARIANTS = (EMBEDDED, EMBEDDED_TOOLS, EMBEDDED_MOE)
+# The vision-language variant (model.path=embedded-vl): a tiny Qwen2.5-VL (the embedded model's language model with
+# a two-block vision encoder), warm-started from its random initialisation on the built-in visual task.
+EMBEDDED_VL = "embedded-vl"
+VISION_SPEC = TinyVisionSpec()
+VISION_WARM_START = {"data": "builtin:shapes", "steps": 150, "batch_size": 64, "lr": 3e-3, "seed": 0}
+VARIANTS = (EMBEDDED, EMBEDDED_TOOLS, EMBEDDED_MOE, EMBEDDED_VL)
+TASK_OF = {EMBEDDED_VL: "shapes"}  # the built-in task a variant is warm-started on (default: arithmetic)
 
 
 def is_embedded(model_path: str) -> bool:
@@ -57,15 +63,15 @@ def known_config(model_cfg):
     return AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
 
 
-def spec_of(name: str) -> TinyModelSpec | TinyMoESpec:
+def spec_of(name: str) -> TinyModelSpec | TinyMoESpec | TinyVisionSpec:
     """The architecture of the embedded model ``name`` (one of :data:`VARIANTS`)."""
-    return MOE_SPEC if name == EMBEDDED_MOE else SPEC
+    return {EMBEDDED_MOE: MOE_SPEC, EMBEDDED_VL: VISION_SPEC}.get(name, SPEC)
 
 
 def warm_start_of(name: str) -> dict:
     """The supervised warm start of the embedded model ``name`` from its random initialisation (the tool
     variant's further fine-tuning is :data:`TOOL_WARM_START`)."""
-    return MOE_WARM_START if name == EMBEDDED_MOE else WARM_START
+    return {EMBEDDED_MOE: MOE_WARM_START, EMBEDDED_VL: VISION_WARM_START}.get(name, WARM_START)
 
 
 def cache_root() -> Path:
@@ -74,7 +80,9 @@ def cache_root() -> Path:
 
 def embedded_model_dir(name: str = EMBEDDED) -> Path:
     """The cache directory of the embedded model ``name`` (one of :data:`VARIANTS`)."""
-    what = [asdict(spec_of(name)), warm_start_of(name), CHAT_TEMPLATE, task_digest("arithmetic")]
+    what = [asdict(spec_of(name)), warm_start_of(name), CHAT_TEMPLATE, task_digest(TASK_OF.get(name, "arithmetic"))]
+    if name == EMBEDDED_VL:
+        what.append(VISION_CHAT_TEMPLATE)
     if name == EMBEDDED_TOOLS:
         what += [TOOL_WARM_START, DEMONSTRATION_CALL, task_digest("tool_arithmetic")]
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]

@@ -48,6 +48,10 @@ def save_hf_model(buckets: Iterable[list[tuple[str, torch.Tensor]]], path: str |
         config.save_pretrained(tmp)
         _generation_config(model_path, config).save_pretrained(tmp)
         AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_path).save_pretrained(tmp)
+        if os.path.isfile(os.path.join(model_path, "preprocessor_config.json")):  # a vision-language model's
+            from transformers import AutoImageProcessor
+
+            AutoImageProcessor.from_pretrained(model_path).save_pretrained(tmp)
         plain_modes(tmp)  # mkdtemp's directory is private; an export is for colleagues too
         if path.exists():
             shutil.rmtree(path)
@@ -59,10 +63,10 @@ def save_hf_model(buckets: Iterable[list[tuple[str, torch.Tensor]]], path: str |
 def _architecture(config, trust_remote_code: bool) -> tuple[dict[str, torch.Size], set[str]]:
     """Every weight's shape in the model built from ``config`` (on the meta device), and the names of those
     tied to another weight (left out of the files)."""
-    from transformers import AutoModelForCausalLM
+    from rlplat.models.vision import auto_model_class
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        model = auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     first_name: dict[int, str] = {}
     tied = set()
     for name, tensor in model.state_dict(keep_vars=True).items():

@@ -32,6 +32,15 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
+# The vision-language variant's: Qwen-VL's vision tokens, and a message's content may be a list of parts, an
+# image part rendered as Qwen-VL renders it (rlplat.data.vision expands its image token to the image's tokens).
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+VISION_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|endoftext|>' }}",
+    "{{ '<|' + message['role'] + '|>' }}{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}"
+    "{{ '<|vision_start|><|image_pad|><|vision_end|>' }}{% else %}{{ part['text'] }}{% endif %}{% endfor %}"
+    "{% endif %}{{ '<|endoftext|>' }}")
 
 
 @dataclass(frozen=True)
@@ -61,35 +70,65 @@ class TinyMoESpec(TinyModelSpec):
     router_aux_loss_coef: float = 0.001  # the load-balancing loss's weight (Qwen3-MoE's default)
 
 
-def build_tokenizer():
-    """A character-level ``PreTrainedTokenizerFast`` with pad/eos/role tokens and a chat template."""
+@dataclass(frozen=True)
+class TinyVisionSpec:
+    """Architecture of a tiny Qwen2.5-VL: the language model of :class:`TinyModelSpec` with 3-D rotary positions
+    (mRoPE: ``mrope_section`` splits each head's 16 frequency pairs over time, height and width), and a
+    two-block vision transformer over 14-pixel patches whose 2 x 2 merged patches become one image token.
+    Its image processor resizes images to between ``min_pixels`` and ``max_pixels`` (a 112 x 112 image: 64
+    patches, 16 image tokens)."""
+
+    text: TinyModelSpec = TinyModelSpec()
+    mrope_section: tuple[int, int, int] = (4, 6, 6)
+    vision_depth: int = 2
+    vision_hidden_size: int = 64
+    vision_heads: int = 2
+    vision_intermediate_size: int = 128
+    patch_size: int = 14
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 112 * 112
+
+    @property
+    def vision_config(self) -> dict:
+        """The vision encoder's settings (what marks a vision-language model's config: rlplat.models.vision)."""
+        return {key: value for key, value in asdict(self).items() if key != "text"}
+
+
+def build_tokenizer(extra_specials: tuple[str, ...] = (), chat_template: str = CHAT_TEMPLATE):
+    """A character-level ``PreTrainedTokenizerFast`` with pad/eos/role tokens (and ``extra_specials``, after
+    the alphabet: the ids of the plain tokenizer's tokens do not change) and a chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = [PAD, EOS, BOS, *ROLE_TOKENS]
-    vocab = {tok: i for i, tok in enumerate(specials + ["<unk>"] + list(ALPHABET))}
+    vocab = {tok: i for i, tok in enumerate(specials + ["<unk>"] + list(ALPHABET) + list(extra_specials))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(specials)
+    tok.add_special_tokens(specials + list(extra_specials))
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD,
         eos_token=EOS,
         bos_token=BOS,
         unk_token="<unk>",
-        additional_special_tokens=list(ROLE_TOKENS),
-        chat_template=CHAT_TEMPLATE,
+        additional_special_tokens=[*ROLE_TOKENS, *extra_specials],
+        chat_template=chat_template,
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
 
 
-def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | TinyMoESpec = TinyModelSpec(), seed: int = 0) -> Path:
+def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | TinyMoESpec | TinyVisionSpec = TinyModelSpec(),
+                     seed: int = 0) -> Path:
     """Build a randomly initialised tiny model (a Qwen2 for a :class:`TinyModelSpec`, a Qwen3-MoE for a
-    :class:`TinyMoESpec`) + tokenizer and save both to ``out_dir``."""
+    :class:`TinyMoESpec`, a Qwen2.5-VL for a :class:`TinyVisionSpec`) + tokenizer and save both to ``out_dir``."""
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+    if isinstance(spec, TinyVisionSpec):
+        return build_tiny_vision_model(out_dir, spec, seed)
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
     moe = isinstance(spec, TinyMoESpec)
@@ -110,6 +149,44 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | TinyMoESpec = Ti
     tokenizer.save_pretrained(out_dir)
     for weights in out_dir.glob("*.safetensors*"):  # save_pretrained writes the weights private
         plain_modes(weights)
+    return out_dir
+
+
+def build_tiny_vision_model(out_dir: str | Path, spec: TinyVisionSpec = TinyVisionSpec(), seed: int = 0) -> Path:
+    """Build a randomly initialised tiny Qwen2.5-VL (:class:`TinyVisionSpec`), the character tokenizer with
+    Qwen-VL's vision tokens, and its image processor, and save them to ``out_dir``."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer(VISION_TOKENS, VISION_CHAT_TEMPLATE)
+    token = dict(zip(("vision_start", "vision_end", "image", "video"), tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
+    text = {key: value for key, value in asdict(spec.text).items() if key != "tie_word_embeddings"}
+    text.update(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.bos_token_id)
+    config = Qwen2_5_VLConfig(
+        text_config=dict(**text, vocab_size=len(tokenizer), rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(spec.mrope_section)}),
+        vision_config=dict(depth=spec.vision_depth, hidden_size=spec.vision_hidden_size, num_heads=spec.vision_heads,
+                           intermediate_size=spec.vision_intermediate_size, out_hidden_size=spec.text.hidden_size,
+                           patch_size=spec.patch_size, spatial_merge_size=spec.spatial_merge_size,
+                           temporal_patch_size=spec.temporal_patch_size, window_size=spec.patch_size * 4,
+                           fullatt_block_indexes=[spec.vision_depth - 1]),
+        image_token_id=token["image"], video_token_id=token["video"], vision_start_token_id=token["vision_start"],
+        vision_end_token_id=token["vision_end"], tie_word_embeddings=spec.text.tie_word_embeddings, dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    images = Qwen2VLImageProcessorPil(min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
+                                      patch_size=spec.patch_size, merge_size=spec.spatial_merge_size,
+                                      temporal_patch_size=spec.temporal_patch_size)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    images.save_pretrained(out_dir)
+    plain_modes(out_dir)
     return out_dir
 
 

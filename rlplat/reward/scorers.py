@@ -261,6 +261,7 @@ REWARD_FUNCTIONS.add("code", CODE)
 AUTO_SOURCES: dict[str, RewardFn] = {  # exact data_source names
     "rlplat/arithmetic": arithmetic,
     "rlplat/tool_arithmetic": arithmetic,  # the final answer after calculator calls: the exact integer
+    "rlplat/shapes": arithmetic,  # the count of the shapes in the picture: the exact integer
     "rlplat/countdown": countdown,
     **dict.fromkeys(("openai/gsm8k", "gsm8k", "openai/grade-school-math"), gsm8k),
     **dict.fromkeys(("math", "MATH", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",

@@ -65,6 +65,7 @@ class RolloutSetup:
     world_size: int
     trust_remote_code: bool = False
     lora_rank: int = 0  # rollout.lora_sync=adapter: the rank of the LoRA adapters it applies (0: none)
+    frozen_vision: bool = False  # actor.vision.freeze: a vision-language model's vision tower is never synced
 
     @property
     def dtype_name(self) -> str:

@@ -57,14 +57,15 @@ class Forward:
     """Prompt and per-token forward passes with a cache (see the module docstring)."""
 
     def start(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, new_tokens: int,
-              kept: KeptCache | None = None) -> torch.Tensor:
+              kept: KeptCache | None = None, images: dict | None = None) -> torch.Tensor:
         """Run left-padded prompts ``ids`` ``[B, P]`` (``mask`` marks real tokens, ``positions`` their
-        position ids) with room for ``new_tokens`` more; the last position's logits ``[B, V]``. ``kept``:
-        the rows' earlier tokens, which ``ids`` follow (only a forward that can say so takes it)."""
+        position ids, ``[B, P]``, or ``[B, P, 3]`` for a vision-language model) with room for ``new_tokens``
+        more; the last position's logits ``[B, V]``. ``kept``: the rows' earlier tokens, which ``ids`` follow
+        (only a forward that can say so takes it); ``images``: the prompts' image inputs (the model's forward)."""
         raise NotImplementedError
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (``[B]``, at position ids ``[B]``); the logits ``[B, V]`` after it."""
+        """Feed one token per row (``[B]``, at position ids ``[B]``, or ``[B, 3]``); the logits ``[B, V]`` after it."""
         raise NotImplementedError
 
     def keep(self, rows: torch.Tensor) -> None:
@@ -88,19 +89,20 @@ class ModelForward(Forward):
         self._cache_argument = "cache" if "cache" in args else "past_key_values"
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in args else {}
 
-    def start(self, ids, mask, positions, new_tokens, kept=None):
+    def start(self, ids, mask, positions, new_tokens, kept=None, images=None):
         if kept is not None:
             raise ValueError("the model's own forward does not start from a kept cache")
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         **self._last_logits_only)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=_as_model_takes(positions), use_cache=True,
+                         **self._last_logits_only, **(images or {}))
         self.cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
         self.mask = mask
         return out.logits[:, -1]
 
     def step(self, tokens, positions):
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=positions[:, None],
-                         use_cache=True, **{self._cache_argument: self.cache})
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask,
+                         position_ids=_as_model_takes(positions[:, None]), use_cache=True,
+                         **{self._cache_argument: self.cache})
         return out.logits[:, -1]
 
     def keep(self, rows):
@@ -162,8 +164,8 @@ class DenseForward(Forward):
         self.length = end
         return self.model.lm_head(self._norm(self.model.model.norm, x[:, -1]))
 
-    def start(self, ids, mask, positions, new_tokens, kept=None):
-        """As :meth:`Forward.start`; with ``kept``, the rows' earlier tokens come from it (``positions`` then
+    def start(self, ids, mask, positions, new_tokens, kept=None, images=None):
+        """As :meth:`Forward.start` (a dense decoder: no ``images``); with ``kept``, the rows' earlier tokens come from it (``positions`` then
         continue theirs) and only ``ids`` run."""
         rows, prompt = ids.shape
         held = 0 if kept is None else kept.valid.shape[1]  # the kept tokens' width (the rows right-aligned)
@@ -196,6 +198,11 @@ class DenseForward(Forward):
 
     def release(self):
         self.k = self.v = self.valid = None
+
+
+def _as_model_takes(positions: torch.Tensor) -> torch.Tensor:
+    """Position ids ``[B, T]``, or ``[B, T, 3]`` (a vision-language model's), as the model's forward takes them."""
+    return positions.permute(2, 0, 1) if positions.dim() == 3 else positions
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

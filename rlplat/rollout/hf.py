@@ -30,7 +30,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from rlplat.config.plan import RolloutDeclaration
+from rlplat.data.vision import MULTI_MODAL
 from rlplat.models.moe import NO_ROUTING, RouterTap, is_moe
+from rlplat.models.vision import (
+    image_inputs, is_vision, load_generative, rope_positions, vision_parameters, vision_token_ids,
+)
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
     NonFiniteLogitsError, RolloutEngine, RolloutSetup, Sample, SamplingParams, WeightBucket, assemble_rollout,
@@ -81,12 +85,13 @@ class HFRolloutEngine(RolloutEngine):
     def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
         """It samples with the actor's Hugging Face model code (or the dense forward, checked against it at
         start-up), so in float32 its log-probs are the actor's own to float error; it applies adapters, shows
-        its weights and scores a sequence; its own sampling loop pauses for an update between two tokens (not
-        transformers' ``generate``: ``use_model_generation_config``)."""
+        its weights and scores a sequence; its own sampling loop pauses for an update between two tokens, returns a
+        mixture of experts' routing and takes images (not transformers' ``generate``: ``use_model_generation_config``)."""
         return replace(super().declare(engine_cfg, device), actor_log_probs=True, applies_adapters=True,
                        shows_weights=True, scores_sequences=True,
                        pauses_for_updates=not engine_cfg.use_model_generation_config,
-                       returns_routing=not engine_cfg.use_model_generation_config)
+                       returns_routing=not engine_cfg.use_model_generation_config,
+                       takes_images=not engine_cfg.use_model_generation_config)
 
     @classmethod
     def memory(cls, shape, engine_cfg, key, dtype, device, sequences, length, device_memory, lent_weights):
@@ -99,14 +104,15 @@ class HFRolloutEngine(RolloutEngine):
         return parts, f"lower {key}.batch_size_seqs_per_worker, data.max_response_length or the batch"
 
     def __init__(self, setup: RolloutSetup, engine_cfg):
-        from transformers import AutoModelForCausalLM
-
         self.setup = setup
         self.device, self.eos_token_id, self.pad_token_id = setup.device, setup.eos_token_id, setup.pad_token_id
         self.batch_size_seqs = engine_cfg.batch_size_seqs_per_worker
-        self.model = AutoModelForCausalLM.from_pretrained(
-            setup.model_path, dtype=setup.dtype, trust_remote_code=setup.trust_remote_code
-        ).to(setup.device)
+        self.model = load_generative(setup.model_path, dtype=setup.dtype,
+                                     trust_remote_code=setup.trust_remote_code).to(setup.device)
+        self.vision = is_vision(self.model.config)  # prompts may show images (rlplat.models.vision)
+        # tokens no response holds (a VLM's image tokens): never sampled, as top-k leaves tokens out (their
+        # probability still counts in the log-probs, as it does in the trainer's)
+        self.never_sampled = torch.tensor(vision_token_ids(self.model.config), device=setup.device) if self.vision else None
         self.model.eval().requires_grad_(False)
         self.use_model_generation_config = engine_cfg.use_model_generation_config
         self.forward = self._choose_forward(engine_cfg.dense_forward, setup)
@@ -152,7 +158,8 @@ class HFRolloutEngine(RolloutEngine):
             generated, log_probs = self._generate_with_transformers(ids, mask, params)
             updates = torch.zeros(ids.shape[0], dtype=torch.long)
         else:
-            generated, log_probs, updates, routed = self._sample(ids, mask, params)
+            images = _Images.of(self.model, ids, mask, prompts.non_tensors.get(MULTI_MODAL)) if self.vision else None
+            generated, log_probs, updates, routed = self._sample(ids, mask, params, images=images)
         if not bool(torch.isfinite(log_probs).all()):  # greedy decoding picks a NaN logit without complaint
             raise NonFiniteLogitsError("the sampled tokens' log-probs are NaN or infinite")
         response_mask = response_mask_from_ids(generated, tuple(params.stop_ids(self.eos_token_id)))
@@ -166,7 +173,7 @@ class HFRolloutEngine(RolloutEngine):
         return out
 
     def _sample(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, kept: KeptCache | None = None,
-                held: torch.Tensor | None = None, keep_rows: dict | None = None):
+                held: torch.Tensor | None = None, keep_rows: dict | None = None, images: _Images | None = None):
         """Sample up to ``max_new_tokens`` per row with the KV cache; rows that have stopped leave the batch
         (their cache rows are dropped once a quarter of the batch has stopped), so a batch of varied
         lengths costs the tokens it generates, not its longest response times its size. Returns
@@ -179,7 +186,8 @@ class HFRolloutEngine(RolloutEngine):
         single-turn rows (no ``kept`` or ``held``) also return the experts each token went to, ``[B, P +
         max_new_tokens, layers, top_k]`` (``-1``: padding, and the last token, which no forward reads; each
         token's routing when it was first fed: an update between two tokens leaves the earlier tokens' routing as
-        the weights that sampled them routed it), else None."""
+        the weights that sampled them routed it), else None. ``images``: a vision-language model's prompt images
+        and 3-D positions."""
         rows, limit = ids.shape[0], params.max_new_tokens
         pausable = self.updates is not None and kept is None and held is None and keep_rows is None
         updates = torch.zeros(rows, dtype=torch.long, device=self.device)
@@ -190,19 +198,23 @@ class HFRolloutEngine(RolloutEngine):
         live = torch.arange(rows, device=self.device)  # the original row of each row still in the batch
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         positions = position_ids_from_mask(mask) + (0 if held is None else held[:, None])
+        if images is not None:  # [B, P, 3]: a token's next position is its row's last plus one all the same
+            positions = images.positions
         # per row, the tokens its cache will hold when it stops: its context, then each sampled token but the last
         cached = mask.sum(-1) + (0 if held is None else held) - 1
         routed = _RoutingLog(self.router_tap if kept is None and held is None else None, rows, ids.shape[1] + limit,
                              self.device)
         try:
             with routed.record(torch.arange(rows, device=self.device), 0, mask):
-                logits = self.forward.start(ids, mask, positions, limit, kept)
+                logits = self.forward.start(ids, mask, positions, limit, kept,
+                                            images.inputs(range(rows), self.device) if images else None)
             kept = None  # copied into the forward's cache
             positions = positions[:, -1]
             for step in range(limit):
                 scaled = logits.float() / temperature
                 step_log_probs = torch.log_softmax(scaled, dim=-1)
-                token = choose_tokens(scaled, params)
+                token = choose_tokens(scaled if self.never_sampled is None else
+                                      scaled.index_fill(-1, self.never_sampled, float("-inf")), params)
                 writing = ~done  # the rows that sample a token this step (and feed it next: the routing log)
                 tokens[live[writing], step] = token[writing]
                 log_probs[live[writing], step] = step_log_probs.gather(-1, token[:, None]).squeeze(-1)[writing]
@@ -223,7 +235,7 @@ class HFRolloutEngine(RolloutEngine):
                     keep = (~done).nonzero().squeeze(-1)
                     live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
                     updates[live] += 1
-                    logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1)
+                    logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1, images, live)
                 else:  # the rows that sampled a token this step feed it; the others' input is padding
                     with routed.record(live, ids.shape[1] + step, writing[:, None]):
                         logits = self.forward.step(token, positions)
@@ -232,13 +244,19 @@ class HFRolloutEngine(RolloutEngine):
             self.forward.release()
         return tokens, log_probs, updates, routed.experts
 
-    def _restart(self, ids: torch.Tensor, mask: torch.Tensor, sampled: torch.Tensor, remaining: int) -> torch.Tensor:
-        """A fresh cache of the prompts ``ids`` and the tokens ``sampled`` so far (all live: none has stopped); the
-        logits of the next token."""
+    def _restart(self, ids: torch.Tensor, mask: torch.Tensor, sampled: torch.Tensor, remaining: int,
+                 images: _Images | None, live: torch.Tensor) -> torch.Tensor:
+        """A fresh cache of the prompts ``ids`` and the tokens ``sampled`` so far (all live: none has stopped; the
+        batch's rows ``live``); the logits of the next token."""
         self.forward.release()
         context = torch.cat([ids, sampled], dim=1)
         attended = torch.cat([mask, torch.ones_like(sampled)], dim=1)
-        return self.forward.start(context, attended, position_ids_from_mask(attended), remaining)
+        if images is None:
+            return self.forward.start(context, attended, position_ids_from_mask(attended), remaining)
+        prompt = images.positions[live]
+        after = prompt[:, -1:] + torch.arange(1, sampled.shape[1] + 1, device=prompt.device)[None, :, None]
+        return self.forward.start(context, attended, torch.cat([prompt, after], dim=1), remaining,
+                                  images.inputs(live.tolist(), self.device))
 
     def _keep_rows(self, keep_rows: dict | None, current: torch.Tensor, live: torch.Tensor, cached: torch.Tensor):
         """Copy the cache of the ``current`` rows (indices into the batch as it is now) into ``keep_rows``."""
@@ -331,8 +349,12 @@ class HFRolloutEngine(RolloutEngine):
         return True
 
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        """Copy the actor's weights in (a frozen vision tower's are not sent: the engine keeps its own)."""
         self._kept = None
-        _copy_in(self.model.state_dict(), buckets, "weight", "training and rollout models differ?")
+        targets = self.model.state_dict()
+        if self.vision and self.setup.frozen_vision:
+            targets = {name: t for name, t in targets.items() if name not in set(vision_parameters(self.model))}
+        _copy_in(targets, buckets, "weight", "training and rollout models differ?")
 
     @torch.no_grad()
     def load_adapters(self, buckets: Iterable[WeightBucket], lora_cfg) -> None:
@@ -356,6 +378,23 @@ class HFRolloutEngine(RolloutEngine):
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         logits = self.model(input_ids=x).logits[0, :-1].float()
         return torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:, None]).squeeze(-1).cpu().tolist()
+
+
+@dataclass
+class _Images:
+    """A batch of prompts' images for a vision-language model: each token's 3-D rotary position ``[B, P, 3]``
+    and each row's image inputs (rlplat.models.vision)."""
+
+    positions: torch.Tensor
+    multi_modal: list | None
+
+    @classmethod
+    def of(cls, model, ids: torch.Tensor, mask: torch.Tensor, multi_modal) -> _Images:
+        return cls(rope_positions(model, ids, mask, multi_modal), None if multi_modal is None else list(multi_modal))
+
+    def inputs(self, rows, device) -> dict[str, torch.Tensor]:
+        """The image inputs of ``rows`` (the batch's row indices, in the order of the forward's rows)."""
+        return image_inputs(self.multi_modal, list(rows), device)
 
 
 def _batched(earlier: list[_Conversation | None]) -> KeptCache | None:

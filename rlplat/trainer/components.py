@@ -21,6 +21,7 @@ from rlplat.config.imports import import_user_modules
 from rlplat.config.plan import RunPlan
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
+from rlplat.data.vision import ImageInputs
 from rlplat.models.embedded import EMBEDDED
 from rlplat.protocol import Batch
 from rlplat.reward import RewardManager, ScoreReport, build_reward_manager
@@ -61,7 +62,7 @@ class Components:
         return self.rollout if self.rollout is not None else self.actor
 
     def _batch(self, items: list[dict]) -> Batch:
-        tensors, lists = collate(items, self.tokenizer.pad_token_id)
+        tensors, lists = collate(items, self.tokenizer.pad_token_id, self.train_data.images)
         return Batch.from_dict(tensors, non_tensors=lists)
 
     def train_prompts(self, num_prompts: int, queued: Sequence[int | Mapping] = ()) -> Batch:
@@ -233,10 +234,11 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
     data = cfg.data
+    images = ImageInputs.of_model(model_path, tokenizer, data)  # a vision-language model's (else None)
 
     def dataset(files: tuple[str, ...], split: str) -> RLDataset:
         return RLDataset(resolve_files(list(files), split), tokenizer, data.max_prompt_length, data.truncation,
-                         data.apply_chat_template, prompt_tools(cfg.rollout.agent))
+                         data.apply_chat_template, prompt_tools(cfg.rollout.agent), images)
 
     train_data, val_data = dataset(plan.train_files, "train"), dataset(plan.val_files, "test")
     sampler = PromptSampler(len(train_data), data.train_batch_size_prompts, shuffle=data.shuffle, seed=data.seed)

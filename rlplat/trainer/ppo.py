@@ -64,7 +64,7 @@ from rlplat.trainer.metrics import (
 from rlplat.trainer.prompt_hook import PromptHook
 from rlplat.trainer.prompt_source import PromptSource
 from rlplat.trainer.rollout_queue import RolloutQueue
-from rlplat.trainer.rollouts import ColocatedRollouts, RolloutCalls, Rollouts, tensors_only
+from rlplat.trainer.rollouts import ColocatedRollouts, RolloutCalls, Rollouts, model_inputs
 from rlplat.trainer.signals import stop_on_signals
 from rlplat.trainer.summary import WallClock, write_summary
 from rlplat.trainer.timeline import TRAINING_POOL_STAGES, Timeline
@@ -385,15 +385,15 @@ class PPOTrainer:
         return batch[order]
 
     def old_log_probs(self, batch: Batch, metrics: dict) -> Batch:
-        out = self.components.actor.compute_log_probs(tensors_only(batch))
+        out = self.components.actor.compute_log_probs(model_inputs(batch))
         kept = ("old_log_probs", "sum_pi_squared", OLD_ROUTING)  # the last: actor.moe.router_replay=r2
         return batch.union(out.select([k for k in kept if k in out.tensors.keys()]))
 
     def reference(self, batch: Batch, metrics: dict) -> Batch:
-        return batch.union(self.components.reference.compute_ref_log_probs(tensors_only(batch)))
+        return batch.union(self.components.reference.compute_ref_log_probs(model_inputs(batch)))
 
     def values(self, batch: Batch, metrics: dict) -> Batch:
-        return batch.union(self.components.critic.compute_values(tensors_only(batch)))
+        return batch.union(self.components.critic.compute_values(model_inputs(batch)))
 
     def advantages(self, batch: Batch, metrics: dict) -> Batch:
         cfg, t = self.cfg.algorithm, batch.tensors
@@ -433,13 +433,13 @@ class PPOTrainer:
         return batch[index]
 
     def update_critic(self, batch: Batch, metrics: dict) -> Batch:
-        critic_metrics = self.components.critic.update_critic(tensors_only(batch))[0]
+        critic_metrics = self.components.critic.update_critic(model_inputs(batch))[0]
         metrics.update(critic_metrics)
         check_finite(critic_metrics, self.step, self.cfg.trainer.nonfinite, self.checkpoints.newest())
         return batch
 
     def update_actor(self, batch: Batch, metrics: dict) -> Batch:
-        actor_metrics = self.components.actor.update_actor(tensors_only(batch))[0]
+        actor_metrics = self.components.actor.update_actor(model_inputs(batch))[0]
         actor_metrics = {k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()}
         metrics.update(actor_metrics)
         check_finite(actor_metrics, self.step, self.cfg.trainer.nonfinite, self.checkpoints.newest())

@@ -16,16 +16,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from rlplat.controller import Pending
+from rlplat.data.vision import MULTI_MODAL
 from rlplat.protocol import Batch
 
 Started = tuple[Pending, Pending | None]  # the sampled responses, and the greedy ones of a baseline (ReMax)
 
 
-def tensors_only(batch: Batch) -> Batch:
-    """What a model stage sends its workers: the tensors and meta. The text columns (prompts, ground
-    truths, extra_info, uid) stay on the controller, which reads them (rewards, groups); pickling them
-    for every call cost more than the tensors."""
-    return batch.select(non_tensor_keys=[])
+def model_inputs(batch: Batch) -> Batch:
+    """What a model stage sends its workers: the tensors, meta and the rows' image inputs (a vision-language
+    model's, which its forward reads). The text columns (prompts, ground truths, extra_info, uid) stay on the
+    controller, which reads them (rewards, groups); pickling them for every call cost more than the tensors."""
+    return batch.select(non_tensor_keys=[MULTI_MODAL] if MULTI_MODAL in batch.non_tensors else [])
 
 
 class RolloutCalls:
@@ -43,7 +44,7 @@ class RolloutCalls:
         """Submit ``prompts`` (split over the workers, or to worker ``rank`` alone), and one greedy response per
         prompt right after it (the same weights) when a baseline is needed."""
         repeated = prompts.repeat(self.n, interleave=True)
-        sampled = self._submit(repeated if self.reads_rows else tensors_only(repeated), rank)
+        sampled = self._submit(repeated if self.reads_rows else model_inputs(repeated), rank)
         greedy = None
         if self.baseline_reward is not None:
             meta = {**prompts.meta, "temperature": 0.0}

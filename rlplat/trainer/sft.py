@@ -31,6 +31,7 @@ from rlplat.agents.trajectory import Trajectory
 from rlplat.data import TASKS, PromptSampler, RLDataset, collate, resolve_files, write_parquet
 from rlplat.data.synthetic import with_tool_demonstrations
 from rlplat.data.dataset import ToolsOf
+from rlplat.data.vision import ImageInputs
 from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, TOOL_WARM_START, embedded_model_dir, spec_of, warm_start_of
 from rlplat.models.tiny import build_tiny_model
 from rlplat.protocol import Batch
@@ -62,10 +63,11 @@ def target_ids(item: dict, tokenizer, tools_of: ToolsOf | None = None) -> tuple[
 
 
 def sft_batch(items: list[dict], targets: list[tuple[list[int], list[int]]], pad_token_id: int,
-              max_response_length: int) -> Batch:
+              max_response_length: int, images: ImageInputs | None = None) -> Batch:
     """Prompts left-padded, each item's target (ids and loss mask: :func:`target_ids`) right-padded to
-    ``max_response_length``; the loss covers the trained tokens, the attention all of them."""
-    tensors, lists = collate(items, pad_token_id)
+    ``max_response_length``; the loss covers the trained tokens, the attention all of them. ``images``: a
+    vision-language model's image inputs (for prompts with images)."""
+    tensors, lists = collate(items, pad_token_id, images)
     prompts = Batch.from_dict(tensors, non_tensors=lists, meta={"temperature": 1.0})
     responses = torch.full((len(items), max_response_length), pad_token_id, dtype=torch.long)
     trained, attended = torch.zeros_like(responses), torch.zeros_like(responses)
@@ -105,8 +107,9 @@ def run_sft(
     ])
     OmegaConf.resolve(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    images = ImageInputs.of_model(model_path, tokenizer, cfg.data)
     data = RLDataset(resolve_files(data_files, "train"), tokenizer, cfg.data.max_prompt_length, "filter", True,
-                     row_tools)
+                     row_tools, images)
     sampler = PromptSampler(len(data), batch_size, shuffle=True, seed=seed)
     group = InProcessWorkerGroup(SFTWorker, resolve_device(cfg), cfg=cfg, total_steps=steps)
     # a row's target is the same in every epoch: rendered once (a tool conversation's chat template is slow)
@@ -118,7 +121,7 @@ def run_sft(
         for step in range(1, steps + 1):
             indices = sampler.next_batch()
             batch = sft_batch([data[i] for i in indices], [target_of(i) for i in indices], tokenizer.pad_token_id,
-                              max_response_length)
+                              max_response_length, images)
             batch.meta["step"] = step
             metrics = group.update_sft(batch)[0]
             if step % log_every == 0 or step == steps:
@@ -133,7 +136,8 @@ def run_sft(
 def ensure_embedded_model(name: str = EMBEDDED) -> Path:
     """Return the warm-started embedded model's directory, building it on first use: the tiny model of
     :data:`rlplat.models.embedded.SPEC` (``embedded-moe``: the mixture of experts of
-    :data:`~rlplat.models.embedded.MOE_SPEC`), fine-tuned per :func:`~rlplat.models.embedded.warm_start_of`; for
+    :data:`~rlplat.models.embedded.MOE_SPEC`; ``embedded-vl``: the vision-language model of
+    :data:`~rlplat.models.embedded.VISION_SPEC`), fine-tuned per :func:`~rlplat.models.embedded.warm_start_of`; for
     ``embedded-tools``, the embedded model fine-tuned further per :data:`~rlplat.models.embedded.TOOL_WARM_START`."""
     target = embedded_model_dir(name)
     if (target / "config.json").exists():

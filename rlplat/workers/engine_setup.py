@@ -20,6 +20,7 @@ from rlplat.engines import TRAINING_ENGINES, TrainingEngine
 from rlplat.engines.routing import ROUTER_REPLAY
 from rlplat.models.embedded import known_config
 from rlplat.models.moe import is_moe
+from rlplat.models.vision import is_vision
 from rlplat.registry import Registry
 from rlplat.rollout import ROLLOUT_ENGINES, ROLLOUT_SERVER_CLIENTS, RolloutEngine, RolloutSetup
 from rlplat.rollout.agent_loop import AGENT_LOOPS, AgentLoop, check_agent_config
@@ -61,6 +62,7 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
     declarations = EngineDeclarations(actor_dtype=actor_cls.computes_in(cfg.actor.get(cfg.actor.strategy), device),
                                       rollout=rollout)
     plan = make_plan(cfg, device, declarations)
+    check_vision(cfg, plan, rollout)  # before the engines read the model's (text) shape
     roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref}  # the engines this run builds
     for role in (role for role, built in roles.items() if built):
         engine_cls = _registered(TRAINING_ENGINES, f"{role}.strategy", cfg[role].strategy, require_installed)
@@ -112,6 +114,34 @@ def check_experts(cfg: DictConfig, rollout) -> None:
                           f"carry the rollout's routing yet (docs/moe.md); use r2 or none")
 
 
+def check_vision(cfg: DictConfig, plan: RunPlan, rollout) -> None:
+    """What a vision-language model (``model.path``'s config has a vision encoder) runs with (docs/vision.md):
+    the FSDP engines without Ulysses, single-turn rollouts from an engine that takes images, no critic."""
+    known = known_config(cfg.model)
+    if known is None or not is_vision(known):
+        return
+    what = f"model.path={cfg.model.path} is a vision-language model"
+    if not rollout.takes_images:
+        raise ConfigError(f"{what}, and the {cfg.rollout.name} engine does not generate from images with these "
+                          f"settings (docs/vision.md); use rollout.name=hf (rollout.hf.use_model_generation_config=false)")
+    roles = ["actor", "ref"] if plan.needs_ref else ["actor"]
+    for role in roles:
+        if cfg[role].strategy != "fsdp":
+            raise ConfigError(f"{what}: {role}.strategy={cfg[role].strategy} does not train one (yet); use fsdp")
+        if cfg[role].fsdp.ulysses_size > 1:
+            raise ConfigError(f"{what}: {role}.fsdp.ulysses_size={cfg[role].fsdp.ulysses_size}: Ulysses sequence "
+                              f"parallelism does not split an image's tokens (yet); set it to 1")
+    if plan.needs_critic:
+        raise ConfigError(f"{what}: algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs a critic, which "
+                          f"rlplat does not build for one (yet); use a critic-free estimator (grpo, rloo, ...)")
+    if cfg.rollout.agent.name != "single_turn":
+        raise ConfigError(f"{what}: the {cfg.rollout.agent.name} agent loop's conversations do not carry images "
+                          f"(yet); use rollout.agent.name=single_turn")
+    if cfg.model.lora.rank:
+        raise ConfigError(f"{what}: model.lora.rank={cfg.model.lora.rank}: LoRA does not tell the vision tower's "
+                          f"layers from the language model's (yet); set model.lora.rank=0")
+
+
 def build_agent_loop(cfg: DictConfig, plan: RunPlan, tokenizer) -> AgentLoop:
     """The ``rollout.agent.name`` loop that turns prompts into trajectories with the rollout engine."""
     return AGENT_LOOPS.get(cfg.rollout.agent.name)(cfg.rollout.agent, tokenizer, plan.response_length)
@@ -132,6 +162,7 @@ def build_rollout_engine(cfg: DictConfig, plan: RunPlan, model_path: str, tokeni
         world_size=ctx.world_size,
         trust_remote_code=cfg.model.trust_remote_code,
         lora_rank=cfg.model.lora.rank if cfg.rollout.lora_sync == "adapter" else 0,
+        frozen_vision=cfg.actor.vision.freeze,
     )
     if cfg.rollout.mode == "server":
         return ROLLOUT_SERVER_CLIENTS.get(cfg.rollout.name)(setup, cfg.rollout.server)
@@ -149,4 +180,6 @@ def build_training_engine(cfg: DictConfig, role: str, model_path: str, ctx, opti
         return engine_cls(model_path, cfg.model, engine_cfg, ctx, **moe)
     # the actor's LoRA adapters, initialised alike on every rank
     extra = {"lora": cfg.model.lora, "seed": cfg.trainer.seed} if role == "actor" and cfg.model.lora.rank else {}
+    if role == "actor" and engine_cls.trains_vision:  # read by a vision-language model
+        extra["vision"] = cfg.actor.vision
     return engine_cls(model_path, cfg.model, engine_cfg, ctx, optim, total_steps, value_head=value_head, **extra, **moe)

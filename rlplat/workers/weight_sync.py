@@ -61,7 +61,10 @@ class WeightSync:
         or the adapters alone (gathered bucket by bucket: collective over the actor's ranks)."""
         if self.adapters:
             return actor.lora.export(self.dtype, self.bucket_bytes)
-        return actor.export_weights(self.dtype, self.bucket_bytes)
+        buckets = actor.export_weights(self.dtype, self.bucket_bytes)
+        if not actor.frozen_names:
+            return buckets
+        return ([(name, t) for name, t in bucket if name not in actor.frozen_names] for bucket in buckets)
 
     def to_engine(self, actor: TrainingEngine, rollout: RolloutEngine) -> int:
         """The colocated rollout engine gets the actor's current weights: its live tensors when the engine can

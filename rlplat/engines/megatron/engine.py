@@ -45,6 +45,7 @@ from rlplat.engines.megatron.model import build_gpt_model, no_grad_at
 from rlplat.engines.megatron.vocab_parallel import mask_vocab_padding, vocab_parallel_outputs
 from rlplat.engines.optim import Optimizer
 from rlplat.models.moe import is_moe
+from rlplat.models.vision import is_vision
 from rlplat.protocol import Batch
 
 PARAMS_DTYPES = ("fp32", "bf16")  # <role>.megatron.params_dtype
@@ -188,6 +189,9 @@ class MegatronEngine(TrainingEngine):
         if is_moe(hf_config):  # a hub id's config is read only here (check_config refuses a known one at start-up)
             raise ValueError(f"{model_path} is a mixture of experts, which the Megatron engine does not train yet; "
                              f"use <role>.strategy=fsdp")
+        if is_vision(hf_config):
+            raise ValueError(f"{model_path} is a vision-language model, which the Megatron engine does not train; "
+                             f"use <role>.strategy=fsdp (docs/vision.md)")
         self.shape = GPTShape.from_hf_config(hf_config)
         data_parallel_size(self.ctx.world_size, tp, pp, self.shape)  # a clear error for sizes that do not fit
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), tp

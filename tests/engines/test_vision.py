@@ -1,0 +1,192 @@
+"""Vision-language models end to end on a tiny Qwen2.5-VL: image rows in verl's and TRL's forms read to the same
+ids, bad image rows fail in one line, the HF rollout generates from images and its log-probs are the trainer's
+(packed and padded rows, 3-D positions), each row's images stay with it, the frozen vision tower is neither
+trained nor synced, and what is not supported is refused at start-up (rlplat.data.vision, rlplat.models.vision)."""
+
+import io
+
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image, ImageDraw
+from transformers import AutoTokenizer
+
+from rlplat.config.errors import ConfigError
+from rlplat.controller import InProcessWorkerGroup
+from rlplat.data import DataError, RLDataset, collate
+from rlplat.data.vision import MULTI_MODAL, ImageInputs
+from rlplat.models.tiny import build_tiny_vision_model
+from rlplat.models.vision import rope_positions
+from rlplat.protocol import Batch
+from rlplat.workers.roles import ActorRolloutRefWorker
+
+from workers.helpers import engine_config, with_training_fields
+
+DATA = {"image_min_pixels": None, "image_max_pixels": None, "truncation": "error"}
+
+
+@pytest.fixture(scope="module")
+def vl_path(tmp_path_factory):
+    """A randomly initialised tiny Qwen2.5-VL with its tokenizer and image processor."""
+    return str(build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vl"), seed=0))
+
+
+def png(color, size=(112, 112), shape="ellipse") -> bytes:
+    image = Image.new("RGB", size, (255, 255, 255))
+    getattr(ImageDraw.Draw(image), shape)((5, 5, size[0] // 2, size[1] // 2), fill=color)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def row(content, images, truth="1"):
+    return {"data_source": "shapes", "prompt": [{"role": "user", "content": content}],
+            "images": [{"bytes": image, "path": None} for image in images], "reward_model": {"ground_truth": truth}}
+
+
+def image_inputs(path, **data):
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return tokenizer, ImageInputs.of_model(path, tokenizer, OmegaConf.create({**DATA, **data}))
+
+
+def dataset(tmp_path, path, rows, name="d.parquet", **data):
+    tokenizer, images = image_inputs(path, **data)
+    pd.DataFrame(rows).to_parquet(tmp_path / name)
+    return RLDataset(str(tmp_path / name), tokenizer, 96, data.get("truncation", "error"), images=images)
+
+
+def vl_prompts(tmp_path, path) -> Batch:
+    """Four prompts: one image, two images of other sizes, none, and another image of the first one's size."""
+    rows = [row("<image>how many?", [png((255, 0, 0))]),
+            row("two: <image> and <image>?", [png((0, 255, 0), (56, 84)), png((0, 0, 255), (100, 60), "rectangle")]),
+            row("no image here", []),
+            row("<image>how many?", [png((0, 0, 255), (112, 112), "rectangle")])]
+    data = dataset(tmp_path, path, rows)
+    tensors, lists = collate(data.items, data.tokenizer.pad_token_id, data.images)
+    return Batch.from_dict(tensors, non_tensors=lists, meta={"temperature": 1.0})
+
+
+def test_verl_and_trl_rows_read_to_the_same_ids_and_the_processors_image_tokens(tmp_path, vl_path):
+    verl = dataset(tmp_path, vl_path, [row("<image>how many?", [png((255, 0, 0))])], "verl.parquet")
+    trl = dataset(tmp_path, vl_path, [row([{"type": "image"}, {"type": "text", "text": "how many?"}],
+                                          [png((255, 0, 0))])], "trl.parquet")
+    assert verl[0]["prompt_ids"] == trl[0]["prompt_ids"]
+    tokenizer, images = image_inputs(vl_path)
+    # a 112 x 112 image: 8 x 8 patches of 14 pixels, merged 2 x 2 into 16 image tokens
+    assert verl[0]["prompt_ids"].count(images.image_token_id) == 16
+    inputs = images.inputs(verl[0]["images"])
+    assert inputs["image_grid_thw"].tolist() == [[1, 8, 8]] and inputs["pixel_values"].shape == (64, 3 * 2 * 14 * 14)
+    path = tmp_path / "image.png"  # an image given by its path reads as its bytes do
+    path.write_bytes(png((255, 0, 0)))
+    by_path = dataset(tmp_path, vl_path, [{**row("<image>how many?", []), "images": [str(path)]}], "path.parquet")
+    assert by_path[0]["prompt_ids"] == verl[0]["prompt_ids"]
+
+
+@pytest.mark.parametrize("rows, expected", [
+    ([row("<image><image>two?", [png((255, 0, 0))])], "row 0: the prompt shows 2 image(s)"),
+    ([row("<image>?", [png((1, 2, 3))]), row("no placeholder", [png((1, 2, 3))])], "row 1: the prompt shows 0 image(s)"),
+    ([row("<image>?", [b"not an image"])], "row 0: cannot decode an image"),
+    ([row("<image>?", [png((1, 2, 3), (400, 400))])], "row 0: an image of 400x400 = 160000 pixels is over "
+                                                        "data.image_max_pixels=12544"),
+    ([{**row("<image>?", []), "images": ["/nonexistent/cat.png"]}], "row 0: image file '/nonexistent/cat.png' does not"),
+    ([row([{"type": "video"}], [])], "(videos are not supported)"),
+])
+def test_a_bad_image_row_is_one_error_naming_the_file_and_row(tmp_path, vl_path, rows, expected):
+    with pytest.raises(DataError) as err:
+        dataset(tmp_path, vl_path, rows)
+    assert f"{tmp_path / 'd.parquet'} {expected}" in str(err.value) or expected in str(err.value)
+    assert str(tmp_path / "d.parquet") in str(err.value)
+
+
+def test_an_image_over_the_limit_is_shrunk_when_truncation_allows(tmp_path, vl_path):
+    data = dataset(tmp_path, vl_path, [row("<image>?", [png((1, 2, 3), (400, 400))])], truncation="filter")
+    assert data.images.inputs(data[0]["images"])["image_grid_thw"].prod() * 14 * 14 <= 112 * 112
+
+
+def test_a_text_model_refuses_image_rows(tmp_path):
+    from rlplat.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "text")
+    pd.DataFrame([row("<image>?", [png((1, 2, 3))])]).to_parquet(tmp_path / "d.parquet")
+    with pytest.raises(DataError, match="row 0: the row has images, but the model has no image processor"):
+        RLDataset(str(tmp_path / "d.parquet"), AutoTokenizer.from_pretrained(path), 96)
+
+
+def _group(path, extra=()):
+    cfg, plan = engine_config(path, extra=["algorithm=reinforce_pp", "rollout.n=1", "data.max_response_length=6",
+                                           "actor.micro_batch_size_seqs_per_worker=4", *extra])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    group.init_model(path, with_ref=False)
+    return group
+
+
+def test_rollout_log_probs_on_image_prompts_are_the_trainers_packed_and_padded(tmp_path, vl_path):
+    group = _group(vl_path)
+    try:
+        engine = group.worker.actor
+        assert engine.vision and engine.pack_sequences  # the start-up check: packed rows score as padded ones
+        torch.manual_seed(0)
+        out = group.generate_sequences(vl_prompts(tmp_path, vl_path))
+        image_ids = torch.tensor([engine.model.config.image_token_id, engine.model.config.vision_start_token_id])
+        assert not torch.isin(out.tensors["responses"], image_ids).any()  # never sampled
+        mask = out.tensors["response_mask"].bool()
+        packed = engine.forward(out).log_probs
+        engine.pack_sequences = False
+        padded = engine.forward(out).log_probs
+        engine.pack_sequences = True
+        rollout = out.tensors["rollout_log_probs"]
+        assert (packed - rollout)[mask].abs().max() < 1e-5 and (padded - rollout)[mask].abs().max() < 1e-5
+        # the positions are 3-D: an image's tokens share a time and rows follow its grid, and the text after it
+        # continues from the image's largest position, not from its token count
+        positions = rope_positions(engine.model, out.tensors["input_ids"], out.tensors["attention_mask"],
+                                   out.non_tensors[MULTI_MODAL], out.tensors["prompts"].shape[1])
+        real = out.tensors["attention_mask"][0].bool()
+        first = positions[0][real]
+        assert first[-1, 0] < real.sum() - 1 and torch.equal(first[-1], first[-1, :1].expand(3))
+        # each row's images go with it: swapping two rows' images changes both rows' log-probs
+        swapped = out.non_tensors[MULTI_MODAL].copy()
+        swapped[0], swapped[3] = swapped[3], swapped[0]
+        other = engine.forward(Batch.from_dict(out.tensors, non_tensors={**out.non_tensors, MULTI_MODAL: swapped}))
+        changed = (other.log_probs - packed).abs().amax(-1)
+        assert changed[0] > 1e-3 and changed[3] > 1e-3 and changed[1] < 1e-5 and changed[2] < 1e-5
+    finally:
+        group.shutdown()
+
+
+def test_the_frozen_vision_tower_is_not_trained_or_synced(tmp_path, vl_path):
+    group = _group(vl_path)
+    try:
+        engine = group.worker.actor
+        vision = {n: p.detach().clone() for n, p in engine.model.named_parameters() if n in engine.frozen_names}
+        language = {n: p.detach().clone() for n, p in engine.model.named_parameters() if n not in engine.frozen_names}
+        assert vision and all(".visual." in f".{n}" for n in vision)
+        torch.manual_seed(0)
+        batch = with_training_fields(group.generate_sequences(vl_prompts(tmp_path, vl_path)))
+        group.update_actor(batch.union(Batch.from_dict({"old_log_probs": batch.tensors["rollout_log_probs"]})))
+        params = dict(engine.model.named_parameters())
+        assert all(torch.equal(params[n], v) for n, v in vision.items())  # bit-identical after a step
+        assert any(not torch.equal(params[n], v) for n, v in language.items())
+        sent = {name: t for bucket in group.worker.weights.outgoing(engine) for name, t in bucket}
+        assert set(sent) == set(engine.model.state_dict()) - engine.frozen_names  # (the tied head counts once)
+    finally:
+        group.shutdown()
+    trained = _group(vl_path, ["actor.vision.freeze=false"])
+    try:
+        assert not trained.worker.actor.frozen_names
+    finally:
+        trained.shutdown()
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("actor.fsdp.ulysses_size=2", "Ulysses sequence parallelism does not split an image's tokens"),
+    ("rollout.hf.use_model_generation_config=true", "engine does not generate from images"),
+    ("rollout.agent.name=tool", "agent loop's conversations do not carry images"),
+    ("model.lora.rank=4", "LoRA does not tell the vision tower's layers"),
+])
+def test_what_a_vision_language_model_does_not_run_with_is_refused_at_start_up(vl_path, override, expected):
+    from rlplat.trainer.run import load_run_config
+
+    workers = ["trainer.workers_per_node=2"] if "ulysses" in override else ["trainer.ray_address=inprocess"]
+    with pytest.raises(ConfigError, match=expected):
+        load_run_config([f"model.path={vl_path}", override, *workers])
