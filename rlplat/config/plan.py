@@ -37,8 +37,9 @@ class RolloutDeclaration:
     returns_routing: bool = False
     # it takes a mixture of experts' weight updates (vLLM's CPU MoE backend does not: docs/moe.md)
     loads_expert_weights: bool = True
-    # it generates from prompts that show images (a vision-language model's; docs/vision.md)
+    # it generates from prompts that show images (a vision-language model's; docs/vision.md), or why not here
     takes_images: bool = False
+    images_refused_because: str = ""
 
 
 @dataclass(frozen=True)

@@ -227,10 +227,7 @@ class RLDataset:
 
     def _encode(self, rows: list[dict]) -> list[dict | None]:
         """Items of checked rows (None for a prompt dropped by ``truncation="filter"``)."""
-        if self.images is None and (shown := next((row for row in rows if row.get("images")), None)):
-            raise DataError(f"{shown['source_file']} row {shown['source_row']}: the row has images, but the model has "
-                            f"no image processor (no preprocessor_config.json in model.path): a vision-language "
-                            f"model is needed")
+        _check_model_reads_images(rows, self.images)
         rendered: dict[str, str] = {}  # rows with the same messages and tools (a visual task's) render once
 
         def render(row: dict) -> str:
@@ -240,7 +237,7 @@ class RLDataset:
                 rendered[key] = self._render(self.tokenizer, row["prompt"], self.apply_chat_template, tools)
             return rendered[key]
 
-        texts = [self._with_images(row, render(row)) for row in rows]
+        texts = [with_image_tokens(row, render(row), self.images) for row in rows]
         # One batched call: the fast tokenizer splits 20,000 prompts in parallel instead of one by one.
         all_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         items: list[dict | None] = []
@@ -258,8 +255,8 @@ class RLDataset:
                     continue
                 if row.get("images"):
                     raise DataError(f"{where}: a prompt with images has {len(ids)} tokens > data.max_prompt_length="
-                                    f"{limit}, and its image tokens cannot be cut: set data.truncation=filter, a larger "
-                                    f"data.max_prompt_length or a smaller data.image_max_pixels")
+                                    f"{limit}, and its image tokens cannot be cut: set data.truncation=filter, a "
+                                    f"larger data.max_prompt_length or a smaller data.image_max_pixels")
                 ids = ids[-limit:] if self.truncation == "left" else ids[:limit]
             item = {"prompt_ids": list(ids), "raw_prompt": row["prompt"], "data_source": row["data_source"],
                     "ground_truth": row["ground_truth"], "extra_info": row["extra_info"]}
@@ -268,12 +265,6 @@ class RLDataset:
             items.append(item)
         return items
 
-    def _with_images(self, row: dict, text: str) -> str:
-        """The rendered prompt of a row with images: each image token repeated as often as the image takes."""
-        if not row.get("images"):
-            return text
-        where = f"{row['source_file']} row {row['source_row']}"
-        return self.images.expand(text, [self.images.token_count(data, where) for data in row["images"]], where)
 
     def _tools(self, row: dict) -> list[dict] | None:
         if self.tools_of is None:
@@ -314,13 +305,32 @@ class RLDataset:
         return self.items[index]
 
 
+def _check_model_reads_images(rows: list[dict], images: ImageInputs | None) -> None:
+    """A row with images needs a vision-language model's image inputs."""
+    if images is None and (shown := next((row for row in rows if row.get("images")), None)):
+        raise DataError(f"{shown['source_file']} row {shown['source_row']}: the row has images, but the model has "
+                        f"no image processor (no preprocessor_config.json in model.path): a vision-language "
+                        f"model is needed")
+
+
+def with_image_tokens(row: dict, text: str, images: ImageInputs | None) -> str:
+    """The rendered prompt of a row: with images, each image token repeated as often as its image takes."""
+    if not row.get("images"):
+        return text
+    where = f"{row['source_file']} row {row['source_row']}"
+    return images.expand(text, [images.token_count(data, where) for data in row["images"]], where)
+
+
 def prompt_token_lengths(files: str | os.PathLike | Iterable[str | os.PathLike], tokenizer,
-                         apply_chat_template: bool = True, tools_of: ToolsOf | None = None) -> list[tuple[str, int]]:
-    """("file row N", tokens) of every prompt of ``files`` as :class:`RLDataset` renders and tokenises it
-    (whatever its length: what ``data.truncation`` would do is the caller's question)."""
+                         apply_chat_template: bool = True, tools_of: ToolsOf | None = None,
+                         images: ImageInputs | None = None) -> list[tuple[str, int]]:
+    """("file row N", tokens) of every prompt of ``files`` as :class:`RLDataset` renders and tokenises it, its
+    images' tokens counted (whatever its length: what ``data.truncation`` would do is the caller's question)."""
     rows = [row for file_rows, _ in _read_files(files) for row in file_rows]
-    texts = [RLDataset._render(tokenizer, row["prompt"], apply_chat_template,
-                               tools_of(row["extra_info"]) if tools_of else None) for row in rows]
+    _check_model_reads_images(rows, images)
+    texts = [with_image_tokens(row, RLDataset._render(tokenizer, row["prompt"], apply_chat_template,
+                                                      tools_of(row["extra_info"]) if tools_of else None), images)
+             for row in rows]
     all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
     return [(f"{row['source_file']} row {row['source_row']}", len(ids)) for row, ids in zip(rows, all_ids)]
 

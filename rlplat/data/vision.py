@@ -30,8 +30,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from rlplat.data.synthetic import DataError
 
 IMAGE_PLACEHOLDER = "<image>"  # verl's marker of an image in a message's text
@@ -165,9 +163,11 @@ class ImageInputs:
                             f"{len(counts)} image(s); expected one {IMAGE_PLACEHOLDER} (or image part) per image")
         return pieces[0] + "".join(self.image_token * n + piece for n, piece in zip(counts, pieces[1:]))
 
-    def inputs(self, images: Sequence[bytes], where: str = "a prompt") -> dict[str, torch.Tensor]:
+    def inputs(self, images: Sequence[bytes], where: str = "a prompt") -> dict:
         """The model's image inputs for one prompt's images (``where``: the row, named by an error):
-        ``pixel_values`` and ``image_grid_thw``."""
+        ``pixel_values`` and ``image_grid_thw``, and ``images``, the encoded images themselves (an inference
+        engine that runs its own image processor, vLLM's, takes those)."""
         decoded = [open_image(data, where) for data in images]
         out = self.image_processor(images=decoded, size=self.size, return_tensors="pt")
-        return {"pixel_values": out["pixel_values"].float(), "image_grid_thw": out["image_grid_thw"].long()}
+        return {"pixel_values": out["pixel_values"].float(), "image_grid_thw": out["image_grid_thw"].long(),
+                "images": list(images)}

@@ -43,7 +43,8 @@ from rlplat.engines.ulysses import register as register_ulysses
 from rlplat.models.embedded import known_config
 from rlplat.models.moe import RouterTap, is_moe
 from rlplat.models.vision import (
-    image_inputs, is_vision, load_generative, model_positions, rope_positions, vision_parameters,
+    image_inputs, is_vision, load_generative, model_positions, rope_positions, vision_parameters, vision_token_ids,
+    without_vision_tokens,
 )
 from rlplat.data.vision import MULTI_MODAL
 from rlplat.protocol import Batch
@@ -167,6 +168,9 @@ class FSDPEngine(TrainingEngine):
         if optim_cfg is None:
             module.requires_grad_(False)
         self.vision = is_vision(module.config)
+        # the tokens a VLM's responses never hold: out of its policy's softmax (rlplat.models.vision)
+        self.vision_tokens = torch.tensor(vision_token_ids(module.config), device=dist_ctx.device) \
+            if self.vision else None
         if self.vision and optim_cfg is not None and vision is not None and vision.freeze:  # actor.vision.freeze
             self.frozen_names = frozenset(vision_parameters(module))
             for name, param in module.named_parameters():
@@ -178,7 +182,7 @@ class FSDPEngine(TrainingEngine):
         self.routing = RoutedForward(tap, moe.router_replay, optim_cfg is not None) if tap is not None else None
         self.vocab_size = module.config.get_text_config().vocab_size
         # log-prob, entropy and sum pi^2 computed in chunks from the last hidden states, without full logits
-        self.chunked_head = not value_head and TokenOutputLM.fits(module)
+        self.chunked_head = not value_head and not self.vision and TokenOutputLM.fits(module)
         layer_classes = set(getattr(module, "_no_split_modules", None) or ())
         self._model = self._shard(TokenOutputLM(module) if self.chunked_head else module, fsdp_cfg, layer_classes)
         if scalings is not None:
@@ -261,6 +265,8 @@ class FSDPEngine(TrainingEngine):
 
                 logits = self._model(**inputs, use_cache=False).logits
                 logits = logits.reshape(-1, logits.shape[-1])[positions]
+                if self.vision_tokens is not None:  # a VLM's policy never emits them (rlplat.models.vision)
+                    logits = without_vision_tokens(logits, self.vision_tokens)
                 log_prob, scaled = response_log_probs(logits, targets, temperature)
                 entropy = entropy_from_logits(scaled) if need_entropy else None
                 sum_sq = torch.softmax(scaled, dim=-1).square().sum(-1) if need_sum_pi_squared else None

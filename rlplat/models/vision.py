@@ -44,10 +44,17 @@ def load_generative(path: str, **kwargs) -> torch.nn.Module:
 
 
 def vision_token_ids(config) -> list[int]:
-    """The ids of the tokens that stand for images and videos in a prompt (a response never holds them: the
-    rollout engines do not sample them)."""
+    """The ids of the tokens that stand for images and videos in a prompt. A response never holds them (one would
+    read as an image's place): the policy of a vision-language model is its softmax over the other tokens
+    (:func:`without_vision_tokens`), which every rollout engine samples from and the trainer scores."""
     names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     return [i for i in (getattr(config, name, None) for name in names) if i is not None]
+
+
+def without_vision_tokens(logits: torch.Tensor, vision_tokens: torch.Tensor) -> torch.Tensor:
+    """``logits`` ``[..., V]`` with the vision tokens' set to -1e9: probability 0 under any temperature, and finite
+    (an entropy's ``p * logit`` stays 0, where -inf would give NaN)."""
+    return logits.index_fill(-1, vision_tokens, -1e9)
 
 
 def vision_parameters(model: torch.nn.Module) -> list[str]:
@@ -67,12 +74,15 @@ def rope_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
                    multi_modal: Sequence[dict | None] | None, prompt_width: int | None = None) -> torch.Tensor:
     """Each real token's mRoPE position ``[B, L, 3]`` (0 on padding), as the model computes them for
     ``input_ids`` ``[B, L]`` with ``attention_mask`` and the rows' image inputs (None: no images); the images'
-    tokens are in the first ``prompt_width`` columns (default: all)."""
+    tokens are in the first ``prompt_width`` columns (default: all). A row without image inputs is text (an image
+    token in it, which no image fills, is placed as text is)."""
     owner = _rope_index_owner(model)
     config = owner.config
-    grids = [row["image_grid_thw"] for row in (() if multi_modal is None else multi_modal) if row is not None]
+    rows = [None] * len(input_ids) if multi_modal is None else list(multi_modal)
+    grids = [row["image_grid_thw"] for row in rows if row is not None]
     types = (input_ids == config.image_token_id).int() + 2 * (input_ids == config.video_token_id).int()
     types[:, input_ids.shape[1] if prompt_width is None else prompt_width:] = 0
+    types[torch.tensor([row is None for row in rows], dtype=torch.bool, device=types.device)] = 0
     positions, _ = owner.get_rope_index(input_ids, mm_token_type_ids=types,
                                         image_grid_thw=torch.cat(grids).to(input_ids.device) if grids else None,
                                         attention_mask=attention_mask)

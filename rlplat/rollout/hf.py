@@ -34,6 +34,7 @@ from rlplat.data.vision import MULTI_MODAL
 from rlplat.models.moe import NO_ROUTING, RouterTap, is_moe
 from rlplat.models.vision import (
     image_inputs, is_vision, load_generative, rope_positions, vision_parameters, vision_token_ids,
+    without_vision_tokens,
 )
 from rlplat.protocol import Batch
 from rlplat.rollout.base import (
@@ -91,7 +92,10 @@ class HFRolloutEngine(RolloutEngine):
                        shows_weights=True, scores_sequences=True,
                        pauses_for_updates=not engine_cfg.use_model_generation_config,
                        returns_routing=not engine_cfg.use_model_generation_config,
-                       takes_images=not engine_cfg.use_model_generation_config)
+                       takes_images=not engine_cfg.use_model_generation_config,
+                       images_refused_because="use_model_generation_config samples with transformers' generate, "
+                                              "which is not given the images" if engine_cfg.use_model_generation_config
+                                              else "")
 
     @classmethod
     def memory(cls, shape, engine_cfg, key, dtype, device, sequences, length, device_memory, lent_weights):
@@ -110,9 +114,9 @@ class HFRolloutEngine(RolloutEngine):
         self.model = load_generative(setup.model_path, dtype=setup.dtype,
                                      trust_remote_code=setup.trust_remote_code).to(setup.device)
         self.vision = is_vision(self.model.config)  # prompts may show images (rlplat.models.vision)
-        # tokens no response holds (a VLM's image tokens): never sampled, as top-k leaves tokens out (their
-        # probability still counts in the log-probs, as it does in the trainer's)
-        self.never_sampled = torch.tensor(vision_token_ids(self.model.config), device=setup.device) if self.vision else None
+        # the tokens no response holds (a VLM's vision tokens): out of the policy's softmax, as in the trainer's
+        self.vision_tokens = torch.tensor(vision_token_ids(self.model.config), device=setup.device) \
+            if self.vision else None
         self.model.eval().requires_grad_(False)
         self.use_model_generation_config = engine_cfg.use_model_generation_config
         self.forward = self._choose_forward(engine_cfg.dense_forward, setup)
@@ -212,9 +216,10 @@ class HFRolloutEngine(RolloutEngine):
             positions = positions[:, -1]
             for step in range(limit):
                 scaled = logits.float() / temperature
+                if self.vision_tokens is not None:
+                    scaled = without_vision_tokens(scaled, self.vision_tokens)
                 step_log_probs = torch.log_softmax(scaled, dim=-1)
-                token = choose_tokens(scaled if self.never_sampled is None else
-                                      scaled.index_fill(-1, self.never_sampled, float("-inf")), params)
+                token = choose_tokens(scaled, params)
                 writing = ~done  # the rows that sample a token this step (and feed it next: the routing log)
                 tokens[live[writing], step] = token[writing]
                 log_probs[live[writing], step] = step_log_probs.gather(-1, token[:, None]).squeeze(-1)[writing]
@@ -256,7 +261,7 @@ class HFRolloutEngine(RolloutEngine):
         prompt = images.positions[live]
         after = prompt[:, -1:] + torch.arange(1, sampled.shape[1] + 1, device=prompt.device)[None, :, None]
         return self.forward.start(context, attended, torch.cat([prompt, after], dim=1), remaining,
-                                  images.inputs(live.tolist(), self.device))
+                                  images=images.inputs(live.tolist(), self.device))
 
     def _keep_rows(self, keep_rows: dict | None, current: torch.Tensor, live: torch.Tensor, cached: torch.Tensor):
         """Copy the cache of the ``current`` rows (indices into the batch as it is now) into ``keep_rows``."""
@@ -353,7 +358,8 @@ class HFRolloutEngine(RolloutEngine):
         self._kept = None
         targets = self.model.state_dict()
         if self.vision and self.setup.frozen_vision:
-            targets = {name: t for name, t in targets.items() if name not in set(vision_parameters(self.model))}
+            tower = set(vision_parameters(self.model))
+            targets = {name: t for name, t in targets.items() if name not in tower}
         _copy_in(targets, buckets, "weight", "training and rollout models differ?")
 
     @torch.no_grad()
@@ -377,6 +383,8 @@ class HFRolloutEngine(RolloutEngine):
     def sequence_log_probs(self, ids: list[int]) -> list[float]:
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         logits = self.model(input_ids=x).logits[0, :-1].float()
+        if self.vision_tokens is not None:
+            logits = without_vision_tokens(logits, self.vision_tokens)
         return torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:, None]).squeeze(-1).cpu().tolist()
 
 

@@ -122,8 +122,10 @@ def check_vision(cfg: DictConfig, plan: RunPlan, rollout) -> None:
         return
     what = f"model.path={cfg.model.path} is a vision-language model"
     if not rollout.takes_images:
+        why = f" ({rollout.images_refused_because})" if rollout.images_refused_because else ""
         raise ConfigError(f"{what}, and the {cfg.rollout.name} engine does not generate from images with these "
-                          f"settings (docs/vision.md); use rollout.name=hf (rollout.hf.use_model_generation_config=false)")
+                          f"settings{why} (docs/vision.md); use rollout.name=hf "
+                          f"(rollout.hf.use_model_generation_config=false)")
     roles = ["actor", "ref"] if plan.needs_ref else ["actor"]
     for role in roles:
         if cfg[role].strategy != "fsdp":

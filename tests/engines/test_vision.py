@@ -16,6 +16,7 @@ from rlplat.config.errors import ConfigError
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.data import DataError, RLDataset, collate
 from rlplat.data.vision import MULTI_MODAL, ImageInputs
+from rlplat.engines.base import MicroBatching, micro_batches
 from rlplat.models.tiny import build_tiny_vision_model
 from rlplat.models.vision import rope_positions
 from rlplat.protocol import Batch
@@ -99,6 +100,13 @@ def test_a_bad_image_row_is_one_error_naming_the_file_and_row(tmp_path, vl_path,
     assert str(tmp_path / "d.parquet") in str(err.value)
 
 
+def test_an_image_whose_pixels_do_not_decode_stops_the_batch_naming_its_row(tmp_path, vl_path):
+    broken = png((1, 2, 3))[:80]  # its header reads (the size: the prompt's ids), its pixels do not
+    data = dataset(tmp_path, vl_path, [row("<image>?", [png((1, 2, 3))]), row("<image>?", [broken])])
+    with pytest.raises(DataError, match=rf"{tmp_path / 'd.parquet'} row 1: cannot decode an image"):
+        collate(data.items, data.tokenizer.pad_token_id, data.images)
+
+
 def test_an_image_over_the_limit_is_shrunk_when_truncation_allows(tmp_path, vl_path):
     data = dataset(tmp_path, vl_path, [row("<image>?", [png((1, 2, 3), (400, 400))])], truncation="filter")
     assert data.images.inputs(data[0]["images"])["image_grid_thw"].prod() * 14 * 14 <= 112 * 112
@@ -150,6 +158,37 @@ def test_rollout_log_probs_on_image_prompts_are_the_trainers_packed_and_padded(t
         other = engine.forward(Batch.from_dict(out.tensors, non_tensors={**out.non_tensors, MULTI_MODAL: swapped}))
         changed = (other.log_probs - packed).abs().amax(-1)
         assert changed[0] > 1e-3 and changed[3] > 1e-3 and changed[1] < 1e-5 and changed[2] < 1e-5
+        # micro-batches of 3 + 1 rows, and of a token budget, take each row's images with it
+        for split in (MicroBatching(3), MicroBatching(4, max_tokens=80)):
+            assert len(micro_batches(engine, out, split)) == 2
+            pieces = engine.infer(out, split=split)["log_probs"]
+            assert (pieces - rollout)[mask].abs().max() < 1e-5, split
+    finally:
+        group.shutdown()
+
+
+def test_an_update_between_two_tokens_recomputes_image_prompts_under_the_new_weights(tmp_path, vl_path):
+    """rollout.partial=resume on image prompts: the rows still sampling when an update arrives go on under the new
+    weights, their cache (images, 3-D positions, tokens so far) computed again; every later token's log-prob is
+    the new model's, as the trainer scores it."""
+    from rlplat.rollout.base import SamplingParams, UpdateSlot
+
+    group = _group(vl_path)
+    try:
+        engine, rollout = group.worker.actor, group.worker.rollout
+        rollout.batch_size_seqs = 2  # the update arrives during the first chunk: rows 0 and 1
+        torch.manual_seed(0)
+        new = [(name, t + 0.05 * torch.randn_like(t)) for name, t in engine.model.state_dict().items()
+               if name not in engine.frozen_names]
+        rollout.updates = UpdateSlot()
+        rollout.updates.offer(lambda: rollout.load_weights([new]))
+        out = rollout.generate(vl_prompts(tmp_path, vl_path), SamplingParams(max_new_tokens=6, temperature=1.0,
+                                                                             ignore_eos=True))
+        assert out.tensors["weight_updates"].tolist() == [1, 1, 0, 0]
+        scored = engine.forward(out).log_probs  # the new weights (the rollout shares the actor's tensors)
+        gap = (scored - out.tensors["rollout_log_probs"]).abs()
+        assert gap[:2, 1:].max() < 1e-5 and gap[2:].max() < 1e-5  # all but the first chunk's first tokens: new
+        assert gap[:2, 0].min() > 1e-4  # those the old weights sampled
     finally:
         group.shutdown()
 
@@ -169,6 +208,17 @@ def test_the_frozen_vision_tower_is_not_trained_or_synced(tmp_path, vl_path):
         assert any(not torch.equal(params[n], v) for n, v in language.items())
         sent = {name: t for bucket in group.worker.weights.outgoing(engine) for name, t in bucket}
         assert set(sent) == set(engine.model.state_dict()) - engine.frozen_names  # (the tied head counts once)
+        # a checkpoint of the partly frozen model resumes exactly: a second step from it is the same step
+        group.save_checkpoint(str(tmp_path / "ckpt"))
+        resumed = _group(vl_path)
+        try:
+            resumed.load_checkpoint(str(tmp_path / "ckpt"))
+            for each in (group, resumed):
+                each.update_actor(batch.union(Batch.from_dict({"old_log_probs": batch.tensors["rollout_log_probs"]})))
+            after = dict(resumed.worker.actor.model.named_parameters())
+            assert all(torch.equal(after[n], p) for n, p in engine.model.named_parameters())
+        finally:
+            resumed.shutdown()
     finally:
         group.shutdown()
     trained = _group(vl_path, ["actor.vision.freeze=false"])

