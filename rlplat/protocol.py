@@ -143,10 +143,15 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _same_objects(a: np.ndarray, b: np.ndarray) -> bool:
-    """Element-wise equality of two object columns; elements may be arrays (np == gives an array)."""
+    """Element-wise equality of two object columns; elements may be arrays (np == gives an array), or dicts of
+    them (a row's image inputs)."""
     def same(x: Any, y: Any) -> bool:
+        if x is y:
+            return True
         if isinstance(x, (np.ndarray, torch.Tensor)) or isinstance(y, (np.ndarray, torch.Tensor)):
             return np.array_equal(np.asarray(x), np.asarray(y))
+        if isinstance(x, dict) and isinstance(y, dict):
+            return x.keys() == y.keys() and all(same(x[key], y[key]) for key in x)
         return bool(x == y)
 
     return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))

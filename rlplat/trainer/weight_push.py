@@ -49,10 +49,11 @@ class WeightPush:
         for pending in joining:
             pending.result()
 
-    def send(self, version: int) -> None:
+    def send(self, version: int) -> float:
         """``rollout.mode=separate``: send the actor's weights, numbered ``version``, to every rollout worker.
         The actor's gathers happen now; the rollout workers load the weights after the generations already
-        submitted to them (each runs its calls in order), and :meth:`check` reads their receipts."""
+        submitted to them (each runs its calls in order), and :meth:`check` reads their receipts. Returns the MiB
+        each rollout worker receives (a frozen vision tower's weights are not sent)."""
         mode = self.cfg.rollout.verify_weights
         verify = mode == "every" or (mode == "first" and not self.verified_once)
         update = self.actor.weight_update(version, verify, self.probe_ids, self.tolerance)[0]
@@ -60,6 +61,7 @@ class WeightPush:
         self.receipts += [(rank, version, self.rollout.submit_to(rank, receive, update))
                           for rank in range(self.rollout.world_size)]
         self.verified_once = self.verified_once or verify
+        return update.nbytes / 2**20
 
     def check(self, needed: dict[int, int] | None = None) -> None:
         """Read the rollout workers' receipts of the weight syncs: those already back, and, waiting for them,

@@ -179,6 +179,14 @@ class WeightUpdate:
         checksums = named_checksums((name, t) for bucket in kept for name, t in bucket) if verify else {}
         return cls(version, kept, checksums, packed=packed)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the tensors the update carries (over a weight channel: of its layouts)."""
+        if self.layouts:
+            return sum(torch.Size(shape).numel() * getattr(torch, dtype).itemsize
+                       for layout in self.layouts for _, dtype, shape in layout)
+        return sum(t.numel() * t.element_size() for bucket in self.buckets for _, t in bucket)
+
     def header(self) -> WeightUpdate:
         """This update without its tensors, which go over a :class:`~rlplat.rollout.weight_channel.WeightChannel`
         (:attr:`packed`): their layouts instead."""

@@ -241,6 +241,26 @@ def test_generating_two_steps_ahead_never_trains_on_older_samples(embedded_cache
 
 
 @pytest.mark.slow
+def test_an_async_vision_language_run_keeps_each_rows_images_and_syncs_no_frozen_tower(embedded_cache, tmp_path,
+                                                                                     ray_cluster):
+    """model.path=embedded-vl one step ahead on a separate rollout pool, with a learning rate too small to move a
+    weight: the trainer scores every token sampled a step earlier as the rollout did, so each row's images went
+    with it (through the queue, to both pools); and the weight sync leaves out the frozen vision tower
+    (actor.vision.freeze; trained, it is sent too)."""
+    from .test_learning import small_val_file
+
+    val = small_val_file("shapes", tmp_path)
+    common = [SEPARATE, "trainer.async_steps=1", "model.path=embedded-vl", "data.train_files=builtin:shapes",
+              "algorithm.old_log_probs=recompute", "actor.optim.lr=1e-30"]
+    _train(tmp_path / "frozen", 2, val, *common)
+    _train(tmp_path / "trained", 1, val, *common, "actor.vision.freeze=false")
+    frozen, trained = metrics(tmp_path / "frozen"), metrics(tmp_path / "trained")
+    assert all(frozen[step]["rollout/log_prob_abs_diff"] < 1e-5 for step in (1, 2))
+    assert frozen[2]["off_policy/staleness_max"] == 1
+    assert 0 < frozen[1]["perf/weight_sync_mb"] < 0.7 * trained[1]["perf/weight_sync_mb"]
+
+
+@pytest.mark.slow
 def test_streaming_by_prompt_group_on_two_rollout_workers_trains_every_group_once(embedded_cache, small_val, tmp_path, ray_cluster):
     # calls of 2 prompt groups, each on one of 2 rollout workers, a step taking the first 8 groups scored.
     # Which groups a step gets depends on timing; what may not: staleness within K, each group trained at most
