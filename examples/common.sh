@@ -56,6 +56,7 @@ RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inproces
 #   LORA_RANK           model.lora.rank: LoRA adapters of this rank on the actor (docs/lora.md; 0 = off)
 #   ULYSSES             actor.fsdp.ulysses_size and ref.fsdp.ulysses_size: workers each sequence is split over
 #                       (Ulysses sequence parallelism, FSDP; docs/long_context.md)
+#   IMAGE_MAX_PIXELS    data.image_max_pixels: a vision-language model's largest image, in pixels (docs/vision.md)
 if [ -z "${PYTHON:-}" ]; then            # the checkout's venv (scripts/setup.sh) when there is one
     if [ -x "$REPO_DIR/.venv/bin/python" ]; then PYTHON="$REPO_DIR/.venv/bin/python"; else PYTHON=python; fi
 fi
@@ -96,6 +97,7 @@ run_rlplat() {
     optional PARTIAL rollout.partial
     optional LORA_RANK model.lora.rank
     optional ULYSSES actor.fsdp.ulysses_size ref.fsdp.ulysses_size
+    optional IMAGE_MAX_PIXELS data.image_max_pixels
     set -x
     "$PYTHON" -m rlplat.trainer.main \
         "algorithm=$ALGO" \

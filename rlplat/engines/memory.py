@@ -39,7 +39,8 @@ def model_state(shape: ModelShape, cfg: DictConfig, role: str, lay: MemoryLayout
     """The float32 weights and, for a trained model, gradients and AdamW's moments on one device, divided by the
     layout's shards (nothing on the device when ``offloaded`` to the host). With LoRA (the actor) the base
     weights are frozen and the adapters are what is trained, plus the synced reference's copy of them
-    (``ref.sync_steps`` with a colocated reference)."""
+    (``ref.sync_steps`` with a colocated reference). A frozen vision encoder (``actor.vision.freeze``) has no
+    gradients or moments."""
     params = shape.params
     on_device = 0.0 if offloaded else 1.0
     parts = {f"{role} weights (fp32)": on_device * 4 * params / lay.shard}
@@ -49,6 +50,8 @@ def model_state(shape: ModelShape, cfg: DictConfig, role: str, lay: MemoryLayout
         if cfg.ref.sync_steps > 0 and cfg.ref.placement == "colocated":
             parts["reference's LoRA adapters (fp32)"] = on_device * 4 * adapters / lay.shard
     trained_params = params if adapters is None else adapters
+    if role == "actor" and adapters is None and cfg.actor.vision.freeze:
+        trained_params -= shape.vision_params
     if trained:
         parts[f"{role} gradients (fp32)"] = on_device * 4 * trained_params / lay.shard
         parts[f"{role} AdamW moments (fp32)"] = on_device * 8 * trained_params / lay.optimizer_shard

@@ -32,11 +32,16 @@ class ModelShape:
     shared_intermediate: int = 0
     sparse_layers: int = 0
     qk_norm: int = 0  # a layer's RMSNorm weights over query and key: per head (Qwen3: 2 x head_dim), whole (OLMoE)
+    vision_params: int = 0  # a vision-language model's vision encoder and merger (in params; its activations are not)
 
     @classmethod
     def from_config(cls, config) -> ModelShape:
+        """The shape of ``config``'s language model; a vision-language model's also counts its vision encoder."""
         from rlplat.models.moe import num_experts
+        from rlplat.models.vision import is_vision
 
+        vision = _vision_params(config) if is_vision(config) else 0
+        config = config.get_text_config()
         heads, layers = config.num_attention_heads, config.num_hidden_layers
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -53,7 +58,7 @@ class ModelShape:
                    if experts else 0,
                    shared_intermediate=getattr(config, "shared_expert_intermediate_size", None) or 0,
                    sparse_layers=sum(i not in dense and (i + 1) % step == 0 for i in range(layers)) if experts else 0,
-                   qk_norm=qk_norm.get(config.model_type, 0))
+                   qk_norm=qk_norm.get(config.model_type, 0), vision_params=vision)
 
     def _layer_params(self, sparse: bool, experts: int) -> int:
         """One decoder layer's parameters: a dense one, or a sparse one counting ``experts`` of its experts."""
@@ -73,7 +78,7 @@ class ModelShape:
     def _params(self, experts: int) -> int:
         layers = (self.sparse_layers * self._layer_params(True, experts)
                   + (self.layers - self.sparse_layers) * self._layer_params(False, 0))
-        return layers + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+        return layers + self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden + self.vision_params
 
     @property
     def params(self) -> int:
@@ -110,6 +115,18 @@ class ModelShape:
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
         return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
+
+
+def _vision_params(config) -> int:
+    """A vision-language model's vision encoder's parameters, counted on the model built on the meta device."""
+    import torch
+
+    from rlplat.models.vision import auto_model_class, vision_parameters
+
+    with torch.device("meta"):
+        model = auto_model_class(config).from_config(config)
+    params = dict(model.named_parameters())
+    return sum(params[name].numel() for name in vision_parameters(model))
 
 
 def linear_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:

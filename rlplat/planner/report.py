@@ -25,12 +25,15 @@ class PromptLengths:
         return sum(length > limit for length in self.lengths)
 
 
-def prompt_lengths(cfg: DictConfig, tokenizer, files: tuple[str, ...], split: str) -> PromptLengths:
+def prompt_lengths(cfg: DictConfig, tokenizer, files: tuple[str, ...], split: str, images=None) -> PromptLengths:
+    """The prompts' lengths in tokens (``images``: a vision-language model's image inputs, which count each
+    image's tokens)."""
     from rlplat.data import resolve_files
     from rlplat.data.dataset import prompt_token_lengths
 
     resolved = resolve_files(list(files), split)
-    rows = prompt_token_lengths(resolved, tokenizer, cfg.data.apply_chat_template, prompt_tools(cfg.rollout.agent))
+    rows = prompt_token_lengths(resolved, tokenizer, cfg.data.apply_chat_template, prompt_tools(cfg.rollout.agent),
+                                images)
     limit = cfg.data.max_prompt_length
     first = next((where for where, length in rows if length > limit), None)
     return PromptLengths(split, tuple(str(f) for f in resolved), tuple(length for _, length in rows), first)
@@ -105,8 +108,8 @@ def report(cfg: DictConfig, plan, device_memory: int, model_path: Callable[[], s
     ``model.path`` and gives the model's directory (the embedded model is built then if it is not cached), after
     the rewards were checked. Raises the run's own errors (ConfigError, DataError, RewardConfigError,
     RegistryError, RunError) for what would stop it."""
-    shape, tokenizer = check_inputs(cfg, plan, model_path)
-    scans = report_data(cfg, plan, tokenizer)
+    shape, tokenizer, images = check_inputs(cfg, plan, model_path)
+    scans = report_data(cfg, plan, tokenizer, images)
     kept = {split: len(s.lengths) - (s.over(cfg.data.max_prompt_length) if cfg.data.truncation == "filter" else 0)
             for split, s in scans.items()}
     if not kept["train"]:
@@ -121,9 +124,12 @@ def report(cfg: DictConfig, plan, device_memory: int, model_path: Callable[[], s
     return fits
 
 
-def check_inputs(cfg: DictConfig, plan, model_path: Callable[[], str]) -> tuple[ModelShape, object]:
-    """Load what the run loads first (imports, reward functions, the model's config and tokenizer) and
-    print the plan's header; returns the model's shape and tokenizer."""
+def check_inputs(cfg: DictConfig, plan, model_path: Callable[[], str]) -> tuple[ModelShape, object, object]:
+    """Load what the run loads first (imports, reward functions, the model's config, tokenizer and image
+    processor) and print the plan's header; returns the model's shape, tokenizer and image inputs (None: a
+    text model)."""
+    from rlplat.data.vision import ImageInputs
+
     from transformers import AutoConfig, AutoTokenizer
 
     from rlplat.config.imports import import_user_modules
@@ -135,26 +141,29 @@ def check_inputs(cfg: DictConfig, plan, model_path: Callable[[], str]) -> tuple[
     config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     shape = ModelShape.from_config(config)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or path)
+    images = ImageInputs.of_model(path, tokenizer, cfg.data)
     rollout = cfg.rollout
     pool = (f" on {rollout.nnodes * rollout.workers_per_node} worker(s) of its own, "
             f"{cfg.trainer.async_steps} step(s) ahead" if rollout.mode == "separate" else "")
     moe = (f" in {shape.experts} experts per layer, top-{shape.top_k}: {shape.active_params / 1e6:.1f}M active per "
            f"token" if shape.experts else "")
+    vision = f", {shape.vision_params / 1e6:.1f}M of them its vision encoder" if shape.vision_params else ""
     say(f"rlplat plan: {cfg.algorithm.adv_estimator} on {plan.world_size} worker(s) ({plan.device}), "
         f"actor {cfg.actor.strategy}, rollout {rollout.name}{pool}; model {cfg.model.path} "
-        f"({shape.params / 1e6:.1f}M parameters{moe}, {shape.layers} layers, hidden {shape.hidden}, vocabulary {shape.vocab})")
+        f"({shape.params / 1e6:.1f}M parameters{moe}{vision}, {shape.layers} layers, hidden {shape.hidden}, "
+        f"vocabulary {shape.vocab})")
     say("config, reward functions and imports: ok")
     for problem in missing_packages(cfg, plan):
         say(f"note: {problem}; the run needs it where it runs")
-    return shape, tokenizer
+    return shape, tokenizer, images
 
 
-def report_data(cfg: DictConfig, plan, tokenizer) -> dict[str, PromptLengths]:
+def report_data(cfg: DictConfig, plan, tokenizer, images=None) -> dict[str, PromptLengths]:
     """Scan the train and test prompts' lengths and print them; returns the scans by split."""
-    say("\ndata (tokens per prompt, after the chat template)")
+    say("\ndata (tokens per prompt, after the chat template" + (", images' tokens included)" if images else ")"))
     scans = {}
     for split, files in (("train", plan.train_files), ("test", plan.val_files)):
-        scan = prompt_lengths(cfg, tokenizer, files, split)
+        scan = prompt_lengths(cfg, tokenizer, files, split, images)
         scans[split] = scan
         lengths = list(scan.lengths)
         say(f"  {split}: {len(lengths)} prompts from {', '.join(scan.files)}; min {min(lengths)}, median "

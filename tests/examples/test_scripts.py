@@ -224,6 +224,7 @@ def test_gpu_script_composes_and_validates(script, compositions, skip_missing):
     ulysses = strategy == "ulysses"
     strategy = "fsdp" if lora or ulysses else strategy
     assert cfg["model"]["path"].startswith("Qwen/Qwen2.5-")
+    assert cfg["actor"]["vision"]["freeze"]  # a vision-language model's tower stays as loaded (docs/vision.md)
     assert cfg["data"]["train_files"].endswith("/train.parquet")
     assert cfg["trainer"]["seed"] == 5 and cfg["actor"]["strategy"] == strategy and cfg["rollout"]["name"] == rollout
     assert cfg["actor"]["optim"]["lr"] == (1e-5 if lora else 1e-6)  # adapters want ~10x full fine-tuning's
@@ -267,6 +268,17 @@ QWEN25 = {
     "7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
 }
+# Qwen2.5-VL-7B-Instruct's config.json: the 7B language model (3-D rotary positions) and its 32-block vision encoder
+QWEN25_VL = {
+    "VL-7B": dict(
+        text_config=dict(QWEN25["7B"], max_position_embeddings=128000, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}),
+        vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                           fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        tie_word_embeddings=False),
+}
 PLAN = """
 import contextlib, io, json, sys
 from rlplat.trainer.main import main
@@ -285,21 +297,26 @@ def gpu_plans(tmp_path_factory):
     """Each GPU script's dry run (``trainer.dry_run=true``, planned for its GPUs on this CPU machine) with a
     config-only directory of its model (the real shapes, no weights) and prompts as long as the script
     allows (the worst case for memory); the tiny tokenizer stands in for Qwen's."""
-    from transformers import Qwen2Config
+    from transformers import Qwen2_5_VLConfig, Qwen2Config
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from rlplat.models.tiny import build_tokenizer
+    from rlplat.models.tiny import VISION_CHAT_TEMPLATE, VISION_TOKENS, build_tokenizer
 
     tmp = tmp_path_factory.mktemp("plans")
-    tokenizer = tmp / "tokenizer"
+    tokenizer, vision_tokenizer = tmp / "tokenizer", tmp / "tokenizer-vl"
     build_tokenizer().save_pretrained(tokenizer)
+    build_tokenizer(VISION_TOKENS, VISION_CHAT_TEMPLATE).save_pretrained(vision_tokenizer)
     for size, spec in QWEN25.items():
         Qwen2Config(max_position_embeddings=32768, rope_theta=1e6, **spec).save_pretrained(tmp / size)
+    for size, spec in QWEN25_VL.items():  # with Qwen2.5-VL's image processor (its preprocessor_config.json)
+        Qwen2_5_VLConfig(**spec).save_pretrained(tmp / size)
+        Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056).save_pretrained(tmp / size)
     recorder = tmp / "python"
     recorder.write_text(RECORDER)
     recorder.chmod(0o755)
     commands = {}
     for script in GPU_SCRIPTS:
-        size = re.search(r"Qwen2\.5-([\d.]+B)", bash(script, script_env(DEVICE="cpu", PYTHON=str(recorder),
+        size = re.search(r"Qwen2\.5-((?:VL-)?[\d.]+B)", bash(script, script_env(DEVICE="cpu", PYTHON=str(recorder),
                                                                         RLPLAT_RECORD=str(tmp / "a")), "--cfg", "job")
                          and (tmp / "a").read_text()).group(1)
         record = tmp / f"{script.stem}.args"
@@ -307,10 +324,12 @@ def gpu_plans(tmp_path_factory):
         assert bash(script, env).returncode == 0
         args = record.read_text().split("\0")[:-1][2:]
         limit = int(next(a for a in args if a.startswith("data.max_prompt_length=")).split("=")[1])
-        data = _prompts_of(tmp, limit - _tool_line(args))
+        vision = size in QWEN25_VL
+        data = _image_prompts_of(tmp, limit) if vision else _prompts_of(tmp, limit - _tool_line(args))
         args = [a for a in args if not a.startswith(("data.train_files=", "data.val_files="))]
         commands[script.stem] = [*args, f"data.train_files={data}", f"data.val_files={data}",
-                                 f"model.tokenizer_path={tokenizer}", "trainer.dry_run=true"]
+                                 f"model.tokenizer_path={vision_tokenizer if vision else tokenizer}",
+                                 "trainer.dry_run=true"]
     done = subprocess.run([sys.executable, "-c", PLAN], input=json.dumps(commands), capture_output=True, text=True,
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -344,6 +363,27 @@ def _prompts_of(tmp: Path, limit: int) -> str:
     return str(path)
 
 
+def _image_prompts_of(tmp: Path, limit: int) -> str:
+    """A parquet of 64 prompts of exactly ``limit`` tokens, each a 448 x 448 image (256 image tokens with Qwen2.5-VL's
+    image processor) and text, with the tiny tokenizer's vision chat template (5 tokens besides them)."""
+    import io
+
+    import pandas as pd
+    from PIL import Image
+
+    path = tmp / f"image-prompts-{limit}.parquet"
+    if not path.exists():
+        image = io.BytesIO()
+        Image.new("RGB", (448, 448), (255, 255, 255)).save(image, format="PNG")
+        rows = 64
+        pd.DataFrame({"data_source": ["hiyouga/geometry3k"] * rows,
+                      "prompt": [[{"role": "user", "content": "<image>" + "7" * (limit - 256 - 5)}]] * rows,
+                      "images": [[{"bytes": image.getvalue(), "path": None}]] * rows,
+                      "reward_model": [{"style": "rule", "ground_truth": "7"}] * rows,
+                      "extra_info": [{"index": i} for i in range(rows)]}).to_parquet(path)
+    return str(path)
+
+
 @pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: p.stem)
 def test_gpu_script_plan_fits_its_gpus(script, gpu_plans):
     """Every phase of every GPU script fits an 80 GB GPU at full-length prompts, validation takes few calls,
@@ -354,6 +394,9 @@ def test_gpu_script_plan_fits_its_gpus(script, gpu_plans):
     assert "DOES NOT FIT" not in out
     calls = int(re.search(r"in (\d+) call\(s\)", out).group(1))
     assert calls <= 3
+    if "-vl-" in script.stem:  # the plan counts the images' tokens and the vision encoder's parameters
+        assert "images' tokens included" in out and re.search(r"[\d.]+M of them its vision encoder", out)
+        assert re.search(r"train: 64 prompts .*?max (\d+);", out).group(1) == "1024"  # MAX_PROMPT_LEN, image too
 
 
 def test_bad_knob_fails_with_one_line(compositions):
