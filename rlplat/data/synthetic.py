@@ -29,6 +29,8 @@ from rlplat.utils.files import plain_modes
 
 TASKS: Registry[Callable[..., list[dict]]] = Registry("built-in task")
 SPLIT_DEFAULTS = {"train": (20_000, 0), "test": (256, 1)}  # split -> (rows, seed) of builtin:<task>
+# tasks whose train split is smaller: a picture per row costs its drawing and, at every read, its header
+TRAIN_ROWS = {"shapes": 4096}
 SPLIT_KEYS = {"train": "data.train_files", "test": "data.val_files"}  # where the user named the files
 
 
@@ -220,7 +222,8 @@ def shapes(num: int, seed: int, split: str = "train", max_count: int = 4, grid: 
     if not isinstance(grid, int) or isinstance(grid, bool) or not 2 <= grid <= 8:
         raise DataError(f"shapes: option grid must be an integer from 2 to 8, got {grid!r}")
     if not isinstance(max_count, int) or isinstance(max_count, bool) or not 1 <= max_count <= min(9, grid * grid):
-        raise DataError(f"shapes: option max_count must be an integer from 1 to {min(9, grid * grid)}, got {max_count!r}")
+        raise DataError(f"shapes: option max_count must be an integer from 1 to {min(9, grid * grid)}, "
+                        f"got {max_count!r}")
     rng, rows = _rng("shapes", split, seed), []
     for index in range(num):
         count = rng.randint(1, max_count)
@@ -317,12 +320,15 @@ def builtin_path(task: str, split: str, cache_dir: str | os.PathLike | None = No
                  seed: int | None = None) -> Path:
     """The parquet of a built-in task's split under ``<cache_dir>/data/``, generated only if missing.
 
-    Defaults: ``train`` 20,000 rows with seed 0, ``test`` 256 rows with seed 1; ``cache_dir`` defaults to
-    ``$RLPLAT_CACHE`` or ``~/.cache/rlplat``; the name ends with :func:`task_digest`.
+    Defaults: ``train`` 20,000 rows (:data:`TRAIN_ROWS` for some tasks) with seed 0, ``test`` 256 rows with
+    seed 1; ``cache_dir`` defaults to ``$RLPLAT_CACHE`` or ``~/.cache/rlplat``; the name ends with
+    :func:`task_digest`.
     """
     if split not in SPLIT_DEFAULTS:
         raise DataError(f"builtin:{task}: split must be one of {sorted(SPLIT_DEFAULTS)}, got {split!r}")
     default_num, default_seed = SPLIT_DEFAULTS[split]
+    if split == "train":
+        default_num = TRAIN_ROWS.get(task, default_num)
     num = default_num if num is None else num
     seed = default_seed if seed is None else seed
     path = Path(cache_dir or default_cache_dir()) / "data" / f"{task}-{split}-{num}-{seed}-{task_digest(task)}.parquet"

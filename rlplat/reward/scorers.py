@@ -266,7 +266,7 @@ AUTO_SOURCES: dict[str, RewardFn] = {  # exact data_source names
     **dict.fromkeys(("openai/gsm8k", "gsm8k", "openai/grade-school-math"), gsm8k),
     **dict.fromkeys(("math", "MATH", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
                      "EleutherAI/hendrycks_math", "hendrycks/competition_math", "qwedsacf/competition_math",
-                     "math_dapo", "BytedTsinghua-SIA/DAPO-Math-17k", "AI-MO/NuminaMath-CoT",
+                     "math_dapo", "BytedTsinghua-SIA/DAPO-Math-17k", "AI-MO/NuminaMath-CoT", "hiyouga/geometry3k",
                      "AI-MO/aimo-validation-aime", "AI-MO/aimo-validation-amc"), math_boxed),
     **dict.fromkeys(("code", "rlplat/code", "codecontests", "apps", "taco", "codeforces"), CODE),
 }

@@ -113,3 +113,47 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
     done = preprocess("generic.py", "qa.jsonl", "qa.jsonl", tmp_path / "out", "--data-source", "gsm8k")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "row 0: missing column 'question' (row has: input, target, topic)" in done.stderr
+
+
+def test_geometry3k_rows_keep_their_images_and_are_scored(tmp_path):
+    """Geometry3K's original form (an ``images`` column as ``datasets`` stores images, ``<image>`` in the problem)
+    -> rows a vision-language model reads with their images, whose reference answers score 1."""
+    import io
+
+    from omegaconf import OmegaConf
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    from rlplat.data.vision import ImageInputs
+    from rlplat.models.tiny import build_tiny_vision_model
+
+    def png(size) -> bytes:
+        out = io.BytesIO()
+        Image.new("RGB", size, (255, 255, 255)).save(out, format="PNG")
+        return out.getvalue()
+
+    original = pd.DataFrame([
+        {"images": [{"bytes": png((84, 56)), "path": None}], "problem": "<image>Find x.", "answer": "3"},
+        {"images": [{"bytes": png((56, 56)), "path": None}], "problem": "<image>Find the area.",
+         "answer": "2\\sqrt{3}"},
+    ])
+    original.to_parquet(tmp_path / "geo.parquet")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "geo3k.py"), "--train-file", str(tmp_path / "geo.parquet"),
+                           "--test-file", str(tmp_path / "geo.parquet"), "--out-dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    model = build_tiny_vision_model(tmp_path / "vl")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    images = ImageInputs.of_model(str(model), tokenizer, OmegaConf.create(
+        {"image_min_pixels": None, "image_max_pixels": None, "truncation": "error"}))
+    data = RLDataset([str(tmp_path / "out" / "train.parquet")], tokenizer, 512, "error", True, images=images)
+    assert [images.inputs(data[i]["images"])["image_grid_thw"].tolist() for i in range(2)] == [[[1, 4, 6]], [[1, 4, 4]]]
+    assert score_all([data[0], data[1]], ["<think>x</think> \\boxed{3}", "\\boxed{2\\sqrt{3}}"]) == [1.0, 1.0]
+    assert score_all([data[0], data[1]], ["\\boxed{4}", "\\boxed{2}"]) == [0.0, 0.0]
+    original.assign(problem="Find x.").to_parquet(tmp_path / "bad.parquet")  # no placeholder for its image
+    done = subprocess.run([sys.executable, str(SCRIPTS / "geo3k.py"), "--train-file", str(tmp_path / "bad.parquet"),
+                           "--test-file", str(tmp_path / "bad.parquet"), "--out-dir", str(tmp_path / "bad")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and not (tmp_path / "bad").exists()
+    assert done.stderr.strip() == (f"preprocess: {tmp_path / 'bad.parquet'} row 0: column 'problem' has 0 <image> "
+                                   f"placeholder(s) for 1 image(s)")
