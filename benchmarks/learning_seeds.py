@@ -105,13 +105,11 @@ def snapshot_trainer(every: int):
 def measure(args: argparse.Namespace, name: str, seed: int, work: Path) -> dict:
     """Train one (run, seed) in this process; its gains (at the end, and at each snapshot)."""
     import rlplat
-    from rlplat.data import TASKS, write_parquet
-
     test = learning_test()
     model_dir = embedded_model(test.RUNS[name])
-    rows = test.held_out_rows(model_dir)
+    rows = test.held_out_rows(model_dir, test.RUNS[name].task)
     before = test.correct_answer_probability(model_dir, rows)
-    val = write_parquet(TASKS.get("arithmetic")(32, seed=1, split="test"), work / "val.parquet")  # = small_val
+    val = test.small_val_file(test.RUNS[name].task, work)  # = the test's small_val
     extra = [*seed_overrides(seed), *control_overrides(args.control, seed, work), *args.extra]
     start = time.perf_counter()
     summary = test.learning_run(name, str(val), str(work / "run"), extra, args.steps,

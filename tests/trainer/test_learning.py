@@ -26,6 +26,7 @@ class LearningRun(NamedTuple):
     steps: int  # x 64 prompts x 8 responses, 4 optimizer steps each
     min_gain: float  # P(correct answer) must rise by more than this
     model: str = "embedded"  # model.path: the embedded model it starts from (rlplat.models.embedded.VARIANTS)
+    task: str = "arithmetic"  # the built-in task it trains on and is measured on (held-out prompts)
 
 
 # docs/learning_thresholds.md has the gains over seeds these come from (10 per run; 5 for grpo_vllm), and
@@ -50,6 +51,7 @@ RUNS = {
                              40, 0.02),
     # the tiny mixture of experts (docs/moe.md), the routers' load-balancing loss at the model's coefficient
     "grpo_moe": LearningRun(["algorithm=grpo"], 40, 0.045, model="embedded-moe"),
+    "grpo_vl": LearningRun(["algorithm=grpo"], 10, 0.02, model="embedded-vl", task="shapes"),
 }
 # ppo's critic at its default learning rate. The raw value loss is not a fair yardstick: its floor,
 # about ½·Var(return) = ½·p(1 − p) for a 0/1 reward, *grows* as the policy's accuracy p rises from 0.12.
@@ -62,11 +64,14 @@ ALGORITHMS = ["grpo", "dr_grpo", "dapo", "ppo", "rloo", "gdpo"]
 
 def correct_answer_probability(model_dir: str, rows: list[dict]) -> float:
     """Mean over dataset items of P(ground truth + EOS | prompt) under the model in ``model_dir``: one forward
-    over all rows, right-padded (a causal model's outputs at a row's own positions do not see its padding)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    over all rows, right-padded (a causal model's outputs at a row's own positions do not see its padding); a
+    vision-language model sees each row's images at their 3-D positions."""
+    from transformers import AutoTokenizer
+
+    from rlplat.models.vision import load_generative
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = load_generative(model_dir, dtype=torch.float32).eval()
     prompts = [list(row["prompt_ids"]) for row in rows]  # chat-formatted, as the trainer generates from it
     answers = [tok(str(row["ground_truth"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                for row in rows]
@@ -79,9 +84,28 @@ def correct_answer_probability(model_dir: str, rows: list[dict]) -> float:
         mask[i, : len(prompt) + len(answer)] = 1
         targets[i, len(prompt) : len(prompt) + len(answer)] = True
     with torch.no_grad():
-        log_probs = model(ids, attention_mask=mask).logits[:, :-1].log_softmax(-1)
+        log_probs = model(ids, attention_mask=mask, **image_inputs(model, model_dir, rows, ids, mask)).logits
+    log_probs = log_probs[:, :-1].log_softmax(-1)
     token = log_probs.gather(-1, ids[:, 1:, None])[..., 0] * targets[:, 1:]
     return float(token.sum(-1).exp().mean())
+
+
+def image_inputs(model, model_dir: str, rows: list[dict], ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    """A vision-language model's inputs for rows with images (their pixels and the tokens' 3-D positions)."""
+    if not any("images" in row for row in rows):
+        return {}
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from rlplat.data.vision import ImageInputs
+    from rlplat.models import vision
+
+    images = ImageInputs.of_model(model_dir, AutoTokenizer.from_pretrained(model_dir), OmegaConf.create(
+        {"image_min_pixels": None, "image_max_pixels": None, "truncation": "error"}))
+    multi_modal = [images.inputs(row["images"]) if "images" in row else None for row in rows]
+    positions = vision.rope_positions(model, ids, mask, multi_modal)
+    return {"position_ids": vision.model_positions(positions),
+            **vision.image_inputs(multi_modal, range(len(rows)), ids.device)}
 
 
 def before_training(name: str) -> tuple[str, list[dict], float]:
@@ -90,17 +114,29 @@ def before_training(name: str) -> tuple[str, list[dict], float]:
     from rlplat.trainer.sft import ensure_embedded_model
 
     model_dir = str(ensure_embedded_model(RUNS[name].model))
-    rows = held_out_rows(model_dir)
+    rows = held_out_rows(model_dir, RUNS[name].task)
     return model_dir, rows, correct_answer_probability(model_dir, rows)
 
 
-def held_out_rows(model_dir: str) -> list[dict]:
-    """The built-in arithmetic task's 256 test prompts, tokenized as the trainer reads them."""
+def held_out_rows(model_dir: str, task: str = "arithmetic") -> list[dict]:
+    """The built-in ``task``'s 256 test prompts, tokenized as the trainer reads them."""
+    from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    data = RLDataset(resolve_files(["builtin:arithmetic"], "test"), AutoTokenizer.from_pretrained(model_dir), 128,
-                     "error", True)
+    from rlplat.data.vision import ImageInputs
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    images = ImageInputs.of_model(model_dir, tokenizer, OmegaConf.create(
+        {"image_min_pixels": None, "image_max_pixels": None, "truncation": "error"}))
+    data = RLDataset(resolve_files([f"builtin:{task}"], "test"), tokenizer, 128, "error", True, images=images)
     return [data[i] for i in range(len(data))]
+
+
+def small_val_file(task: str, folder: Path) -> str:
+    """32 held-out problems of the built-in ``task``: validation that costs little."""
+    from rlplat.data import TASKS, write_parquet
+
+    return str(write_parquet(TASKS.get(task)(32, seed=1, split="test"), Path(folder) / f"val-{task}.parquet"))
 
 
 def learning_run(name: str, val_file: str, output_dir: str, extra: Sequence[str] = (), steps: int | None = None,
@@ -111,7 +147,7 @@ def learning_run(name: str, val_file: str, output_dir: str, extra: Sequence[str]
         "trainer.ray_address=inprocess", f"trainer.total_steps={steps or RUNS[name].steps}",
         f"trainer.output_dir={output_dir}", "trainer.test_freq=0", f"data.val_files={val_file}",
         "rollout.val_n=1", "actor.optim.lr_schedule=constant",  # cosine would decay the LR within the run
-        f"model.path={RUNS[name].model}", *RUNS[name].overrides, *extra,
+        f"model.path={RUNS[name].model}", f"data.train_files=builtin:{RUNS[name].task}", *RUNS[name].overrides, *extra,
     ])
     return run(cfg, plan, trainer_cls)
 
@@ -180,3 +216,17 @@ def test_grpo_trains_the_mixture_of_experts(embedded_cache, small_val, tmp_path)
     assert all(1.9 < m["moe/aux_loss"] < 3 and 1 / 8 <= m["moe/expert_load_max_frac"] <= 1 / 2 for m in trained)
     assert all(0 <= m["moe/routing_mismatch_frac"] < 0.1 for m in trained)  # the HF rollout returns its routing
     assert (Path(summary["output_dir"]) / "report" / "moe.svg").is_file()  # the report's figure of them
+
+
+@pytest.mark.slow
+def test_grpo_trains_the_vision_language_model(embedded_cache, tmp_path):
+    """model.path=embedded-vl learns to count the shapes in held-out pictures (builtin:shapes), its vision tower
+    frozen (actor.vision.freeze: bit-identical after the run)."""
+    from safetensors.torch import load_file
+
+    model_dir, rows, before = before_training("grpo_vl")
+    summary = assert_gain("grpo_vl", (rows, before), small_val_file("shapes", tmp_path), tmp_path)
+    start, end = (load_file(str(Path(d) / "model.safetensors")) for d in (model_dir, summary["hf_export"]))
+    tower = [name for name in start if ".visual." in f".{name}"]
+    assert tower and all(torch.equal(start[name], end[name]) for name in tower)
+    assert any(not torch.equal(start[name], end[name]) for name in start if name not in tower)
