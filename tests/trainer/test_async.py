@@ -245,19 +245,23 @@ def test_an_async_vision_language_run_keeps_each_rows_images_and_syncs_no_frozen
                                                                                      ray_cluster):
     """model.path=embedded-vl one step ahead on a separate rollout pool, with a learning rate too small to move a
     weight: the trainer scores every token sampled a step earlier as the rollout did, so each row's images went
-    with it (through the queue, to both pools); and the weight sync leaves out the frozen vision tower
-    (actor.vision.freeze; trained, it is sent too)."""
+    with it (through the queue, to both pools); and the weight sync sends the language model's weights, not the
+    frozen vision tower's (actor.vision.freeze)."""
+    from rlplat.models.vision import load_generative, vision_parameters
+
     from .test_learning import small_val_file
 
-    val = small_val_file("shapes", tmp_path)
-    common = [SEPARATE, "trainer.async_steps=1", "model.path=embedded-vl", "data.train_files=builtin:shapes",
-              "algorithm.old_log_probs=recompute", "actor.optim.lr=1e-30"]
-    _train(tmp_path / "frozen", 2, val, *common)
-    _train(tmp_path / "trained", 1, val, *common, "actor.vision.freeze=false")
-    frozen, trained = metrics(tmp_path / "frozen"), metrics(tmp_path / "trained")
-    assert all(frozen[step]["rollout/log_prob_abs_diff"] < 1e-5 for step in (1, 2))
-    assert frozen[2]["off_policy/staleness_max"] == 1
-    assert 0 < frozen[1]["perf/weight_sync_mb"] < 0.7 * trained[1]["perf/weight_sync_mb"]
+    summary = _train(tmp_path, 2, small_val_file("shapes", tmp_path), SEPARATE, "trainer.async_steps=1",
+                     "model.path=embedded-vl", "data.train_files=builtin:shapes", "algorithm.old_log_probs=recompute",
+                     "actor.optim.lr=1e-30")
+    steps = metrics(tmp_path)
+    assert all(steps[step]["rollout/log_prob_abs_diff"] < 1e-5 for step in (1, 2))
+    assert steps[2]["off_policy/staleness_max"] == 1
+    model = load_generative(summary["hf_export"])
+    tower = set(vision_parameters(model))
+    sizes = {name: t.numel() * t.element_size() / 2**20 for name, t in model.state_dict().items()}
+    assert steps[1]["perf/weight_sync_mb"] == pytest.approx(sum(mb for name, mb in sizes.items() if name not in tower))
+    assert sum(sizes[name] for name in tower) > 0.3 * sum(sizes.values())  # the tower is a good part of the model
 
 
 @pytest.mark.slow
