@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from rlplat.data.synthetic import DataError
-from rlplat.data.vision import DEFAULT_IMAGE_TOKEN, MULTI_MODAL, ImageInputs, image_bytes, image_parts, row_images
+from rlplat.data.vision import (
+    MULTI_MODAL, ImageInputs, image_bytes, image_parts, row_images, shows_images, text_of,
+)
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where a DataFrame is built: memory that training never needs
@@ -93,12 +95,15 @@ def _check_row(record: dict, path: str, index: int) -> dict:
         extra = {}
     if not isinstance(extra, dict):
         raise DataError(f"{where}: extra_info must be a dict, got {str(extra)[:80]!r}")
-    images = row_images(record, where)
-    messages, shown = image_parts(_messages(record["prompt"], where), where)
-    if shown != len(images):
-        raise DataError(f"{where}: the prompt shows {shown} image(s) ({IMAGE_HINT}) but the row has {len(images)}")
+    messages = _messages(record["prompt"], where)
+    images = row_images(record, where, shows_images(messages))
+    if images is not None or any(isinstance(m["content"], list) for m in messages):  # a row that may show images
+        messages, shown = image_parts(messages, where)
+        if shown != len(images or []):
+            raise DataError(f"{where}: the prompt shows {shown} image(s) ({IMAGE_HINT}) but the row has "
+                            f"{len(images or [])}")
     checked = {"prompt": messages, "extra_info": extra, "ground_truth": _ground_truth(record["reward_model"], where)}
-    if images or "images" in record:  # a file's rows without images get [] (and keep no image column)
+    if images is not None:  # a file's rows without images get [] (and keep no image column)
         checked["images"] = [image_bytes(image, where) for image in images]
     return {**record, **checked, "source_file": path, "source_row": index}
 
@@ -227,7 +232,7 @@ class RLDataset:
 
     def _encode(self, rows: list[dict]) -> list[dict | None]:
         """Items of checked rows (None for a prompt dropped by ``truncation="filter"``)."""
-        _check_model_reads_images(rows, self.images)
+        _check_model_reads_images(rows, self.images, self.apply_chat_template)
         rendered: dict[str, str] = {}  # rows with the same messages and tools (a visual task's) render once
 
         def render(row: dict) -> str:
@@ -265,7 +270,6 @@ class RLDataset:
             items.append(item)
         return items
 
-
     def _tools(self, row: dict) -> list[dict] | None:
         if self.tools_of is None:
             return None
@@ -288,15 +292,21 @@ class RLDataset:
 
     @staticmethod
     def _render(tokenizer, messages: list[dict], apply_chat_template: bool, tools: list[dict] | None = None) -> str:
-        if not apply_chat_template:  # an image part is the model's image token (ImageInputs.expand repeats it)
-            image = getattr(tokenizer, "image_token", None) or DEFAULT_IMAGE_TOKEN
-            return "".join(m["content"] if isinstance(m["content"], str) else
-                           "".join(p["text"] if p["type"] == "text" else image for p in m["content"]) for m in messages)
+        if not apply_chat_template:
+            return "".join(text_of(m["content"]) for m in messages)
         try:
             return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except ValueError as err:  # e.g. a base model's tokenizer has no chat template
             raise DataError(f"cannot apply the tokenizer's chat template ({err}); "
                             f"set data.apply_chat_template=false for a base model") from None
+
+    def probe_ids(self) -> list[int]:
+        """A prompt for the weight sync's log-prob probe: the first without images (an image's tokens mean nothing
+        without its pixels, and are out of a vision-language model's policy), else the first one's text."""
+        for item in self.items:
+            if "images" not in item:
+                return list(item["prompt_ids"])
+        return [t for t in self.items[0]["prompt_ids"] if t not in self.images.vision_ids]
 
     def __len__(self) -> int:
         return len(self.items)
@@ -305,12 +315,19 @@ class RLDataset:
         return self.items[index]
 
 
-def _check_model_reads_images(rows: list[dict], images: ImageInputs | None) -> None:
-    """A row with images needs a vision-language model's image inputs."""
-    if images is None and (shown := next((row for row in rows if row.get("images")), None)):
-        raise DataError(f"{shown['source_file']} row {shown['source_row']}: the row has images, but the model has "
-                        f"no image processor (no preprocessor_config.json in model.path): a vision-language "
-                        f"model is needed")
+def _check_model_reads_images(rows: list[dict], images: ImageInputs | None, apply_chat_template: bool) -> None:
+    """A row with images needs a vision-language model's image inputs, and the chat template (which marks each
+    image's place with the model's vision tokens)."""
+    shown = next((row for row in rows if row.get("images")), None)
+    if shown is None:
+        return
+    where = f"{shown['source_file']} row {shown['source_row']}"
+    if images is None:
+        raise DataError(f"{where}: the row has images, but the model has no image processor: a vision-language "
+                        f"model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) is needed in model.path")
+    if not apply_chat_template:
+        raise DataError(f"{where}: a prompt with images needs data.apply_chat_template=true (the chat template "
+                        f"marks each image's place with the model's vision tokens)")
 
 
 def with_image_tokens(row: dict, text: str, images: ImageInputs | None) -> str:
@@ -327,7 +344,7 @@ def prompt_token_lengths(files: str | os.PathLike | Iterable[str | os.PathLike],
     """("file row N", tokens) of every prompt of ``files`` as :class:`RLDataset` renders and tokenises it, its
     images' tokens counted (whatever its length: what ``data.truncation`` would do is the caller's question)."""
     rows = [row for file_rows, _ in _read_files(files) for row in file_rows]
-    _check_model_reads_images(rows, images)
+    _check_model_reads_images(rows, images, apply_chat_template)
     texts = [with_image_tokens(row, RLDataset._render(tokenizer, row["prompt"], apply_chat_template,
                                                       tools_of(row["extra_info"]) if tools_of else None), images)
              for row in rows]
@@ -340,9 +357,9 @@ def collate(items: Sequence[Mapping], pad_token_id: int,
     """Left-pad ``prompt_ids`` to the batch's longest prompt (generation continues from the right edge).
 
     Returns tensors ``prompts`` [batch, prompt_len] int64 and ``prompt_mask`` [batch, prompt_len] int64
-    (1 on real tokens), and the lists ``raw_prompt``, ``data_source``, ``ground_truth``, ``extra_info``; when
-    an item has images, also ``multi_modal_inputs``: each row's image inputs from ``images`` (None for a row
-    without images).
+    (1 on real tokens), and the lists ``raw_prompt``, ``data_source``, ``ground_truth``, ``extra_info``; with
+    ``images`` (a vision-language model's), also ``multi_modal_inputs``: each row's image inputs (None for a row
+    without images; batches with and without images then join).
     """
     if not items:
         raise ValueError("collate needs at least one item")
@@ -354,11 +371,11 @@ def collate(items: Sequence[Mapping], pad_token_id: int,
         prompts[row, width - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
         mask[row, width - len(ids):] = 1
     lists = {key: [item[key] for item in items] for key in ITEM_LISTS}
-    if any("images" in item for item in items):
-        if images is None:
-            raise ValueError("prompts with images need the model's image inputs (collate's images=)")
+    if images is not None:
         lists[MULTI_MODAL] = [images.inputs(item["images"], item["source"]) if "images" in item else None
                               for item in items]
+    elif any("images" in item for item in items):
+        raise ValueError("prompts with images need the model's image inputs (collate's images=)")
     return {"prompts": prompts, "prompt_mask": mask}, lists
 
 

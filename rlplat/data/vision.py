@@ -35,17 +35,28 @@ from rlplat.data.synthetic import DataError
 IMAGE_PLACEHOLDER = "<image>"  # verl's marker of an image in a message's text
 IMAGE_COLUMNS = ("images", "image")  # the columns a row's images may be in (TRL names both)
 DEFAULT_IMAGE_TOKEN = "<|image_pad|>"  # Qwen-VL's; a tokenizer with an ``image_token`` attribute names its own
+VISION_MARKERS = ("<|vision_start|>", "<|vision_end|>", "<|video_pad|>")  # Qwen-VL's other vision tokens
 MULTI_MODAL = "multi_modal_inputs"  # the batch field of each row's image inputs (rlplat.protocol.FIELDS)
 
 
-def row_images(record: dict, where: str) -> list[Any]:
-    """A row's images as a list (``[]`` when it has none): the ``images`` or ``image`` column's value."""
-    present = [c for c in IMAGE_COLUMNS if record.get(c) is not None]
+def shows_images(messages: list[dict]) -> bool:
+    """Whether a prompt shows an image: an ``<image>`` placeholder or an image content part."""
+    return any(IMAGE_PLACEHOLDER in m["content"] if isinstance(m["content"], str) else
+               any(isinstance(p, dict) and p.get("type") == "image" for p in m["content"]) for m in messages)
+
+
+def row_images(record: dict, where: str, shown: bool) -> list[Any] | None:
+    """A row's images: the ``images`` column's value (``[]`` when it holds none), or the ``image`` column's when the
+    prompt ``shown`` images (TRL's name; a text dataset's own ``image`` column is left alone); None for a row
+    without such a column (a text row)."""
+    present = [c for c in IMAGE_COLUMNS if c in record and (c == "images" or shown and record[c] is not None)]
     if len(present) > 1:
         raise DataError(f"{where}: has both an 'images' and an 'image' column; expected one")
     if not present:
-        return []
+        return None
     value = record[present[0]]
+    if value is None:
+        return []
     if hasattr(value, "tolist") and not isinstance(value, (bytes, str)):
         value = value.tolist()
     values = value if isinstance(value, list) else [value]
@@ -85,6 +96,14 @@ def image_parts(messages: list[dict], where: str) -> tuple[list[dict], int]:
     if count == 0:  # a text prompt keeps its string contents (and so its rendering)
         return [{"role": m["role"], "content": "".join(p["text"] for p in m["content"])} for m in out], 0
     return out, count
+
+
+def text_of(content: Any) -> str:
+    """A message's content as text: a string as it is, a list of parts with ``<image>`` where an image is (for
+    what reads prompts as text: a text reward model, a judge, the logged samples)."""
+    if not isinstance(content, list):
+        return str(content)
+    return "".join(IMAGE_PLACEHOLDER if part.get("type") == "image" else str(part.get("text", "")) for part in content)
 
 
 def image_bytes(image: Any, where: str) -> bytes:
@@ -127,6 +146,9 @@ class ImageInputs:
         if self.image_token_id is None or self.image_token_id == tokenizer.unk_token_id:
             raise ValueError(f"the tokenizer has no image token {self.image_token!r}")
         self.merge = image_processor.merge_size
+        # the tokens that stand for images and videos in a prompt (Qwen-VL's names)
+        vocab = tokenizer.get_vocab()
+        self.vision_ids = {self.image_token_id} | {vocab[t] for t in VISION_MARKERS if t in vocab}
         size = dict(image_processor.size)
         if min_pixels is not None:
             size["shortest_edge"] = min_pixels
@@ -136,10 +158,9 @@ class ImageInputs:
         self.max_pixels = size["longest_edge"]
 
     @classmethod
-    def of_model(cls, path: str, tokenizer, data_cfg) -> ImageInputs | None:
-        """The image inputs of the model directory ``path`` (None when it has no image processor: a text model)."""
-        if not os.path.isfile(os.path.join(path, "preprocessor_config.json")):
-            return None
+    def load(cls, path: str, tokenizer, data_cfg) -> ImageInputs:
+        """The image inputs of the model ``path`` (a directory or hub id) with its image processor and the data
+        settings ``data_cfg`` (``data.image_min_pixels``, ``data.image_max_pixels``, ``data.truncation``)."""
         from transformers import AutoImageProcessor
 
         return cls(AutoImageProcessor.from_pretrained(path), tokenizer, data_cfg.image_min_pixels,

@@ -25,6 +25,7 @@ from rlplat.engines.optim import LR_SCHEDULES, Optimizer
 from rlplat.models.embedded import known_config
 from rlplat.models.moe import is_moe
 from rlplat.models.shape import ModelShape
+from rlplat.models.vision import is_vision
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 
@@ -103,9 +104,13 @@ class TrainingEngine(ABC):
         if role != "ref" and cfg[role].optim.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"{role}.optim.lr_schedule={cfg[role].optim.lr_schedule!r} is not one of: "
                               f"{', '.join(LR_SCHEDULES)}")
-        if not cls.trains_experts and is_moe(known_config(cfg.model)):
+        known = known_config(cfg.model)
+        if not cls.trains_experts and is_moe(known):
             raise ConfigError(f"{role}.strategy={cfg[role].strategy}: model.path={cfg.model.path} is a mixture of "
                               f"experts, which this engine does not train yet; use {role}.strategy=fsdp")
+        if not cls.trains_vision and is_vision(known):
+            raise ConfigError(f"{role}.strategy={cfg[role].strategy}: model.path={cfg.model.path} is a vision-language "
+                              f"model, which this engine does not train (docs/vision.md); use {role}.strategy=fsdp")
 
     @classmethod
     def computes_in(cls, engine_cfg, device: str) -> str:
@@ -235,7 +240,7 @@ class TrainingEngine(ABC):
         summed.update(self.optim.step())
         return summed
 
-    trains_vision = False  # it takes a ``vision`` section (actor.vision) and trains vision-language models
+    trains_vision = False  # it trains vision-language models (their images; an actor's: the ``vision`` section)
     #: the names of weights no update changes (a frozen vision tower): the weight sync leaves them out
     frozen_names: frozenset[str] = frozenset()
 

@@ -118,6 +118,9 @@ class FSDPEngine(TrainingEngine):
             raise ConfigError(f"{key}.ulysses_size={sp} splits each sequence over {sp} workers, and must divide the "
                               f"{world_size} workers the {role} runs on")
         if sp > 1 and (known := known_config(cfg.model)) is not None:
+            if is_vision(known):
+                raise ConfigError(f"{key}.ulysses_size={sp}: Ulysses sequence parallelism does not split an image's "
+                                  f"tokens ({cfg.model.path} is a vision-language model) yet; set {key}.ulysses_size=1")
             check_heads(known.num_attention_heads, sp, f"{key}.ulysses_size")
             if is_moe(known):
                 raise ConfigError(f"{key}.ulysses_size={sp}: Ulysses sequence parallelism does not split the "
@@ -182,7 +185,7 @@ class FSDPEngine(TrainingEngine):
         self.routing = RoutedForward(tap, moe.router_replay, optim_cfg is not None) if tap is not None else None
         self.vocab_size = module.config.get_text_config().vocab_size
         # log-prob, entropy and sum pi^2 computed in chunks from the last hidden states, without full logits
-        self.chunked_head = not value_head and not self.vision and TokenOutputLM.fits(module)
+        self.chunked_head = not value_head and TokenOutputLM.fits(module)
         layer_classes = set(getattr(module, "_no_split_modules", None) or ())
         self._model = self._shard(TokenOutputLM(module) if self.chunked_head else module, fsdp_cfg, layer_classes)
         if scalings is not None:

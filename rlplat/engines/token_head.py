@@ -30,24 +30,32 @@ from dataclasses import dataclass
 
 import torch
 
+from rlplat.models.vision import is_vision, vision_token_ids
+
 #: model types whose causal-LM forward applies nothing to ``lm_head``'s output (no soft-capping or scaling)
 PLAIN_HEAD_MODELS = frozenset({
     "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral", "mixtral", "olmo2", "phi3", "smollm3",
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
 })
 CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk
 
 
-def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float) -> torch.Tensor:
-    """``(hidden @ weight.T) / T`` in float32 (no pass over the logits for the scaling at T = 1)."""
+def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float,
+                   masked: torch.Tensor | None) -> torch.Tensor:
+    """``(hidden @ weight.T) / T`` in float32 (no pass over the logits for the scaling at T = 1), the ``masked``
+    tokens' at -1e9 (out of the softmax: a vision-language model's vision tokens, rlplat.models.vision)."""
     z = (hidden @ weight.T).float()
-    return z if inv_temperature == 1.0 else z.mul_(inv_temperature)
+    z = z if inv_temperature == 1.0 else z.mul_(inv_temperature)
+    return z if masked is None else z.index_fill_(-1, masked, -1e9)
 
 
 class _ChunkedTokenOutputs(torch.autograd.Function):
-    """``(hidden [N, H], weight [V, H], targets [N]) -> (log_prob [N], entropy [N], Σp² [N])`` in float32."""
+    """``(hidden [N, H], weight [V, H], targets [N]) -> (log_prob [N], entropy [N], Σp² [N])`` in float32 (the
+    ``masked`` tokens out of the softmax)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temperature: float, flags: tuple[bool, bool]):
+    def forward(ctx, hidden, weight, targets, inv_temperature: float, flags: tuple[bool, bool],
+                masked: torch.Tensor | None):
         need_entropy, need_sum_pi_squared = flags
         rows = hidden.shape[0]
         chunk = max(1, CHUNK_BYTES // (4 * weight.shape[0]))
@@ -57,7 +65,7 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
         sum_sq = torch.empty_like(log_prob) if need_sum_pi_squared else log_prob.new_empty(0)
         for start in range(0, rows, chunk):
             end = min(rows, start + chunk)
-            z = _scaled_logits(hidden[start:end], weight, inv_temperature)
+            z = _scaled_logits(hidden[start:end], weight, inv_temperature, masked)
             lse = torch.logsumexp(z, dim=-1)
             log_norm[start:end] = lse
             log_prob[start:end] = z.gather(-1, targets[start:end, None]).squeeze(-1) - lse
@@ -68,7 +76,7 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
                 if need_sum_pi_squared:
                     sum_sq[start:end] = p.square().sum(-1)
         ctx.save_for_backward(hidden, weight, targets, log_norm, entropy)
-        ctx.inv_temperature, ctx.need_entropy, ctx.chunk = inv_temperature, need_entropy, chunk
+        ctx.inv_temperature, ctx.need_entropy, ctx.chunk, ctx.masked = inv_temperature, need_entropy, chunk, masked
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(sum_sq)
         return log_prob, entropy, sum_sq
@@ -83,7 +91,7 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.chunk):
             end = min(hidden.shape[0], start + ctx.chunk)
             h = hidden[start:end]
-            z = _scaled_logits(h, weight, ctx.inv_temperature)
+            z = _scaled_logits(h, weight, ctx.inv_temperature, ctx.masked)
             log_p = z - log_norm[start:end, None]
             p = log_p.exp()
             del z
@@ -106,7 +114,7 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
                 grad_weight += (grad_z.T @ h).float()
         if want_weight:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 @dataclass
@@ -119,12 +127,19 @@ class TokenOutputs:
 
 
 def token_outputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                  need_entropy: bool = False, need_sum_pi_squared: bool = False) -> TokenOutputs:
+                  need_entropy: bool = False, need_sum_pi_squared: bool = False,
+                  masked: torch.Tensor | None = None) -> TokenOutputs:
     """The outputs for ``targets`` ``[N]`` under ``softmax(hidden [N, H] @ weight [V, H].T / temperature)``,
-    computed in chunks (see the module docstring)."""
+    computed in chunks (see the module docstring); ``masked``: token ids left out of the softmax."""
     log_prob, entropy, sum_sq = _ChunkedTokenOutputs.apply(hidden, weight, targets, 1.0 / temperature,
-                                                          (need_entropy, need_sum_pi_squared))
+                                                          (need_entropy, need_sum_pi_squared), masked)
     return TokenOutputs(log_prob, entropy if need_entropy else None, sum_sq if need_sum_pi_squared else None)
+
+
+def _body(causal_lm: torch.nn.Module) -> torch.nn.Module:
+    """What computes ``causal_lm``'s last hidden states: its decoder, or a vision-language model's whole body
+    (vision encoder and language model: ``model``)."""
+    return causal_lm.model if is_vision(causal_lm.config) else causal_lm.get_decoder()
 
 
 class TokenOutputLM(torch.nn.Module):
@@ -133,8 +148,10 @@ class TokenOutputLM(torch.nn.Module):
 
     def __init__(self, causal_lm: torch.nn.Module):
         super().__init__()
-        self.model, self.lm_head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
+        self.model, self.lm_head = _body(causal_lm), causal_lm.get_output_embeddings()
         self.config = causal_lm.config
+        # a vision-language model's vision tokens: out of its policy's softmax (rlplat.models.vision)
+        self.masked = torch.tensor(vision_token_ids(self.config)) if is_vision(self.config) else None
         self.train(causal_lm.training)
 
     @staticmethod
@@ -144,22 +161,25 @@ class TokenOutputLM(torch.nn.Module):
         this class's parameter names are its), the output layer a bias-free linear layer."""
         head = causal_lm.get_output_embeddings()
         return (getattr(causal_lm.config, "model_type", None) in PLAIN_HEAD_MODELS
-                and dict(causal_lm.named_children()) == {"model": causal_lm.get_decoder(), "lm_head": head}
+                and dict(causal_lm.named_children()) == {"model": _body(causal_lm), "lm_head": head}
                 and not any(True for _ in causal_lm.named_parameters(recurse=False))
                 and not any(True for _ in causal_lm.named_buffers(recurse=False))
                 and type(head) is torch.nn.Linear and head.bias is None)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 positions: torch.Tensor, targets: torch.Tensor, temperature: float, need_entropy: bool = False,
-                need_sum_pi_squared: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                need_sum_pi_squared: bool = False,
+                **images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``input_ids``, ``position_ids``, ``attention_mask`` ``[rows, T]`` (no mask: packed rows, see
         :mod:`rlplat.engines.packing`); ``positions`` ``[N]`` index the flattened ``[rows * T]`` positions
         whose next token is ``targets`` ``[N]``. Returns the fields of :class:`TokenOutputs` as a tuple: FSDP2
         hooks the tensors of a tuple output to gather the weights again for the backward pass, and older torch
-        releases (2.11) do not look inside a dataclass (the head weight's storage is then freed in backward)."""
+        releases (2.11) do not look inside a dataclass (the head weight's storage is then freed in backward).
+        ``images``: a vision-language model's image inputs (``pixel_values``, ``image_grid_thw``)."""
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=False).last_hidden_state
+                            use_cache=False, **images).last_hidden_state
         flat = hidden.reshape(-1, hidden.shape[-1])
+        masked = None if self.masked is None else self.masked.to(flat.device)
         out = token_outputs(flat[positions], self.lm_head.weight, targets, temperature, need_entropy,
-                            need_sum_pi_squared)
+                            need_sum_pi_squared, masked)
         return out.log_prob, out.entropy, out.sum_pi_squared

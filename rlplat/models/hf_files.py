@@ -33,6 +33,7 @@ def save_hf_model(buckets: Iterable[list[tuple[str, torch.Tensor]]], path: str |
     output layer is not written (the model ties it to the embedding, as ``save_pretrained`` leaves it out)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from rlplat.models.vision import is_vision
     from rlplat.utils.files import plain_modes
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
@@ -48,7 +49,7 @@ def save_hf_model(buckets: Iterable[list[tuple[str, torch.Tensor]]], path: str |
         config.save_pretrained(tmp)
         _generation_config(model_path, config).save_pretrained(tmp)
         AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_path).save_pretrained(tmp)
-        if os.path.isfile(os.path.join(model_path, "preprocessor_config.json")):  # a vision-language model's
+        if is_vision(config):  # a vision-language model's image processor
             from transformers import AutoImageProcessor
 
             AutoImageProcessor.from_pretrained(model_path).save_pretrained(tmp)

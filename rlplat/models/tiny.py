@@ -13,6 +13,7 @@ from __future__ import annotations
 import string
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -89,11 +90,7 @@ class TinyVisionSpec:
     temporal_patch_size: int = 2
     min_pixels: int = 56 * 56
     max_pixels: int = 112 * 112
-
-    @property
-    def vision_config(self) -> dict:
-        """The vision encoder's settings (what marks a vision-language model's config: rlplat.models.vision)."""
-        return {key: value for key, value in asdict(self).items() if key != "text"}
+    model_type: ClassVar[str] = "qwen2_5_vl"  # what the built model's config says (rlplat.models.vision.is_vision)
 
 
 def build_tokenizer(extra_specials: tuple[str, ...] = (), chat_template: str = CHAT_TEMPLATE):

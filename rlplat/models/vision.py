@@ -19,12 +19,16 @@ from collections.abc import Sequence
 
 import torch
 
+from rlplat.data.vision import ImageInputs
+
 VISION_TOWER = "visual"  # the vision encoder's module name in Qwen-VL models (model.visual)
+QWEN_VL = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})  # the model types rlplat trains with images
 
 
 def is_vision(config) -> bool:
-    """Whether ``config`` is a vision-language model's (it has a vision encoder's config)."""
-    return getattr(config, "vision_config", None) is not None
+    """Whether ``config`` is a vision-language model rlplat trains with images (the Qwen-VL family; another
+    model with a vision encoder runs as the text model it also is, as it did before)."""
+    return getattr(config, "model_type", None) in QWEN_VL
 
 
 def auto_model_class(config):
@@ -41,6 +45,16 @@ def load_generative(path: str, **kwargs) -> torch.nn.Module:
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=kwargs.get("trust_remote_code", False))
     return auto_model_class(config).from_pretrained(path, **kwargs)
+
+
+def image_inputs_of(path: str, tokenizer, data_cfg, trust_remote_code: bool = False) -> ImageInputs | None:
+    """The image inputs of the model ``path`` (a directory or hub id) when it is a vision-language model, else
+    None (a text model: a row with images is then an error, rlplat.data.dataset)."""
+    from transformers import AutoConfig
+
+    if not is_vision(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)):
+        return None
+    return ImageInputs.load(path, tokenizer, data_cfg)
 
 
 def vision_token_ids(config) -> list[int]:

@@ -128,7 +128,7 @@ def check_inputs(cfg: DictConfig, plan, model_path: Callable[[], str]) -> tuple[
     """Load what the run loads first (imports, reward functions, the model's config, tokenizer and image
     processor) and print the plan's header; returns the model's shape, tokenizer and image inputs (None: a
     text model)."""
-    from rlplat.data.vision import ImageInputs
+    from rlplat.models.vision import image_inputs_of
 
     from transformers import AutoConfig, AutoTokenizer
 
@@ -141,7 +141,7 @@ def check_inputs(cfg: DictConfig, plan, model_path: Callable[[], str]) -> tuple[
     config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     shape = ModelShape.from_config(config)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or path)
-    images = ImageInputs.of_model(path, tokenizer, cfg.data)
+    images = image_inputs_of(path, tokenizer, cfg.data, cfg.model.trust_remote_code)
     rollout = cfg.rollout
     pool = (f" on {rollout.nnodes * rollout.workers_per_node} worker(s) of its own, "
             f"{cfg.trainer.async_steps} step(s) ahead" if rollout.mode == "separate" else "")

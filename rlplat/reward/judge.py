@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rlplat.data.vision import text_of
 from rlplat.reward.calls import CallOutcome, RewardFailure, RewardValue
 
 _NUMBER = r"-?\d+(?:\.\d+)?"
@@ -38,10 +39,11 @@ _FIELDS = ("question", "response", "reference")
 
 
 def question_of(messages: Sequence[Any]) -> str:
-    """The content of the prompt's last user message (all messages' contents when none is a user's)."""
+    """The content of the prompt's last user message (all messages' contents when none is a user's; an image as
+    ``<image>``)."""
     messages = [dict(m) for m in messages]
     users = [m for m in messages if m.get("role") == "user"]
-    return str((users or messages)[-1].get("content", "")) if messages else ""
+    return text_of((users or messages)[-1].get("content", "")) if messages else ""
 
 
 def check_template(template: str) -> None:

@@ -21,8 +21,8 @@ from rlplat.config.imports import import_user_modules
 from rlplat.config.plan import RunPlan
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
 from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
-from rlplat.data.vision import ImageInputs
 from rlplat.models.embedded import EMBEDDED
+from rlplat.models.vision import image_inputs_of
 from rlplat.protocol import Batch
 from rlplat.reward import RewardManager, ScoreReport, build_reward_manager
 from rlplat.reward.batch import ModelScorers, TrainingScores, score_batch, training_scores
@@ -234,7 +234,7 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
     data = cfg.data
-    images = ImageInputs.of_model(model_path, tokenizer, data)  # a vision-language model's (else None)
+    images = image_inputs_of(model_path, tokenizer, data, cfg.model.trust_remote_code)  # a VLM's (else None)
 
     def dataset(files: tuple[str, ...], split: str) -> RLDataset:
         return RLDataset(resolve_files(list(files), split), tokenizer, data.max_prompt_length, data.truncation,
@@ -252,7 +252,7 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
                       project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name, resume=resuming)
     actor, ref, critic, rollout, scorers, pools = _in_process_groups(cfg, plan) if in_process else launched
     _load_models(cfg, plan, model_path, actor, ref, critic, rollout, scorers)
-    weights = WeightPush(cfg, plan, actor, rollout, ref, list(val_data[0]["prompt_ids"]))
+    weights = WeightPush(cfg, plan, actor, rollout, ref, val_data.probe_ids())
     weights.open_channels()
     reward_model, judge = scorers
     if cfg.reward.judge.url:

@@ -17,6 +17,7 @@ from rlplat.config.plan import RunPlan
 from rlplat.models.embedded import is_embedded
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import missing_logger_package
+from rlplat.workers.engine_setup import check_vision, rollout_declaration
 
 
 def check_output_dir(path: str) -> None:
@@ -43,8 +44,9 @@ def _looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~", ".")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
 
 
-def check_model_path(path: str, key: str = "model.path") -> None:
-    """A local directory with ``config.json``, or a hub id whose config can be fetched (or is cached)."""
+def check_model_path(path: str, key: str = "model.path"):
+    """A local directory with ``config.json``, or a hub id whose config can be fetched (or is cached): then the
+    config (None for a directory, which start-up read)."""
     local = Path(path).expanduser()
     if local.exists():
         if not local.is_dir():
@@ -59,7 +61,7 @@ def check_model_path(path: str, key: str = "model.path") -> None:
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RunError(f"{key}={path!r} is not a local directory, and fetching it from the hub failed ({reason}); "
@@ -75,8 +77,9 @@ def check_loggers(loggers) -> None:
 def preflight(cfg: DictConfig, plan: RunPlan) -> None:
     check_output_dir(cfg.trainer.output_dir)
     check_loggers(cfg.trainer.logger)
-    if not is_embedded(cfg.model.path):
-        check_model_path(cfg.model.path)
+    if not is_embedded(cfg.model.path) and (config := check_model_path(cfg.model.path)) is not None:
+        # a hub id: a vision-language model's settings, which start-up could not check without the config
+        check_vision(cfg, plan, rollout_declaration(cfg, plan.device, require_installed=False), config)
     if cfg.model.tokenizer_path:
         check_model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
     if cfg.critic.model_path and plan.needs_critic:

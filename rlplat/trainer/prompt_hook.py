@@ -39,7 +39,7 @@ class PromptHook:
             raise RunError(f"step {step}: data.dynamic_prompts_fn raised {type(err).__name__}: {err}") from err
         picked = [] if picked is None else picked
         expected = (f"expected None or a list of dataset indices in [0, {len(dataset)}) and/or rows "
-                    f"(JSON-able dicts with data_source, prompt, reward_model)")
+                    f"(JSON-able dicts with data_source, prompt, reward_model; a row's images as file paths)")
         if not isinstance(picked, (list, tuple)):
             raise RunError(f"step {step}: data.dynamic_prompts_fn returned a {type(picked).__name__}; {expected}")
         queued: list[int | dict] = []

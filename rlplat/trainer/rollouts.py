@@ -61,8 +61,9 @@ class RolloutCalls:
         """The responses :meth:`start` submitted, with the prompts' columns (and the baseline scores)."""
         sampled, greedy = started
         out = sampled.result()
-        if not self.reads_rows:
-            out = out.union(prompts.repeat(self.n, interleave=True).select(tensor_keys=[]))
+        if not self.reads_rows:  # the columns the workers were not sent (image inputs came back with the rows)
+            columns = [key for key in prompts.non_tensors if key not in out.non_tensors]
+            out = out.union(prompts.repeat(self.n, interleave=True).select(tensor_keys=[], non_tensor_keys=columns))
         if greedy is not None:  # ReMax: the greedy response's score
             scored = self.baseline_reward(greedy.result(), {})
             baseline = scored.tensors["token_level_scores"].sum(-1).repeat_interleave(self.n)

@@ -34,6 +34,7 @@ from rlplat.data.dataset import ToolsOf
 from rlplat.data.vision import ImageInputs
 from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, TOOL_WARM_START, embedded_model_dir, spec_of, warm_start_of
 from rlplat.models.tiny import build_tiny_model
+from rlplat.models.vision import image_inputs_of
 from rlplat.protocol import Batch
 from rlplat.agents.setup import Environments
 from rlplat.rollout.base import assemble_rollout
@@ -107,7 +108,7 @@ def run_sft(
     ])
     OmegaConf.resolve(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    images = ImageInputs.of_model(model_path, tokenizer, cfg.data)
+    images = image_inputs_of(model_path, tokenizer, cfg.data, cfg.model.trust_remote_code)
     data = RLDataset(resolve_files(data_files, "train"), tokenizer, cfg.data.max_prompt_length, "filter", True,
                      row_tools, images)
     sampler = PromptSampler(len(data), batch_size, shuffle=True, seed=seed)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
+from rlplat.data.vision import text_of
 from rlplat.protocol import Batch
 from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import validation_metrics
@@ -77,7 +78,7 @@ class Validator:
 def _samples(batch: Batch, responses: list[str], scores: list[float], correct: list[float]) -> list[dict]:
     """One dict per response of a validation batch: the prompt's last message, response, score, ..."""
     nt = batch.non_tensors
-    return [{"prompt": prompt[-1]["content"], "response": response, "score": score, "correct": ok,
+    return [{"prompt": text_of(prompt[-1]["content"]), "response": response, "score": score, "correct": ok,
              "ground_truth": truth, "data_source": source}
             for prompt, response, score, ok, truth, source in zip(nt["raw_prompt"], responses, scores, correct,
                                                                   nt["ground_truth"], nt["data_source"])]

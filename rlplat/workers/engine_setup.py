@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlplat.config.errors import ConfigError
-from rlplat.config.plan import EngineDeclarations, RunPlan, make_plan
+from rlplat.config.plan import EngineDeclarations, RolloutDeclaration, RunPlan, make_plan
 from rlplat.config.validate import resolve_device
 from rlplat.engines import TRAINING_ENGINES, TrainingEngine
 from rlplat.engines.routing import ROUTER_REPLAY
@@ -48,6 +48,12 @@ def _rollout_engine_class(cfg: DictConfig, require_installed: bool = True) -> ty
     return _registered(ROLLOUT_ENGINES, "rollout.name", name, require_installed)
 
 
+def rollout_declaration(cfg: DictConfig, device: str, require_installed: bool = True) -> RolloutDeclaration:
+    """What the rollout engine (``rollout.name``, or its server client) declares for its section on ``device``."""
+    section = cfg.rollout.server if cfg.rollout.mode == "server" else cfg.rollout.get(cfg.rollout.name)
+    return _rollout_engine_class(cfg, require_installed).declare(section, device)
+
+
 def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool = True) -> RunPlan:
     """The run's plan from a validated ``cfg`` and its engines' declarations; raises ConfigError (one line
     naming the key) if an engine cannot be built, or cannot run its settings, on the run's device
@@ -58,11 +64,11 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
     actor_cls = _registered(TRAINING_ENGINES, "actor.strategy", cfg.actor.strategy, require_installed)
     rollout_cls = _rollout_engine_class(cfg, require_installed)
     rollout_section = cfg.rollout.server if cfg.rollout.mode == "server" else cfg.rollout.get(cfg.rollout.name)
-    rollout = rollout_cls.declare(rollout_section, device)
+    rollout = rollout_declaration(cfg, device, require_installed)
     declarations = EngineDeclarations(actor_dtype=actor_cls.computes_in(cfg.actor.get(cfg.actor.strategy), device),
                                       rollout=rollout)
     plan = make_plan(cfg, device, declarations)
-    check_vision(cfg, plan, rollout)  # before the engines read the model's (text) shape
+    check_vision(cfg, plan, rollout, known_config(cfg.model))
     roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref}  # the engines this run builds
     for role in (role for role, built in roles.items() if built):
         engine_cls = _registered(TRAINING_ENGINES, f"{role}.strategy", cfg[role].strategy, require_installed)
@@ -114,11 +120,12 @@ def check_experts(cfg: DictConfig, rollout) -> None:
                           f"carry the rollout's routing yet (docs/moe.md); use r2 or none")
 
 
-def check_vision(cfg: DictConfig, plan: RunPlan, rollout) -> None:
-    """What a vision-language model (``model.path``'s config has a vision encoder) runs with (docs/vision.md):
-    the FSDP engines without Ulysses, single-turn rollouts from an engine that takes images, no critic."""
-    known = known_config(cfg.model)
-    if known is None or not is_vision(known):
+def check_vision(cfg: DictConfig, plan: RunPlan, rollout, config) -> None:
+    """What a vision-language model (``model.path``) runs with besides what the training engines check
+    (``trains_vision``; docs/vision.md): single-turn rollouts from an engine that takes images, no critic, no
+    LoRA. ``config``: the model's (None: not known yet, a hub id before :func:`rlplat.trainer.preflight.preflight`
+    fetches it)."""
+    if config is None or not is_vision(config):
         return
     what = f"model.path={cfg.model.path} is a vision-language model"
     if not rollout.takes_images:
@@ -126,13 +133,6 @@ def check_vision(cfg: DictConfig, plan: RunPlan, rollout) -> None:
         raise ConfigError(f"{what}, and the {cfg.rollout.name} engine does not generate from images with these "
                           f"settings{why} (docs/vision.md); use rollout.name=hf "
                           f"(rollout.hf.use_model_generation_config=false)")
-    roles = ["actor", "ref"] if plan.needs_ref else ["actor"]
-    for role in roles:
-        if cfg[role].strategy != "fsdp":
-            raise ConfigError(f"{what}: {role}.strategy={cfg[role].strategy} does not train one (yet); use fsdp")
-        if cfg[role].fsdp.ulysses_size > 1:
-            raise ConfigError(f"{what}: {role}.fsdp.ulysses_size={cfg[role].fsdp.ulysses_size}: Ulysses sequence "
-                              f"parallelism does not split an image's tokens (yet); set it to 1")
     if plan.needs_critic:
         raise ConfigError(f"{what}: algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs a critic, which "
                           f"rlplat does not build for one (yet); use a critic-free estimator (grpo, rloo, ...)")

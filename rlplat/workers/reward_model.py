@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlplat.data.vision import text_of
 from rlplat.protocol import Batch
 from rlplat.utils.errors import RunError
 from rlplat.workers.base import Dispatch, Worker, register
@@ -22,8 +23,9 @@ from rlplat.workers.base import Dispatch, Worker, register
 
 def render_for_reward_model(tokenizer, messages: list[dict], response: str, templated: bool) -> str:
     """The text a reward model scores: its chat template over the prompt's messages plus the response as
-    the assistant's turn (``templated``), else the messages' contents then the response."""
-    messages = [dict(m) for m in messages]
+    the assistant's turn (``templated``), else the messages' contents then the response (an image as ``<image>``:
+    the reward model reads text)."""
+    messages = [{**m, "content": text_of(m.get("content", ""))} for m in messages]
     if templated:
         return tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": response}], tokenize=False)
     return "\n".join(str(m.get("content", "")) for m in messages) + "\n" + response

@@ -15,10 +15,10 @@ from transformers import AutoTokenizer
 from rlplat.config.errors import ConfigError
 from rlplat.controller import InProcessWorkerGroup
 from rlplat.data import DataError, RLDataset, collate
-from rlplat.data.vision import MULTI_MODAL, ImageInputs
+from rlplat.data.vision import MULTI_MODAL
 from rlplat.engines.base import MicroBatching, micro_batches
 from rlplat.models.tiny import build_tiny_vision_model
-from rlplat.models.vision import rope_positions
+from rlplat.models.vision import image_inputs_of, rope_positions
 from rlplat.protocol import Batch
 from rlplat.workers.roles import ActorRolloutRefWorker
 
@@ -48,7 +48,7 @@ def row(content, images, truth="1"):
 
 def image_inputs(path, **data):
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return tokenizer, ImageInputs.of_model(path, tokenizer, OmegaConf.create({**DATA, **data}))
+    return tokenizer, image_inputs_of(path, tokenizer, OmegaConf.create({**DATA, **data}))
 
 
 def dataset(tmp_path, path, rows, name="d.parquet", **data):
@@ -107,18 +107,34 @@ def test_an_image_whose_pixels_do_not_decode_stops_the_batch_naming_its_row(tmp_
         collate(data.items, data.tokenizer.pad_token_id, data.images)
 
 
+def test_image_rows_need_the_chat_template(tmp_path, vl_path):
+    tokenizer, images = image_inputs(vl_path)
+    pd.DataFrame([row("<image>?", [png((1, 2, 3))])]).to_parquet(tmp_path / "d.parquet")
+    with pytest.raises(DataError, match="row 0: a prompt with images needs data.apply_chat_template=true"):
+        RLDataset(str(tmp_path / "d.parquet"), tokenizer, 96, apply_chat_template=False, images=images)
+
+
 def test_an_image_over_the_limit_is_shrunk_when_truncation_allows(tmp_path, vl_path):
     data = dataset(tmp_path, vl_path, [row("<image>?", [png((1, 2, 3), (400, 400))])], truncation="filter")
     assert data.images.inputs(data[0]["images"])["image_grid_thw"].prod() * 14 * 14 <= 112 * 112
 
 
-def test_a_text_model_refuses_image_rows(tmp_path):
+def test_a_text_model_refuses_image_rows_and_text_rows_stay_text(tmp_path):
     from rlplat.models.tiny import build_tiny_model
 
-    path = build_tiny_model(tmp_path / "text")
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "text"))
     pd.DataFrame([row("<image>?", [png((1, 2, 3))])]).to_parquet(tmp_path / "d.parquet")
     with pytest.raises(DataError, match="row 0: the row has images, but the model has no image processor"):
-        RLDataset(str(tmp_path / "d.parquet"), AutoTokenizer.from_pretrained(path), 96)
+        RLDataset(str(tmp_path / "d.parquet"), tokenizer, 96)
+    # a text dataset's literal "<image>" (no image column), and its own "image" column beside prompts that show
+    # no image, are text and data as before
+    texts = [{"data_source": "x", "prompt": [{"role": "user", "content": content}],
+              "reward_model": {"ground_truth": "1"}, **extra}
+             for content, extra in (("what is <image>?", {}), ("a cat", {"image": "https://x.org/cat.png"}))]
+    for i, text in enumerate(texts):
+        pd.DataFrame([text]).to_parquet(tmp_path / f"t{i}.parquet")
+        item = RLDataset(str(tmp_path / f"t{i}.parquet"), tokenizer, 96)[0]
+        assert item["raw_prompt"] == text["prompt"] and "images" not in item
 
 
 def _group(path, extra=()):
@@ -134,6 +150,7 @@ def test_rollout_log_probs_on_image_prompts_are_the_trainers_packed_and_padded(t
     try:
         engine = group.worker.actor
         assert engine.vision and engine.pack_sequences  # the start-up check: packed rows score as padded ones
+        assert engine.chunked_head  # log-probs from the last hidden states in chunks, without [tokens, V] logits
         torch.manual_seed(0)
         out = group.generate_sequences(vl_prompts(tmp_path, vl_path))
         image_ids = torch.tensor([engine.model.config.image_token_id, engine.model.config.vision_start_token_id])
@@ -233,6 +250,8 @@ def test_the_frozen_vision_tower_is_not_trained_or_synced(tmp_path, vl_path):
     ("rollout.hf.use_model_generation_config=true", "engine does not generate from images"),
     ("rollout.agent.name=tool", "agent loop's conversations do not carry images"),
     ("model.lora.rank=4", "LoRA does not tell the vision tower's layers"),
+    ("algorithm=ppo", "algorithm.adv_estimator=gae needs a critic"),
+    ("actor.strategy=megatron", "actor.strategy=megatron: .* is a vision-language model, which this engine does not"),
 ])
 def test_what_a_vision_language_model_does_not_run_with_is_refused_at_start_up(vl_path, override, expected):
     from rlplat.trainer.run import load_run_config
@@ -240,3 +259,18 @@ def test_what_a_vision_language_model_does_not_run_with_is_refused_at_start_up(v
     workers = ["trainer.workers_per_node=2"] if "ulysses" in override else ["trainer.ray_address=inprocess"]
     with pytest.raises(ConfigError, match=expected):
         load_run_config([f"model.path={vl_path}", override, *workers])
+
+
+def test_a_hub_vision_language_model_is_checked_once_its_config_is_fetched(vl_path, tmp_path, monkeypatch):
+    """A hub id's config is not known at start-up; the preflight that fetches it runs the same checks."""
+    from transformers import AutoConfig
+
+    from rlplat.trainer import preflight
+    from rlplat.trainer.run import load_run_config
+
+    cfg, plan = load_run_config(["model.path=Qwen/Qwen2.5-VL-7B-Instruct", "algorithm=ppo",
+                                 "trainer.ray_address=inprocess", f"trainer.output_dir={tmp_path}"])
+    monkeypatch.setattr(preflight, "check_model_path",
+                        lambda path, key="model.path": AutoConfig.from_pretrained(vl_path))
+    with pytest.raises(ConfigError, match="is a vision-language model: algorithm.adv_estimator=gae needs a critic"):
+        preflight.preflight(cfg, plan)

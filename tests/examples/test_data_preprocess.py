@@ -124,7 +124,7 @@ def test_geometry3k_rows_keep_their_images_and_are_scored(tmp_path):
     from PIL import Image
     from transformers import AutoTokenizer
 
-    from rlplat.data.vision import ImageInputs
+    from rlplat.models.vision import image_inputs_of
     from rlplat.models.tiny import build_tiny_vision_model
 
     def png(size) -> bytes:
@@ -144,7 +144,7 @@ def test_geometry3k_rows_keep_their_images_and_are_scored(tmp_path):
     assert done.returncode == 0, done.stderr
     model = build_tiny_vision_model(tmp_path / "vl")
     tokenizer = AutoTokenizer.from_pretrained(model)
-    images = ImageInputs.of_model(str(model), tokenizer, OmegaConf.create(
+    images = image_inputs_of(str(model), tokenizer, OmegaConf.create(
         {"image_min_pixels": None, "image_max_pixels": None, "truncation": "error"}))
     data = RLDataset([str(tmp_path / "out" / "train.parquet")], tokenizer, 512, "error", True, images=images)
     assert [images.inputs(data[i]["images"])["image_grid_thw"].tolist() for i in range(2)] == [[[1, 4, 6]], [[1, 4, 4]]]

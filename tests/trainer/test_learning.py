@@ -97,10 +97,9 @@ def image_inputs(model, model_dir: str, rows: list[dict], ids: torch.Tensor, mas
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    from rlplat.data.vision import ImageInputs
     from rlplat.models import vision
 
-    images = ImageInputs.of_model(model_dir, AutoTokenizer.from_pretrained(model_dir), OmegaConf.create(
+    images = vision.image_inputs_of(model_dir, AutoTokenizer.from_pretrained(model_dir), OmegaConf.create(
         {"image_min_pixels": None, "image_max_pixels": None, "truncation": "error"}))
     multi_modal = [images.inputs(row["images"]) if "images" in row else None for row in rows]
     positions = vision.rope_positions(model, ids, mask, multi_modal)
@@ -123,10 +122,10 @@ def held_out_rows(model_dir: str, task: str = "arithmetic") -> list[dict]:
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    from rlplat.data.vision import ImageInputs
+    from rlplat.models.vision import image_inputs_of
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    images = ImageInputs.of_model(model_dir, tokenizer, OmegaConf.create(
+    images = image_inputs_of(model_dir, tokenizer, OmegaConf.create(
         {"image_min_pixels": None, "image_max_pixels": None, "truncation": "error"}))
     data = RLDataset(resolve_files([f"builtin:{task}"], "test"), tokenizer, 128, "error", True, images=images)
     return [data[i] for i in range(len(data))]
