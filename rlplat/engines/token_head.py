@@ -99,6 +99,8 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
                 g = grad_log_prob[start:end, None]
                 grad_z = p * -g
                 grad_z.scatter_add_(-1, targets[start:end, None], g)
+                if ctx.masked is not None:  # constant logits (a target among them, which no rollout samples)
+                    grad_z.index_fill_(-1, ctx.masked, 0.0)
             else:
                 grad_z = torch.zeros_like(p)
             if use_entropy:  # in place on log_p, which is not needed after this

@@ -52,15 +52,21 @@ def is_embedded(model_path: str) -> bool:
 
 def known_config(model_cfg):
     """The architecture of ``model.path`` when it is known without downloading: the embedded models' spec
-    (:data:`SPEC` or :data:`MOE_SPEC`, no vocabulary size) or a local directory's config; None for a hub id
-    (checked when it loads)."""
+    (:data:`SPEC` or :data:`MOE_SPEC`, no vocabulary size), a local directory's config, or a hub id's already in
+    the Hugging Face cache (once :func:`rlplat.trainer.preflight.preflight` fetched it); else None (checked when it
+    loads)."""
     if is_embedded(model_cfg.path):
         return spec_of(model_cfg.path)
-    if not os.path.isfile(os.path.join(model_cfg.path, "config.json")):
-        return None
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+    local = os.path.isfile(os.path.join(model_cfg.path, "config.json"))
+    try:
+        return AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
+                                          local_files_only=not local)
+    except (OSError, ValueError):
+        if local:
+            raise
+        return None
 
 
 def spec_of(name: str) -> TinyModelSpec | TinyMoESpec | TinyVisionSpec:

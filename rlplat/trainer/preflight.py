@@ -15,9 +15,9 @@ from omegaconf import DictConfig
 
 from rlplat.config.plan import RunPlan
 from rlplat.models.embedded import is_embedded
+from rlplat.models.vision import is_vision
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import missing_logger_package
-from rlplat.workers.engine_setup import check_vision, rollout_declaration
 
 
 def check_output_dir(path: str) -> None:
@@ -78,8 +78,10 @@ def preflight(cfg: DictConfig, plan: RunPlan) -> None:
     check_output_dir(cfg.trainer.output_dir)
     check_loggers(cfg.trainer.logger)
     if not is_embedded(cfg.model.path) and (config := check_model_path(cfg.model.path)) is not None:
-        # a hub id: a vision-language model's settings, which start-up could not check without the config
-        check_vision(cfg, plan, rollout_declaration(cfg, plan.device, require_installed=False), config)
+        if is_vision(config):  # a hub id's: plan again now that its config is known (what the engines refuse)
+            from rlplat.workers.engine_setup import plan_run
+
+            plan_run(cfg, plan.device)
     if cfg.model.tokenizer_path:
         check_model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
     if cfg.critic.model_path and plan.needs_critic:

@@ -258,19 +258,27 @@ def test_what_a_vision_language_model_does_not_run_with_is_refused_at_start_up(v
 
     workers = ["trainer.workers_per_node=2"] if "ulysses" in override else ["trainer.ray_address=inprocess"]
     with pytest.raises(ConfigError, match=expected):
-        load_run_config([f"model.path={vl_path}", override, *workers])
+        load_run_config([f"model.path={vl_path}", override, *workers], require_installed=False)
 
 
-def test_a_hub_vision_language_model_is_checked_once_its_config_is_fetched(vl_path, tmp_path, monkeypatch):
-    """A hub id's config is not known at start-up; the preflight that fetches it runs the same checks."""
+@pytest.mark.parametrize("override, expected", [
+    ("algorithm=ppo", "is a vision-language model: algorithm.adv_estimator=gae needs a critic"),
+    ("actor.strategy=megatron", "actor.strategy=megatron: .* is a vision-language model, which this engine does not"),
+])
+def test_a_hub_vision_language_model_is_checked_once_its_config_is_fetched(vl_path, tmp_path, monkeypatch, override,
+                                                                           expected):
+    """A hub id's config is not known at start-up (offline, not cached: planned as a text model); once preflight
+    has fetched it (here the hub answers with the tiny model's config), the run is planned again and refused."""
     from transformers import AutoConfig
 
-    from rlplat.trainer import preflight
+    from rlplat.trainer.preflight import preflight
     from rlplat.trainer.run import load_run_config
 
-    cfg, plan = load_run_config(["model.path=Qwen/Qwen2.5-VL-7B-Instruct", "algorithm=ppo",
-                                 "trainer.ray_address=inprocess", f"trainer.output_dir={tmp_path}"])
-    monkeypatch.setattr(preflight, "check_model_path",
-                        lambda path, key="model.path": AutoConfig.from_pretrained(vl_path))
-    with pytest.raises(ConfigError, match="is a vision-language model: algorithm.adv_estimator=gae needs a critic"):
-        preflight.preflight(cfg, plan)
+    hub = "Qwen/Qwen2.5-VL-7B-Instruct"
+    cfg, plan = load_run_config([f"model.path={hub}", override, "trainer.ray_address=inprocess",
+                                 f"trainer.output_dir={tmp_path}"], require_installed=False)
+    fetch = AutoConfig.from_pretrained
+    monkeypatch.setattr(AutoConfig, "from_pretrained",
+                        lambda path, **kwargs: fetch(vl_path if path == hub else path, **kwargs))
+    with pytest.raises(ConfigError, match=expected):
+        preflight(cfg, plan)
