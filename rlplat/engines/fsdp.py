@@ -118,13 +118,7 @@ class FSDPEngine(TrainingEngine):
             raise ConfigError(f"{key}.ulysses_size={sp} splits each sequence over {sp} workers, and must divide the "
                               f"{world_size} workers the {role} runs on")
         if sp > 1 and (known := known_config(cfg.model)) is not None:
-            if is_vision(known):
-                raise ConfigError(f"{key}.ulysses_size={sp}: Ulysses sequence parallelism does not split an image's "
-                                  f"tokens ({cfg.model.path} is a vision-language model) yet; set {key}.ulysses_size=1")
-            check_heads(known.num_attention_heads, sp, f"{key}.ulysses_size")
-            if is_moe(known):
-                raise ConfigError(f"{key}.ulysses_size={sp}: Ulysses sequence parallelism does not split the "
-                                  f"routing of a mixture of experts ({cfg.model.path}) yet; set {key}.ulysses_size=1")
+            check_ulysses(known, sp, key, cfg.model.path)
         actor_sp = cfg.actor.fsdp.ulysses_size if cfg.actor.strategy == "fsdp" else 1
         if role == "ref" and cfg.ref.placement == "colocated" and sp not in (1, actor_sp):
             raise ConfigError(f"{key}.ulysses_size={sp}: a colocated reference splits its sequences over the "
@@ -146,21 +140,7 @@ class FSDPEngine(TrainingEngine):
     ):
         self.ctx, self.value_head = dist_ctx, value_head
         module = load_hf_model(model_path, model_cfg, value_head)
-        # Ulysses sequence parallelism (fsdp.ulysses_size): each replica is a group of sp_size consecutive ranks
-        # that run one micro-batch, each on a slice of its sequences
-        self.sp_size, self.sp_group, self.dp_group = fsdp_cfg.ulysses_size, None, None
-        self._sequence_shard: SequenceShard | None = None  # the last forward's, for a backward that recomputes it
-        if self.sp_size > 1:
-            check_heads(module.config.num_attention_heads, self.sp_size, "fsdp.ulysses_size")
-            if is_moe(module.config):  # a hub id's config is read only here (check_config refuses a known one)
-                raise ValueError(f"fsdp.ulysses_size={self.sp_size}: Ulysses sequence parallelism does not split "
-                                 f"the routing of a mixture of experts ({model_path}) yet")
-            if is_vision(module.config):
-                raise ValueError(f"fsdp.ulysses_size={self.sp_size}: Ulysses sequence parallelism does not split "
-                                 f"an image's tokens ({model_path} is a vision-language model) yet")
-            register_ulysses()
-            module.set_attn_implementation(ULYSSES)
-            self.dp_group, self.sp_group = dist_ctx.replica_groups(self.sp_size)
+        self._split_sequences(module, fsdp_cfg.ulysses_size, model_path)
         # LoRA adapters (model.lora, the actor only; initialised from ``seed`` alike on every rank): the scaling
         # of each adapted layer by its name
         scalings = inject_lora(module, lora, seed) if lora is not None and lora.rank else None
@@ -170,15 +150,7 @@ class FSDPEngine(TrainingEngine):
             _without_dropout(module)  # ... whose dropout stays off: updates see the log-probs the rollout had
         if optim_cfg is None:
             module.requires_grad_(False)
-        self.vision = is_vision(module.config)
-        # the tokens a VLM's responses never hold: out of its policy's softmax (rlplat.models.vision)
-        self.vision_tokens = torch.tensor(vision_token_ids(module.config), device=dist_ctx.device) \
-            if self.vision else None
-        if self.vision and optim_cfg is not None and vision is not None and vision.freeze:  # actor.vision.freeze
-            self.frozen_names = frozenset(vision_parameters(module))
-            for name, param in module.named_parameters():
-                if name in self.frozen_names:
-                    param.requires_grad_(False)
+        self._see(module, vision if optim_cfg is not None else None)
         install_gated_mlp(module)  # keeps half of the MLP's activations for the backward pass
         # a mixture of experts (``moe``: actor.moe): the routing its forwards replay and record (rlplat.engines.routing)
         tap = RouterTap.of(module, moe) if moe is not None else None
@@ -198,6 +170,29 @@ class FSDPEngine(TrainingEngine):
                   f"(its attention ignores restarting position ids): running with padding; set "
                   f"<role>.fsdp.pack_sequences=false to skip this check", flush=True)
         self.packing_efficiency()  # the check's tokens are not the run's
+
+    def _split_sequences(self, module: torch.nn.Module, sp_size: int, model_path: str) -> None:
+        """Ulysses sequence parallelism (fsdp.ulysses_size): each replica is a group of ``sp_size`` consecutive
+        ranks that run one micro-batch, each on a slice of its sequences."""
+        self.sp_size, self.sp_group, self.dp_group = sp_size, None, None
+        self._sequence_shard: SequenceShard | None = None  # the last forward's, for a backward that recomputes it
+        if sp_size > 1:
+            check_ulysses(module.config, sp_size, "fsdp", model_path)  # a hub id's config is first read here
+            register_ulysses()
+            module.set_attn_implementation(ULYSSES)
+            self.dp_group, self.sp_group = self.ctx.replica_groups(sp_size)
+
+    def _see(self, module: torch.nn.Module, trained_vision: DictConfig | None) -> None:
+        """A vision-language model's tokens that its responses never hold, out of its policy's softmax
+        (rlplat.models.vision), and its vision tower frozen when trained with ``actor.vision.freeze``."""
+        self.vision = is_vision(module.config)
+        self.vision_tokens = torch.tensor(vision_token_ids(module.config), device=self.ctx.device) \
+            if self.vision else None
+        if self.vision and trained_vision is not None and trained_vision.freeze:
+            self.frozen_names = frozenset(vision_parameters(module))
+            for name, param in module.named_parameters():
+                if name in self.frozen_names:
+                    param.requires_grad_(False)
 
     def _shard(self, module: torch.nn.Module, fsdp_cfg: DictConfig, layer_classes: set[str]) -> torch.nn.Module:
         """``module`` as the root of FSDP2, each submodule whose class is named in ``layer_classes`` (the
@@ -407,31 +402,20 @@ class FSDPEngine(TrainingEngine):
         return self.lora.merge(gather_bucket(bucket, None, self.ctx), dtype)
 
     def blend_weights(self, buckets, alpha):
-        from torch.distributed.tensor import DTensor, Shard
-
         if self.lora is not None:
             raise TypeError("blend_weights: an engine with LoRA adapters is the reference with its adapters off")
+        blend_shards(self._model.state_dict(), buckets, alpha, self.ctx)
 
-        params = self._model.state_dict()  # name -> this rank's Shard(0) piece (tied weights share one)
-        given, blended = set(), set()
-        with torch.no_grad():
-            for bucket in buckets:
-                for name, full in bucket:
-                    given.add(name)
-                    target = params.get(name)
-                    if target is None:
-                        continue  # reported by check_blended
-                    local = target.to_local() if isinstance(target, DTensor) else target
-                    if local.numel() and local.data_ptr() in blended:
-                        continue  # a tied weight (lm_head = embed_tokens), already blended once
-                    blended.add(local.data_ptr())
-                    piece = full.to(local.device)
-                    if isinstance(target, DTensor) and target.placements == (Shard(0),):
-                        rows = _dim0_shard_sizes(full.shape[0], self.ctx.world_size)
-                        start = sum(rows[: self.ctx.rank])
-                        piece = piece[start : start + rows[self.ctx.rank]]
-                    blend_(local, piece, alpha)
-        check_blended(given, params)
+
+def check_ulysses(config, sp: int, key: str, path: str) -> None:
+    """``sp`` (``<key>.ulysses_size``) divides ``config``'s attention heads, and the model is one whose
+    sequences Ulysses splits: not yet a mixture of experts' routing or a vision-language model's images."""
+    for refused, what in ((is_vision, f"an image's tokens ({path} is a vision-language model)"),
+                          (is_moe, f"the routing of a mixture of experts ({path})")):
+        if refused(config):
+            raise ConfigError(f"{key}.ulysses_size={sp}: Ulysses sequence parallelism does not split {what} yet; "
+                              f"set {key}.ulysses_size=1")
+    check_heads(config.num_attention_heads, sp, f"{key}.ulysses_size")
 
 
 def _without_dropout(module: torch.nn.Module) -> None:
@@ -441,6 +425,32 @@ def _without_dropout(module: torch.nn.Module) -> None:
             sub.p = 0.0
         if isinstance(getattr(sub, "attention_dropout", None), float):  # attention's functional dropout
             sub.attention_dropout = 0.0
+
+
+def blend_shards(params: dict[str, torch.Tensor], buckets, alpha: float, ctx: DistContext) -> None:
+    """Blend the full tensors of ``buckets`` into ``params`` (a state dict: name -> this rank's ``Shard(0)``
+    piece, tied weights sharing one) in place: each rank its own rows, a tied weight once."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    given, blended = set(), set()
+    with torch.no_grad():
+        for bucket in buckets:
+            for name, full in bucket:
+                given.add(name)
+                target = params.get(name)
+                if target is None:
+                    continue  # reported by check_blended
+                local = target.to_local() if isinstance(target, DTensor) else target
+                if local.numel() and local.data_ptr() in blended:
+                    continue  # a tied weight (lm_head = embed_tokens), already blended once
+                blended.add(local.data_ptr())
+                piece = full.to(local.device)
+                if isinstance(target, DTensor) and target.placements == (Shard(0),):
+                    rows = _dim0_shard_sizes(full.shape[0], ctx.world_size)
+                    start = sum(rows[: ctx.rank])
+                    piece = piece[start : start + rows[ctx.rank]]
+                blend_(local, piece, alpha)
+    check_blended(given, params)
 
 
 def _dim0_shard_sizes(dim0: int, world: int) -> list[int]:

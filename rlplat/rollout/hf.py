@@ -48,8 +48,10 @@ from rlplat.sequence import position_ids_from_mask, response_log_probs, response
 
 class _RoutingLog:
     """The experts each token of a batch of generations went to, ``[rows, width, layers, top_k]`` int16 (``-1``
-    where no forward routed one), filled by the forward passes that run inside :meth:`record`; without a
-    ``tap`` (a dense model, or rows that continue a conversation) it records nothing and ``experts`` is None."""
+    where no forward routed one: padding, and the last token, which no forward reads), filled by the forward passes
+    that run inside :meth:`record`: each token's routing when it was first fed, so an update between two tokens
+    leaves the earlier tokens' routing as the weights that sampled them routed it. Without a ``tap`` (a dense
+    model, or rows that continue a conversation) it records nothing and ``experts`` is None."""
 
     def __init__(self, tap: RouterTap | None, rows: int, width: int, device):
         self.tap = tap
@@ -187,25 +189,18 @@ class HFRolloutEngine(RolloutEngine):
         by row. Without those, an update offered to :attr:`updates` is loaded between two tokens and the rows
         still sampling go on under it: their cache is computed again with the new weights (prompt and tokens so
         far), so each token's log-prob is exactly that of the weights that sampled it. A mixture of experts'
-        single-turn rows (no ``kept`` or ``held``) also return the experts each token went to, ``[B, P +
-        max_new_tokens, layers, top_k]`` (``-1``: padding, and the last token, which no forward reads; each
-        token's routing when it was first fed: an update between two tokens leaves the earlier tokens' routing as
-        the weights that sampled them routed it), else None. ``images``: a vision-language model's prompt images
-        and 3-D positions."""
+        single-turn rows (no ``kept`` or ``held``) also return the experts each token went to (:class:`_RoutingLog`),
+        else None. ``images``: a vision-language model's prompt images and 3-D positions."""
         rows, limit = ids.shape[0], params.max_new_tokens
         pausable = self.updates is not None and kept is None and held is None and keep_rows is None
-        updates = torch.zeros(rows, dtype=torch.long, device=self.device)
-        tokens = torch.full((rows, limit), self.pad_token_id, dtype=torch.long, device=self.device)
-        log_probs = torch.zeros(rows, limit, dtype=torch.float32, device=self.device)
+        # per row, the tokens its cache will hold when it stops: its context, then each sampled token but the last
+        out = _Sampled.empty(rows, limit, self.pad_token_id, mask.sum(-1) + (0 if held is None else held) - 1)
         stops = torch.tensor(params.stop_ids(self.eos_token_id), dtype=torch.long, device=self.device)
-        temperature = params.temperature if params.temperature > 0 else 1.0
         live = torch.arange(rows, device=self.device)  # the original row of each row still in the batch
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        positions = position_ids_from_mask(mask) + (0 if held is None else held[:, None])
-        if images is not None:  # [B, P, 3]: a token's next position is its row's last plus one all the same
-            positions = images.positions
-        # per row, the tokens its cache will hold when it stops: its context, then each sampled token but the last
-        cached = mask.sum(-1) + (0 if held is None else held) - 1
+        # [B, P] (a VLM's [B, P, 3]: a token's next position is its row's last plus one all the same)
+        positions = images.positions if images is not None else position_ids_from_mask(mask) + (
+            0 if held is None else held[:, None])
         routed = _RoutingLog(self.router_tap if kept is None and held is None else None, rows, ids.shape[1] + limit,
                              self.device)
         try:
@@ -215,21 +210,15 @@ class HFRolloutEngine(RolloutEngine):
             kept = None  # copied into the forward's cache
             positions = positions[:, -1]
             for step in range(limit):
-                scaled = logits.float() / temperature
-                if self.vision_tokens is not None:
-                    scaled = without_vision_tokens(scaled, self.vision_tokens)
-                step_log_probs = torch.log_softmax(scaled, dim=-1)
-                token = choose_tokens(scaled, params)
+                token, token_log_probs = self._choose(logits, params)
                 writing = ~done  # the rows that sample a token this step (and feed it next: the routing log)
-                tokens[live[writing], step] = token[writing]
-                log_probs[live[writing], step] = step_log_probs.gather(-1, token[:, None]).squeeze(-1)[writing]
-                cached[live[writing]] += 1
+                out.write(live[writing], step, token[writing], token_log_probs[writing])
                 done |= torch.isin(token, stops)
                 if step == limit - 1 or bool(done.all()):
                     break
                 if int(done.sum()) * 4 >= len(done):  # compact: the stopped rows leave the batch
                     keep = (~done).nonzero().squeeze(-1)
-                    self._keep_rows(keep_rows, done.nonzero().squeeze(-1), live, cached)
+                    self._keep_rows(keep_rows, done.nonzero().squeeze(-1), live, out.cached)
                     self.forward.keep(keep)
                     live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
                     writing = writing[keep]
@@ -239,15 +228,24 @@ class HFRolloutEngine(RolloutEngine):
                     self._updates_taken += 1
                     keep = (~done).nonzero().squeeze(-1)
                     live, positions, token, done = live[keep], positions[keep], token[keep], done[keep]
-                    updates[live] += 1
-                    logits = self._restart(ids[live], mask[live], tokens[live, :step + 1], limit - step - 1, images, live)
+                    out.updates[live] += 1
+                    logits = self._restart(ids[live], mask[live], out.tokens[live, :step + 1], limit - step - 1, images,
+                                           live)
                 else:  # the rows that sampled a token this step feed it; the others' input is padding
                     with routed.record(live, ids.shape[1] + step, writing[:, None]):
                         logits = self.forward.step(token, positions)
-            self._keep_rows(keep_rows, torch.arange(len(live), device=self.device), live, cached)
+            self._keep_rows(keep_rows, torch.arange(len(live), device=self.device), live, out.cached)
         finally:  # the cache (every layer x row x token) is not held through the other stages
             self.forward.release()
-        return tokens, log_probs, updates, routed.experts
+        return out.tokens, out.log_probs, out.updates, routed.experts
+
+    def _choose(self, logits: torch.Tensor, params: SamplingParams):
+        """Each row's next token and its log-prob under softmax(logits / T), a VLM's vision tokens left out."""
+        scaled = logits.float() / (params.temperature if params.temperature > 0 else 1.0)
+        if self.vision_tokens is not None:
+            scaled = without_vision_tokens(scaled, self.vision_tokens)
+        token = choose_tokens(scaled, params)
+        return token, torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
 
     def _restart(self, ids: torch.Tensor, mask: torch.Tensor, sampled: torch.Tensor, remaining: int,
                  images: _Images | None, live: torch.Tensor) -> torch.Tensor:
@@ -386,6 +384,29 @@ class HFRolloutEngine(RolloutEngine):
         if self.vision_tokens is not None:
             logits = without_vision_tokens(logits, self.vision_tokens)
         return torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:, None]).squeeze(-1).cpu().tolist()
+
+
+@dataclass
+class _Sampled:
+    """What :meth:`HFRolloutEngine._sample` writes by original row: ``[B, max_new_tokens]`` tokens (pad after a
+    stop) and their log-probs, how many weight updates each row took, and how many tokens its cache holds."""
+
+    tokens: torch.Tensor
+    log_probs: torch.Tensor
+    updates: torch.Tensor
+    cached: torch.Tensor
+
+    @classmethod
+    def empty(cls, rows: int, limit: int, pad: int, cached: torch.Tensor) -> _Sampled:
+        device = cached.device
+        return cls(torch.full((rows, limit), pad, dtype=torch.long, device=device),
+                   torch.zeros(rows, limit, dtype=torch.float32, device=device),
+                   torch.zeros(rows, dtype=torch.long, device=device), cached)
+
+    def write(self, rows: torch.Tensor, step: int, tokens: torch.Tensor, log_probs: torch.Tensor) -> None:
+        self.tokens[rows, step] = tokens
+        self.log_probs[rows, step] = log_probs
+        self.cached[rows] += 1
 
 
 @dataclass

@@ -111,6 +111,18 @@ def overlap_scoring(stages: list[str]) -> list[str]:
     return stages[:start] + ["reward_start", *stages[start + 1:end + 1], "reward_wait"] + stages[end + 1:]
 
 
+def kl_in_reward(batch: Batch, estimator: str, kl_ctrl, old_log_probs: torch.Tensor, metrics: dict) -> torch.Tensor:
+    """The token-level scores less ``kl_ctrl``'s coefficient times the KL to the reference (``estimator``:
+    ``algorithm.kl_penalty``) at each response token; the controller then adapts to the batch's mean KL."""
+    t = batch.tensors
+    kl = kl_penalty(estimator, KLInput(old_log_probs, t["ref_log_probs"])) * t["response_mask"]
+    rewards = kl_penalized_rewards(t["token_level_scores"], kl, t["response_mask"], kl_ctrl.value)
+    mean_kl = float((kl.sum(-1) / t["response_mask"].sum(-1).clamp(min=1)).mean())
+    metrics.update({"actor/reward_kl": mean_kl, "actor/kl_coef": kl_ctrl.value})
+    kl_ctrl.update(mean_kl, len(batch))
+    return rewards
+
+
 def score_in_background(score: Callable[[Batch], TrainingScores], batch: Batch) -> Future:
     """The scores of ``batch``: those the rollout queue computed as it arrived, else computed by ``score`` in a
     thread of its own (a reward worker process computes meanwhile)."""
@@ -128,10 +140,8 @@ class PPOTrainer:
     def __init__(self, cfg: DictConfig, plan: RunPlan, components: Components):
         self.cfg, self.plan, self.components = cfg, plan, components
         self.estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
-        self.kl_ctrl = make_kl_controller(
-            cfg.algorithm.kl_ctrl.type, cfg.algorithm.kl_ctrl.coef, cfg.algorithm.kl_ctrl.target,
-            cfg.algorithm.kl_ctrl.horizon,
-        )
+        kl = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = make_kl_controller(kl.type, kl.coef, kl.target, kl.horizon)
         self.checkpoints = Checkpointer(cfg, plan)
         self.validator = Validator(cfg, components)
         self.step = 0
@@ -399,12 +409,8 @@ class PPOTrainer:
         cfg, t = self.cfg.algorithm, batch.tensors
         rewards = t["token_level_scores"]
         if cfg.use_kl_in_reward:  # pi_old is recomputed for it, or the rollout's (algorithm.old_log_probs=rollout)
-            old = t[old_log_probs_key(t, self.plan.old_policy)]
-            kl = kl_penalty(cfg.kl_penalty, KLInput(old, t["ref_log_probs"])) * t["response_mask"]
-            rewards = kl_penalized_rewards(rewards, kl, t["response_mask"], self.kl_ctrl.value)
-            mean_kl = float((kl.sum(-1) / t["response_mask"].sum(-1).clamp(min=1)).mean())
-            metrics.update({"actor/reward_kl": mean_kl, "actor/kl_coef": self.kl_ctrl.value})
-            self.kl_ctrl.update(mean_kl, len(batch))
+            rewards = kl_in_reward(batch, cfg.kl_penalty, self.kl_ctrl, t[old_log_probs_key(t, self.plan.old_policy)],
+                                   metrics)
         out = self.estimator(advantage_input(batch, rewards, cfg, self.reward_term_weights))
         if "values" in t.keys():  # before this step's critic update: how well the critic predicted
             metrics["critic/vf_explained_var"] = explained_variance(out.returns, t["values"], t["response_mask"])

@@ -94,6 +94,23 @@ def _init_parallel_state(tp: int, pp: int, device: torch.device, seed: int) -> N
         model_parallel_cuda_manual_seed(seed)
 
 
+def _check_trains(hf_config, model_path: str) -> None:
+    """The Megatron engine trains dense text models: not yet a mixture of experts, nor a vision-language model."""
+    if is_moe(hf_config):
+        raise ValueError(f"{model_path} is a mixture of experts, which the Megatron engine does not train yet; "
+                         f"use <role>.strategy=fsdp")
+    if is_vision(hf_config):
+        raise ValueError(f"{model_path} is a vision-language model, which the Megatron engine does not train; "
+                         f"use <role>.strategy=fsdp (docs/vision.md)")
+
+
+def _copy_masters(masters: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> None:
+    """Start the optimizer's fp32 master weights from the checkpoint's fp32 ``weights`` (not the bf16 copies)."""
+    with torch.no_grad():
+        for name, master in masters.items():
+            master.copy_(weights[name])
+
+
 def _runs_megatron(method):
     """``method`` calls into Megatron-Core: on CPU it runs with Megatron-Core's CUDA-only calls redirected
     (:data:`rlplat.engines.megatron.cpu.redirected`), and they are restored when it returns."""
@@ -186,12 +203,7 @@ class MegatronEngine(TrainingEngine):
         tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
         _init_parallel_state(tp, pp, self.device, seed=0)
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
-        if is_moe(hf_config):  # a hub id's config is read only here (check_config refuses a known one at start-up)
-            raise ValueError(f"{model_path} is a mixture of experts, which the Megatron engine does not train yet; "
-                             f"use <role>.strategy=fsdp")
-        if is_vision(hf_config):
-            raise ValueError(f"{model_path} is a vision-language model, which the Megatron engine does not train; "
-                             f"use <role>.strategy=fsdp (docs/vision.md)")
+        _check_trains(hf_config, model_path)  # a hub id's config is read only here (check_config: a known one's)
         self.shape = GPTShape.from_hf_config(hf_config)
         data_parallel_size(self.ctx.world_size, tp, pp, self.shape)  # a clear error for sizes that do not fit
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), tp
@@ -236,10 +248,8 @@ class MegatronEngine(TrainingEngine):
         self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps, grad_norm=self._grad_norm,
                                shard_group=shard_group, master_weights=self.params_dtype != torch.float32) \
             if optim_cfg else None
-        if self.optim is not None and self.optim.masters:  # the masters start from the fp32 weights, not the bf16 ones
-            with torch.no_grad():
-                for name, master in masters_here(self._model, self.optim).items():
-                    master.copy_(weights[name])
+        if self.optim is not None and self.optim.masters:
+            _copy_masters(masters_here(self._model, self.optim), weights)
 
     @property
     def model(self) -> torch.nn.Module:
