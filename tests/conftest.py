@@ -25,6 +25,11 @@ def pytest_configure(config):
     # test starts there (ray.cluster_utils, `ray start`) writes its address where Ray looks for one to join, so
     # with a shared directory the other worker's `ray.init()` would join that cluster instead of starting its own.
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # each worker (and what it starts) computes with its share of the cores: two workers' threads
+        # would otherwise oversubscribe them (tests/trainer/test_learning.py keeps every core: its thresholds')
+        threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
     if worker and "RAY_TMPDIR" not in os.environ:
         os.environ["RAY_TMPDIR"] = os.path.join("/tmp", f"rlplat-ray-{os.getppid()}-{worker}")
         os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)

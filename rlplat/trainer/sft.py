@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import functools
+import os
 import shutil
 import sys
 import tempfile
@@ -126,8 +127,9 @@ def run_sft(
             batch.meta["step"] = step
             metrics = group.update_sft(batch)[0]
             if step % log_every == 0 or step == steps:
+                spent = time.perf_counter() - start
                 print(f"[sft step {step}/{steps}] nll={metrics['sft/nll']:.4f} lr={metrics['lr']:.2e} "
-                      f"({time.perf_counter() - start:.0f}s)", flush=True)
+                      f"({spent:.0f}s, eta {spent / step * (steps - step):.0f}s)", flush=True)
         group.export_hf(out_dir, model_path)
     finally:
         group.shutdown()
@@ -152,9 +154,39 @@ def ensure_embedded_model(name: str = EMBEDDED) -> Path:
         return _build_embedded_model(name, target, base)
 
 
+def embedded_model_files(name: str = EMBEDDED) -> Path:
+    """A directory with the embedded model ``name``'s config and tokenizer, for what needs no trained weights
+    (the plan): the built model's when it exists, else its random initialisation (built in about a second and
+    kept beside it), so that planning never runs the warm start."""
+    target = embedded_model_dir(name)
+    if (target / "config.json").exists():
+        return target
+    init = target.parent / f"{target.name}-init"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{init.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (init / "config.json").exists():
+            with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+                built = build_tiny_model(Path(tmp) / "init", spec_of(name), seed=warm_start_of(name)["seed"])
+                shutil.move(str(built), str(init))
+    return init
+
+
 def _build_embedded_model(name: str, target: Path, base: Path | None) -> Path:
+    """Build ``name`` with every core of the machine, whatever the calling process computes with (a worker given a
+    share of the cores): its float path, and so the model, is then the same in any process of one machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        return _warm_start(name, target, base)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _warm_start(name: str, target: Path, base: Path | None) -> Path:
     warm = TOOL_WARM_START if base else warm_start_of(name)
-    print(f"[embedded] building {target.name} and warm-starting it with SFT ({warm['steps']} steps) -> {target}", flush=True)
+    print(f"[embedded] building {name} (once; {warm['steps']} supervised steps, a few minutes on 2 CPU cores; "
+          f"ahead of a run: python -m rlplat.tools.embedded {name}) -> {target}", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
         out = Path(tmp) / "sft"
         if base is None:
