@@ -128,6 +128,8 @@ class Registry(Generic[T]):
             raise self.unknown(name) from None
         return self._resolve(name, entry, require_installed) if isinstance(entry, LazyEntry) else entry
 
+    __getitem__ = get  # REGISTRY[name], as for a dict (an unknown name: UnknownNameError, a KeyError)
+
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._entries))
 

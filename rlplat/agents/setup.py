@@ -56,8 +56,8 @@ def check_environment_config(agent_cfg) -> None:
                           f"{TOOL_PARSERS.suggestion(agent_cfg.parser)}")
     for spec in agent_cfg.tools:
         if ":" not in spec and spec not in TOOLS.names():
-            raise ConfigError(f"rollout.agent.tools entry {spec!r} is not a built-in tool "
-                              f"({', '.join(TOOLS.names())}) nor path/to/file.py:function or package.module:function")
+            raise ConfigError(f"rollout.agent.tools entry {spec!r} is not a built-in tool ({TOOLS.suggestion(spec)}) "
+                              f"nor path/to/file.py:function or package.module:function")
     try:
         Environments(agent_cfg).tools_of(None)
     except (ValueError, OSError) as err:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import operator
 import re
 import threading
@@ -218,7 +219,18 @@ class FunctionTool(Tool):
         self.parameters = {"type": "object", "properties": properties, "required": required}
 
     def __call__(self, **arguments: Any) -> str:
-        return str(self.fn(**arguments))
+        return observation_text(self.fn(**arguments))
+
+
+def observation_text(value: Any) -> str:
+    """What the model reads of a tool's return value: a string as it is; a dict, list, number, bool or None as
+    JSON (as tool results are shown in chat templates' examples), anything else as ``str``."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def load_object(spec: str, kind: str) -> Any:
@@ -293,4 +305,4 @@ def call_tool(call: ToolCall, tools: Mapping[str, Tool]) -> ToolResult:
         return done("error", f"error: {error}")
     if error is not None:
         return done("error", f"error: {tool.name} raised {type(error).__name__}: {error}")
-    return done("ok", str(outcome.get("text", "")))
+    return done("ok", observation_text(outcome.get("text", "")))

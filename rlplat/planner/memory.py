@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from rlplat.config.derive import data_parallel_replicas
 from rlplat.engines import TRAINING_ENGINES, TrainingEngine
 from rlplat.engines.memory import MemoryLayout
-from rlplat.models.shape import ModelShape
+from rlplat.models.shape import ModelShape, lora_params
 from rlplat.rollout import ROLLOUT_ENGINES
 
 GB = 10**9
@@ -189,8 +189,18 @@ def validation_cost(cfg: DictConfig, val_rows: int, length: int) -> dict[str, fl
             "tokens": val_rows * cfg.rollout.val_n * length}
 
 
-def checkpoint_bytes(shape: ModelShape, plan) -> dict[str, float]:
-    """A checkpoint on disk: float32 weights and AdamW's two moments (12 bytes a parameter) per trained
-    model, the reference's weights when it is synced, and the float32 Hugging Face export."""
-    trained = 2 if plan.needs_critic else 1
-    return {"checkpoint": 12 * shape.params * trained, "hf_export": 4 * shape.params}
+def checkpoint_bytes(shape: ModelShape, cfg: DictConfig, plan) -> dict[str, float]:
+    """A checkpoint on disk, as the engines save it: the actor's float32 weights and AdamW's two moments of what
+    it trains (a frozen vision tower: weights without moments) or, with LoRA, the adapters and their moments
+    alone (the base weights are the model path's) and a synced reference's adapters; a synced reference's
+    weights (``ref.sync_steps``); the critic's weights and moments; and the float32 Hugging Face export (with
+    LoRA: the merged model)."""
+    params, synced = shape.params, cfg.ref.sync_steps > 0
+    if cfg.model.lora.rank:
+        adapters = lora_params(shape, cfg.model.lora)
+        actor = 12 * adapters + (4 * adapters if synced else 0)
+    else:
+        trained = params - (shape.vision_params if cfg.actor.vision.freeze else 0)
+        actor = 4 * params + 8 * trained + (4 * params if synced and plan.needs_ref else 0)
+    critic = 12 * params if plan.needs_critic else 0
+    return {"checkpoint": actor + critic, "hf_export": 4 * params}

@@ -213,7 +213,7 @@ def report_validation_and_disk(shape: ModelShape, cfg: DictConfig, plan, test: P
         f"in {val['calls']} call(s) of data.val_batch_size_prompts={cfg.data.val_batch_size_prompts}, "
         f"{val['validations']} time(s) (trainer.test_freq={cfg.trainer.test_freq}): at most {val['tokens']:,} "
         f"tokens each, at rollout.val_temperature={cfg.rollout.val_temperature:g}")
-    disk = checkpoint_bytes(shape, plan)
+    disk = checkpoint_bytes(shape, cfg, plan)
     keep = cfg.trainer.max_checkpoints
     kept_bytes = f": {fmt(disk['checkpoint'] * keep)}" if keep > 0 else ""
     say(f"disk: {fmt(disk['checkpoint'])} per checkpoint (trainer.max_checkpoints={keep} kept{kept_bytes}), "

@@ -49,9 +49,12 @@ class AgentLoop(ABC):
     """Turns prompts into trajectories with a rollout engine (see the module docstring).
 
     ``reads_rows``: whether the loop reads the rows' text columns (prompt, extra_info, ...: its environments
-    do); a loop that needs the tensors only sets False, and the controller then sends its workers no text."""
+    do); a loop that needs the tensors only sets False, and the controller then sends its workers no text.
+    ``runs_environments``: whether it runs ``rollout.agent.tools`` / ``rollout.agent.environment`` (a loop that
+    does not has them refused at start-up rather than ignored)."""
 
     reads_rows = True
+    runs_environments = True
 
     def __init__(self, agent_cfg, tokenizer, response_length: int):
         self.cfg, self.tokenizer, self.response_length = agent_cfg, tokenizer, response_length
@@ -69,7 +72,7 @@ AGENT_LOOPS: Registry[type[AgentLoop]] = Registry("agent loop")
 class SingleTurn(AgentLoop):
     """One response per prompt: the engine's batch as it is."""
 
-    reads_rows = False
+    reads_rows = runs_environments = False
 
     def run(self, engine, prompts, params):
         return engine.generate(prompts, params)
@@ -85,6 +88,10 @@ def check_agent_config(agent_cfg) -> None:
     """Start-up checks of ``rollout.agent.*`` that need the registries (one ConfigError line each)."""
     if agent_cfg.name not in AGENT_LOOPS:
         raise ConfigError(f"rollout.agent.name={agent_cfg.name!r} is not registered; {AGENT_LOOPS.suggestion(agent_cfg.name)}")
+    if not AGENT_LOOPS.get(agent_cfg.name).runs_environments and (agent_cfg.tools or agent_cfg.environment):
+        key = "rollout.agent.tools" if agent_cfg.tools else "rollout.agent.environment"
+        raise ConfigError(f"{key} is set, but the agent loop rollout.agent.name={agent_cfg.name!r} runs no tools or "
+                          f"environments (one response per prompt): set rollout.agent.name=tool")
     check_environment_config(agent_cfg)
 
 

@@ -82,7 +82,15 @@ def preflight(cfg: DictConfig, plan: RunPlan) -> None:
             from rlplat.workers.engine_setup import plan_run
 
             plan_run(cfg, plan.device)
-    if cfg.model.tokenizer_path:
-        check_model_path(cfg.model.tokenizer_path, "model.tokenizer_path")
-    if cfg.critic.model_path and plan.needs_critic:
-        check_model_path(cfg.critic.model_path, "critic.model_path")
+    check_other_model_paths(cfg, plan)
+
+
+def check_other_model_paths(cfg: DictConfig, plan: RunPlan) -> None:
+    """The tokenizer's, the critic's, the reward model's and the judge's paths, each as ``model.path`` is checked
+    (their workers would otherwise fail minutes later, with a hub message for a missing directory)."""
+    paths = {"model.tokenizer_path": cfg.model.tokenizer_path,
+             "critic.model_path": cfg.critic.model_path if plan.needs_critic else None,
+             "reward.model.path": cfg.reward.model.path, "reward.judge.model_path": cfg.reward.judge.model_path}
+    for key, path in paths.items():
+        if path:
+            check_model_path(path, key)

@@ -90,12 +90,17 @@ def run_plan(cfg: DictConfig, plan: RunPlan, device_memory: int | None = None) -
     ``device_memory``, by default the device's; 1: a phase does not; 2: what would stop the run)."""
     from rlplat.planner import default_device_memory, report
     from rlplat.trainer.exit_status import exit_status
-    from rlplat.trainer.preflight import check_model_path
+    from rlplat.trainer.preflight import check_model_path, check_other_model_paths
 
-    def model_path() -> str:
+    def model_path() -> str:  # the config and tokenizer: an embedded model's without its warm start
         if not is_embedded(cfg.model.path):
             check_model_path(cfg.model.path)
-        return resolve_model_path(cfg)
+        check_other_model_paths(cfg, plan)
+        if not is_embedded(cfg.model.path):
+            return cfg.model.path
+        from rlplat.trainer.sft import embedded_model_files
+
+        return str(embedded_model_files(cfg.model.path))
 
     quiet_third_party(cfg.trainer.verbose)
     memory = device_memory or default_device_memory(plan.device)

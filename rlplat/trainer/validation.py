@@ -76,9 +76,18 @@ class Validator:
 
 
 def _samples(batch: Batch, responses: list[str], scores: list[float], correct: list[float]) -> list[dict]:
-    """One dict per response of a validation batch: the prompt's last message, response, score, ..."""
+    """One dict per response of a validation batch: the prompt's last message, response, score, ... An agent
+    loop's trajectory shows as its whole conversation after the prompt (each message on a line of its own, led by
+    its role: the tool calls and what they returned), not only the last answer."""
     nt = batch.non_tensors
+    infos = nt["extra_info"] if "extra_info" in nt else [None] * len(batch)
+    shown = [_conversation(info["agent"]["messages"][len(prompt):]) if info and "agent" in info else response
+             for prompt, info, response in zip(nt["raw_prompt"], infos, responses)]
     return [{"prompt": text_of(prompt[-1]["content"]), "response": response, "score": score, "correct": ok,
              "ground_truth": truth, "data_source": source}
-            for prompt, response, score, ok, truth, source in zip(nt["raw_prompt"], responses, scores, correct,
+            for prompt, response, score, ok, truth, source in zip(nt["raw_prompt"], shown, scores, correct,
                                                                   nt["ground_truth"], nt["data_source"])]
+
+
+def _conversation(messages: list[dict]) -> str:
+    return "\n".join(f"[{message.get('role')}] {text_of(message.get('content') or '')}" for message in messages)

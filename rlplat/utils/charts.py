@@ -90,7 +90,10 @@ def line_panel(left: float, top: float, panel: Panel, resumes: Sequence[int]) ->
     def py(value: float) -> float:
         return y0 + (y_ticks[-1] - value) / (y_ticks[-1] - y_ticks[0]) * height
 
-    parts = [text(left + PANEL_W / 2, top + 18, panel.title, 11 if " = " not in panel.title else 9)]
+    size = 11 if " = " not in panel.title else 9
+    lines = title_lines(panel.title, size)
+    parts = [text(left + PANEL_W / 2, max(top + 9, top + 18 - 10 * (len(lines) - 1)) + 10 * i, line, size)
+             for i, line in enumerate(lines)]
     for tick in x_ticks:
         parts += [f"<line x1='{px(tick):.1f}' y1='{y0}' x2='{px(tick):.1f}' y2='{y0 + height}' stroke='#e4e4e4'/>",
                   text(px(tick), y0 + height + 14, tick_label(tick, x_ticks))]
@@ -119,6 +122,19 @@ def line_panel(left: float, top: float, panel: Panel, resumes: Sequence[int]) ->
                          f"y2='{y0 + height}' stroke='{COLOURS[3]}' stroke-dasharray='2,3'/>")
     parts.append(f"<rect class='frame' x='{x0}' y='{y0}' width='{width}' height='{height}' fill='none' stroke='#222'/>")
     return "<g class='panel'>\n" + "\n".join(parts) + "\n</g>"
+
+
+def title_lines(title: str, size: int) -> list[str]:
+    """A panel's title broken between its ``" = "``-joined names into lines that fit the panel's width (about
+    0.55 em a character), so the names of identical curves do not run into the next panel."""
+    limit = int((PANEL_W - 16) / (0.55 * size))
+    lines: list[str] = []
+    for name in title.split(" = "):
+        if lines and len(lines[-1]) + 3 + len(name) <= limit:
+            lines[-1] += " = " + name
+        else:
+            lines.append(name)
+    return lines
 
 
 def line_figure(title: str, panels: list[Panel], resumes: Sequence[int] = ()) -> str:

@@ -17,7 +17,7 @@ from datetime import timedelta
 MODES = ("auto", "rich", "plain", "off")
 PLAIN_EVERY_S = 30.0
 SHOWN = (("score/mean", "reward"), ("val/accuracy", "val acc"), ("response_length/mean", "resp len"),
-         ("timing/step_s", "s/step"), ("perf/tokens_per_s", "tok/s"))
+         ("off_policy/staleness_max", "stale"), ("timing/step_s", "s/step"), ("perf/tokens_per_s", "tok/s"))
 
 
 def resolve_mode(mode: str, stream=None) -> str:

@@ -88,7 +88,8 @@ def metric_series(rows: list[dict]) -> Series:
 def group_panels(metrics: Series) -> list[tuple[str, str, list[list[str]]]]:
     """(file name, title, panels) for each group of :data:`GROUPS` that has data, then :data:`OTHER`. A
     metric is shown once, in the first group that names it; a panel is a list of metrics whose curves
-    are identical and not constant (``score/mean`` and ``reward/mean`` with one reward function), drawn once."""
+    are identical and not constant (``score/mean`` and ``reward/mean`` with one reward function), drawn once.
+    A count of reward errors that stayed 0 gets no panel: the group's title says "no reward errors"."""
     found, shown = [], set()
     groups = [*GROUPS, (*OTHER, tuple(sorted(k for k in metrics if not k.startswith(NOT_IN_OTHER))))]
     for name, title, patterns in groups:
@@ -98,8 +99,11 @@ def group_panels(metrics: Series) -> list[tuple[str, str, list[list[str]]]]:
                 [pattern] if pattern in metrics else [])
             keys += [k for k in matches if k not in keys and k not in shown]
         shown.update(keys)
+        if none := [k for k in keys if k.endswith("num_errors") and not any(metrics[k][1])]:  # said, not drawn
+            keys = [k for k in keys if k not in none]
+            title += " (no reward errors)"
         panels: list[list[str]] = []
-        for key in keys:  # a constant curve (0 errors, a fixed coefficient) is alike by chance: its own panel
+        for key in keys:  # a constant curve (a fixed coefficient) is alike by chance: its own panel
             varies = len(set(metrics[key][1])) > 1
             same = next((panel for panel in panels if varies and metrics[panel[0]] == metrics[key]), None)
             if same is None:

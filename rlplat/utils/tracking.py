@@ -34,7 +34,7 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # the names tr
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # logger -> module (= extra)
 CONSOLE_KEYS = (
     "score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
-    "val/accuracy", "timing/step_s",
+    "val/accuracy", "off_policy/staleness_max", "timing/step_s",  # staleness: asynchronous runs only
 )
 SAMPLE_COLUMNS = ("prompt", "response", "score", "correct", "ground_truth", "data_source")
 

@@ -128,6 +128,20 @@ def test_a_user_function_is_a_tool_with_a_schema_from_its_hints_and_docstring(tm
             function_tool(spec)
 
 
+def test_a_tools_value_is_shown_to_the_model_as_json_unless_it_is_text():
+    def forecast(city: str):
+        return {"city": city, "days": [1, 2], "sunny": True, "rain_mm": None}
+
+    def words(city: str):
+        return "sunny, 21°C"
+
+    tools = {"forecast": FunctionTool(forecast), "words": FunctionTool(words)}
+    shown = call_tool(ToolCall("forecast", {"city": "Tromsø"}), tools).observation
+    assert shown == '{"city": "Tromsø", "days": [1, 2], "sunny": true, "rain_mm": null}'
+    assert call_tool(ToolCall("words", {"city": "Oslo"}), tools).observation == "sunny, 21°C"
+    assert TOOL_PARSERS["hermes"] is TOOL_PARSERS.get("hermes")  # docs/agents.md reads a registry by name too
+
+
 def test_builtins_are_registered_with_their_schemas():
     assert set(TOOLS.names()) >= {"calculator", "python"}
     schema = TOOLS.get("python")().schema()["function"]

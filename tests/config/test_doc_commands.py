@@ -163,3 +163,18 @@ def test_sizes_set_explicitly_are_kept_and_checked():
     assert cfg.actor.micro_batch_size_seqs_per_worker == 16 and cfg.critic.micro_batch_size_seqs_per_worker == 16
     with pytest.raises(ConfigError, match="actor.micro_batch_size_seqs_per_worker=48 must divide"):
         load_run_config(["actor.micro_batch_size_seqs_per_worker=48"])
+
+
+def test_the_docs_bare_python_without_rlplats_dependencies_says_which_python_to_use():
+    # the docs print `python -m ...`: a Python whose site-packages lack rlplat's dependencies (-S: none at all), run
+    # from the repository root, ends in one line that names the virtualenv, not in a traceback
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-S", "-m", ENTRY, "algorithm=grpo"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"rlplat: 'omegaconf' is not installed in this Python ({sys.executable}); rlplat's dependencies are in the "
+        f"project's virtualenv: run `bash scripts/setup.sh`, then use `.venv/bin/python` (or `source "
+        f".venv/bin/activate`, after which the docs' `python` is that one)"]

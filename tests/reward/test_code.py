@@ -223,3 +223,15 @@ def test_without_an_interpreter_the_sandbox_user_can_run_the_code_reward_stops_a
     monkeypatch.setattr(sandbox, "_runnable_by_others", lambda path: False)
     with pytest.raises(RewardConfigError, match=r"reward.functions\[0\]=code: .* no python3 in /usr/local/bin"):
         build_reward_manager({"functions": ["code"], "isolation": "inprocess"})
+
+
+def test_the_scorer_docs_rewards_md_shows_scores_as_it_says(capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "rewards.md").read_text(encoding="utf-8")
+    (code,) = [block for block in re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+               if block.startswith("from rlplat.reward.code import CodeScorer")]
+    exec(code, {})
+    assert capsys.readouterr().out.strip() == code.strip().splitlines()[-1].removeprefix("# ")
+    assert REWARD_FUNCTIONS["code"].__class__.__name__ == "CodeScorer"  # the class the docs name

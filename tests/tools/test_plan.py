@@ -64,6 +64,17 @@ def model_25m(tmp_path_factory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("m25") / "model", TinyModelSpec(**SPEC_25M), seed=0))
 
 
+def test_a_lora_checkpoint_on_disk_is_its_adapters_and_their_moments(model_25m, capsys):
+    # the 25m model's 8 layers, rank 8 on every linear layer: 8 x (q 512+512, k 512+256, v 512+256, o 512+512,
+    # gate and up 512+1536, down 1536+512) = 77,824 a layer, 622,592 in all; 12 bytes each = 7.1 MiB (the full
+    # model: 25.2M x 12 bytes = 0.28 GiB)
+    args = ["algorithm=grpo", f"model.path={model_25m}", "data.max_prompt_length=64", "data.max_response_length=32"]
+    assert plan_tool.main([*args, "model.lora.rank=8"]) == 0
+    assert "disk: 7.1 MiB per checkpoint" in capsys.readouterr().out
+    assert plan_tool.main(args) == 0
+    assert "disk: 0.28 GiB per checkpoint" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_training_memory_estimate_is_within_20_percent_of_the_measured_tensors(model_25m, attention):
     """Weights, gradients, AdamW's moments and the tensors saved for backward of one micro-batch (8
@@ -160,15 +171,19 @@ def test_over_long_prompts_with_truncation_error_stop_with_the_count_and_the_kno
     assert "2 longer than data.max_prompt_length=40 (longest 93): dropped (data.truncation=filter)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("case", ["unknown-name", "syntax-error"])
+@pytest.mark.parametrize("case", ["unknown-name", "syntax-error", "missing-reward-model"])
 def test_reward_problems_stop_the_plan_with_one_line(tmp_path, capsys, case):
     if case == "unknown-name":
         args, expected = ["reward.functions=[gsm8kk]"], "reward.functions[0]='gsm8kk' is not a registered reward function"
+    elif case == "missing-reward-model":
+        args, expected = ["reward.model.path=/models/does-not-exist"], (
+            "rlplat: reward.model.path='/models/does-not-exist': no such directory")
     else:
         bad = tmp_path / "my_reward.py"
         bad.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info)\n    return 1.0\n")
         args, expected = [f"reward.custom_fn.path={bad}"], "failed to import: SyntaxError"
-    assert plan_tool.main(["algorithm=grpo", *args]) == 2
+    # a path that is not there is a run-time error, as a missing model.path (1); a config error is 2
+    assert plan_tool.main(["algorithm=grpo", *args]) == (1 if case == "missing-reward-model" else 2)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
 

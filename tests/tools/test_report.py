@@ -222,8 +222,13 @@ def test_a_real_run_ends_with_its_report(embedded_cache, small_val, tmp_path, ca
     rows = read_jsonl(out_dir / "metrics.jsonl")
     logged = {k for row in rows for k in row}
     panels = {name: keys for name, _, keys in group_panels(metric_series(rows))}
-    # every val/* metric is shown; equal curves (accuracy, score mean, pass@1 of one source) share a panel
-    assert sorted(k for keys in panels["validation"] for k in keys) == sorted(k for k in logged if k.startswith("val/"))
+    # every val/* metric is shown; equal curves (accuracy, score mean, pass@1 of one source) share a panel; no
+    # reward errors is said in the title, not drawn as a flat zero
+    titles = {name: title for name, title, _ in group_panels(metric_series(rows))}
+    assert all(row.get("val/reward_num_errors", 0) == 0 for row in rows)
+    assert titles["validation"] == "Validation (no reward errors)"
+    assert sorted(k for keys in panels["validation"] for k in keys) == sorted(
+        k for k in logged if k.startswith("val/") and k != "val/reward_num_errors")
     assert_real_svg(report / "validation.svg", len(panels["validation"]))
     assert len(panels["validation"]) < sum(k.startswith("val/") for k in logged)
     assert_real_svg(report / "critic.svg", len(panels["critic"]))
@@ -233,3 +238,14 @@ def test_a_real_run_ends_with_its_report(embedded_cache, small_val, tmp_path, ca
     assert {r["step"] for r in read_jsonl(report / "samples_latest.jsonl")} == {2}
     index = html.unescape((report / "index.html").read_text())
     assert '"steps": 2' in index and "No summary.json yet" not in index  # written before the report
+
+
+def test_the_names_of_identical_curves_wrap_inside_their_panel():
+    from rlplat.utils.charts import PANEL_W, title_lines
+
+    names = ["val/rlplat/arithmetic/accuracy", "val/rlplat/arithmetic/best@1", "val/rlplat/arithmetic/maj@1",
+             "val/score_mean"]
+    lines = title_lines(" = ".join(names), 9)
+    assert len(lines) == 2 and " = ".join(lines) == " = ".join(names)
+    assert all(len(line) * 0.55 * 9 <= PANEL_W - 16 for line in lines)  # within the panel at 9 px
+    assert title_lines("val/accuracy", 11) == ["val/accuracy"]

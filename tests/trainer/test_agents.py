@@ -1,6 +1,8 @@
 """Agent loops in training runs: a user's environment from a file trains end to end, its reward terms add
 to the score, and the agent metrics are logged; bad agent settings are one line at start-up."""
 
+import json
+
 import pytest
 
 from rlplat.config import ConfigError
@@ -49,17 +51,30 @@ def test_a_user_environment_from_a_file_trains_end_to_end(embedded_cache, tmp_pa
     assert first["agent/retokenize_mismatch_frac"] == 0.0
     assert 0.0 < first["agent/observation_token_frac"] < 1.0
     assert "val/accuracy" in step[2]  # validation ran through the environment at test_freq=2
+    # the validation samples show each trajectory's conversation: the guesses and the environment's hints
+    samples = [s for line in (out / "val_samples.jsonl").read_text().splitlines() for s in json.loads(line)["samples"]]
+    assert samples and all(s["response"].startswith("[assistant] ") for s in samples)
+    assert any("\n[user] " in s["response"] for s in samples)  # a wrong guess, a hint, a second guess
 
 
 @pytest.mark.parametrize("override, message", [
     ("rollout.agent.name=tools", "rollout.agent.name='tools' is not registered; did you mean 'tool'"),
     ("rollout.agent.parser=hermez", "rollout.agent.parser='hermez' is not registered; did you mean 'hermes'"),
-    ("rollout.agent.tools=[calculater]", "rollout.agent.tools entry 'calculater' is not a built-in tool"),
+    ("rollout.agent.tools=[calculater]", "rollout.agent.tools entry 'calculater' is not a built-in tool (did you mean "
+                                         "'calculator'"),
     ("rollout.agent.environment=/nowhere/env.py:Env", "rollout.agent: environment '/nowhere/env.py:Env'"),
 ])
 def test_bad_agent_settings_are_one_line_at_start_up(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         load_run_config(["rollout.agent.name=tool", override] if "name=" not in override else [override])
+
+
+@pytest.mark.parametrize("override, key", [("rollout.agent.tools=[calculator]", "rollout.agent.tools"),
+                                           ("rollout.agent.environment=pkg.env:Env", "rollout.agent.environment")])
+def test_tools_or_an_environment_without_the_tool_loop_are_refused_not_ignored(override, key):
+    with pytest.raises(ConfigError, match=rf"^{key} is set, but the agent loop rollout.agent.name='single_turn' runs "
+                                          r"no tools or environments \(one response per prompt\): set rollout.agent.name=tool$"):
+        load_run_config([override])
 
 
 def test_the_total_budget_must_hold_a_turn():

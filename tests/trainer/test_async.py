@@ -216,11 +216,14 @@ def test_a_separate_rollout_pool_without_generating_ahead_is_the_colocated_run(e
 
 
 @pytest.mark.slow
-def test_generating_two_steps_ahead_never_trains_on_older_samples(embedded_cache, small_val, tmp_path, ray_cluster):
+def test_generating_two_steps_ahead_never_trains_on_older_samples(embedded_cache, small_val, tmp_path, ray_cluster,
+                                                                  capsys):
     out = tmp_path / "ahead"
     _train(out, 4, small_val, SEPARATE, "trainer.async_steps=2", "trainer.test_freq=2")
     steps = metrics(out)
     assert [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 2, 2]  # K = 2 reached, never passed
+    step_lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[step 3] ")]
+    assert len(step_lines) == 1 and " off_policy/staleness_max=2 " in step_lines[0]  # the console line shows it
     assert [steps[s]["val/policy_version"] for s in (0, 2, 4)] == [0, 2, 4]  # validation on the newest weights
     assert _ledger(out) == [[0, 32]]  # every drawn prompt group trained once
     # the timeline: a line per step, the rollout pool's generations in it, idle fractions in the summary
