@@ -15,7 +15,9 @@ import argparse
 import sys
 import time
 
-from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, TOOL_WARM_START, VARIANTS, embedded_model_dir, warm_start_of
+from rlplat.models.embedded import (
+    EMBEDDED, EMBEDDED_TOOLS, TOOL_WARM_START, VARIANTS, embedded_model_dir, warm_start_of,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,11 +86,23 @@ def preflight(cfg: DictConfig, plan: RunPlan) -> None:
 
 
 def check_other_model_paths(cfg: DictConfig, plan: RunPlan) -> None:
-    """The tokenizer's, the critic's, the reward model's and the judge's paths, each as ``model.path`` is checked
-    (their workers would otherwise fail minutes later, with a hub message for a missing directory)."""
-    paths = {"model.tokenizer_path": cfg.model.tokenizer_path,
-             "critic.model_path": cfg.critic.model_path if plan.needs_critic else None,
+    """The critic's, the reward model's and the judge's paths, each as ``model.path`` is checked (their workers
+    would otherwise fail minutes later, with a hub message for a missing directory), and the tokenizer's."""
+    paths = {"critic.model_path": cfg.critic.model_path if plan.needs_critic else None,
              "reward.model.path": cfg.reward.model.path, "reward.judge.model_path": cfg.reward.judge.model_path}
     for key, path in paths.items():
         if path:
             check_model_path(path, key)
+    if cfg.model.tokenizer_path:
+        check_tokenizer_path(cfg.model.tokenizer_path)
+
+
+def check_tokenizer_path(path: str, key: str = "model.tokenizer_path") -> None:
+    """A local directory holding a tokenizer (``tokenizer_config.json`` or ``tokenizer.json``; no model config
+    needed), or a hub id, checked as ``model.path`` is."""
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        check_model_path(path, key)  # a file, a missing directory or a hub id: model.path's answers
+    elif not ((local / "tokenizer_config.json").is_file() or (local / "tokenizer.json").is_file()):
+        raise RunError(f"{key}={path!r} has no tokenizer_config.json or tokenizer.json; expected a tokenizer's "
+                       f"save_pretrained output or a hub id")

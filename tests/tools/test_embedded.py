@@ -29,5 +29,6 @@ def test_the_plan_of_an_embedded_model_runs_no_warm_start(tmp_path, monkeypatch,
     monkeypatch.setenv("RLPLAT_CACHE", str(tmp_path))  # nothing built yet
     assert plan_tool.main(["algorithm=grpo"]) == 0
     assert "plan: every phase fits" in capsys.readouterr().out
-    assert not embedded_model_dir("embedded").exists()  # no warm start: the untrained model's files beside it
-    assert (embedded_model_dir("embedded").parent / f"{embedded_model_dir('embedded').name}-init" / "config.json").is_file()
+    built = embedded_model_dir("embedded")
+    assert not built.exists()  # no warm start: the untrained model's files beside it
+    assert (built.parent / f"{built.name}-init" / "config.json").is_file()

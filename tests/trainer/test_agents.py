@@ -73,7 +73,8 @@ def test_bad_agent_settings_are_one_line_at_start_up(override, message):
                                            ("rollout.agent.environment=pkg.env:Env", "rollout.agent.environment")])
 def test_tools_or_an_environment_without_the_tool_loop_are_refused_not_ignored(override, key):
     with pytest.raises(ConfigError, match=rf"^{key} is set, but the agent loop rollout.agent.name='single_turn' runs "
-                                          r"no tools or environments \(one response per prompt\): set rollout.agent.name=tool$"):
+                                          r"no tools or environments \(one response per prompt\): "
+                                          r"set rollout.agent.name=tool$"):
         load_run_config([override])
 
 
