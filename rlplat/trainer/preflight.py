@@ -91,7 +91,7 @@ def check_other_model_paths(cfg: DictConfig, plan: RunPlan) -> None:
     paths = {"critic.model_path": cfg.critic.model_path if plan.needs_critic else None,
              "reward.model.path": cfg.reward.model.path, "reward.judge.model_path": cfg.reward.judge.model_path}
     for key, path in paths.items():
-        if path:
+        if path and not is_embedded(path):  # an embedded model (a judge's) is built when it is first needed
             check_model_path(path, key)
     if cfg.model.tokenizer_path:
         check_tokenizer_path(cfg.model.tokenizer_path)

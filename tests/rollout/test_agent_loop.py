@@ -95,7 +95,8 @@ def samples_of(prompt_ids, recording):
 
 
 def test_single_turn_is_the_engine_generate_and_the_default(tiny_model_path, tmp_path):
-    cfg, tokenizer, engine = agent_setup(tiny_model_path, tmp_path, "rollout.agent.name=single_turn")
+    cfg, tokenizer, engine = agent_setup(tiny_model_path, tmp_path, "rollout.agent.name=single_turn",
+                                         "rollout.agent.environment=null")  # single_turn refuses an environment
     assert load_run_config([])[0].rollout.agent.name == "single_turn"
     loop = AGENT_LOOPS.get("single_turn")(cfg.rollout.agent, tokenizer, response_length=8)
     prompts = agent_prompts(tokenizer, ["hello", "12+5="])
