@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {state}: {path}")
         return 0
     from rlplat.trainer.sft import ensure_embedded_model
+    from rlplat.utils.quiet import quiet_third_party
 
+    quiet_third_party(verbose=False)  # the build's own lines, not transformers' progress bars
     for name in args.names:
         start = time.perf_counter()
         built = (embedded_model_dir(name) / "config.json").exists()

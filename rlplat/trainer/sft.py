@@ -185,7 +185,7 @@ def _build_embedded_model(name: str, target: Path, base: Path | None) -> Path:
 
 def _warm_start(name: str, target: Path, base: Path | None) -> Path:
     warm = TOOL_WARM_START if base else warm_start_of(name)
-    print(f"[embedded] building {name} (once; {warm['steps']} supervised steps, a few minutes on 2 CPU cores; "
+    print(f"[embedded] building {name} (once, cached; {warm['steps']} supervised steps, their progress below; "
           f"ahead of a run: python -m rlplat.tools.embedded {name}) -> {target}", flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
         out = Path(tmp) / "sft"
