@@ -19,6 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -146,12 +147,7 @@ def ensure_embedded_model(name: str = EMBEDDED) -> Path:
     if (target / "config.json").exists():
         return target
     base = ensure_embedded_model() if name == EMBEDDED_TOOLS else None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:  # a second process waits for the first's build
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").exists():
-            return target
-        return _build_embedded_model(name, target, base)
+    return _built_once(target, lambda tmp: _build_embedded_model(name, target, base, tmp))
 
 
 def embedded_model_files(name: str = EMBEDDED) -> Path:
@@ -161,47 +157,53 @@ def embedded_model_files(name: str = EMBEDDED) -> Path:
     target = embedded_model_dir(name)
     if (target / "config.json").exists():
         return target
-    init = target.parent / f"{target.name}-init"
+    seed = warm_start_of(name)["seed"]
+    return _built_once(target.parent / f"{target.name}-init", lambda tmp: build_tiny_model(tmp / "init", spec_of(name),
+                                                                                          seed=seed))
+
+
+def _built_once(target: Path, build: Callable[[Path], Path]) -> Path:
+    """``target``, built by ``build`` (given a temporary directory beside it, returning what it built there) unless
+    it holds a model already; a second process waits for the first's build under a file lock, and a build that
+    fails leaves nothing at ``target``."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{init.name}.lock", "w") as lock:
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (init / "config.json").exists():
+        if not (target / "config.json").exists():
             with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-                built = build_tiny_model(Path(tmp) / "init", spec_of(name), seed=warm_start_of(name)["seed"])
-                shutil.move(str(built), str(init))
-    return init
+                shutil.move(str(build(Path(tmp))), str(target))
+    return target
 
 
-def _build_embedded_model(name: str, target: Path, base: Path | None) -> Path:
-    """Build ``name`` with every core of the machine, whatever the calling process computes with (a worker given a
-    share of the cores): its float path, and so the model, is then the same in any process of one machine."""
+def _build_embedded_model(name: str, target: Path, base: Path | None, tmp: Path) -> Path:
+    """Build ``name`` in ``tmp`` with every core of the machine, whatever the calling process computes with (a
+    worker given a share of the cores): its float path, and so the model, is then the same in any process of one
+    machine."""
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     try:
-        return _warm_start(name, target, base)
+        return _warm_start(name, target, base, tmp)
     finally:
         torch.set_num_threads(threads)
 
 
-def _warm_start(name: str, target: Path, base: Path | None) -> Path:
+def _warm_start(name: str, target: Path, base: Path | None, tmp: Path) -> Path:
     warm = TOOL_WARM_START if base else warm_start_of(name)
     print(f"[embedded] building {name} (once, cached; {warm['steps']} supervised steps, their progress below; "
           f"ahead of a run: python -m rlplat.tools.embedded {name}) -> {target}", flush=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-        out = Path(tmp) / "sft"
-        if base is None:
-            init = build_tiny_model(Path(tmp) / "init", spec_of(name), seed=warm["seed"])
-            run_sft(str(init), [warm["data"]], str(out), warm["steps"], warm["batch_size"], warm["lr"],
-                    micro_batch_size=warm["batch_size"], seed=warm["seed"])
-        else:
-            rows = with_tool_demonstrations(TASKS.get("tool_arithmetic")(warm["rows"], warm["seed"]),
-                                            warm["demonstrations"], warm["seed"])
-            data = write_parquet(rows, Path(tmp) / "tool_demonstrations.parquet")
-            run_sft(str(base), [str(data)], str(out), warm["steps"], warm["batch_size"], warm["lr"],
-                    micro_batch_size=warm["batch_size"], max_response_length=warm["max_response_length"],
-                    seed=warm["seed"])
-        shutil.move(str(out), str(target))
-    return target
+    out = tmp / "sft"
+    if base is None:
+        init = build_tiny_model(tmp / "init", spec_of(name), seed=warm["seed"])
+        run_sft(str(init), [warm["data"]], str(out), warm["steps"], warm["batch_size"], warm["lr"],
+                micro_batch_size=warm["batch_size"], seed=warm["seed"])
+    else:
+        rows = with_tool_demonstrations(TASKS.get("tool_arithmetic")(warm["rows"], warm["seed"]),
+                                        warm["demonstrations"], warm["seed"])
+        data = write_parquet(rows, tmp / "tool_demonstrations.parquet")
+        run_sft(str(base), [str(data)], str(out), warm["steps"], warm["batch_size"], warm["lr"],
+                micro_batch_size=warm["batch_size"], max_response_length=warm["max_response_length"],
+                seed=warm["seed"])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
