@@ -8,6 +8,7 @@ devices (colocation); a role placed on its own pool (e.g. a separate reference p
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,9 +71,11 @@ class ResourcePool:
         from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
 
         self.node_ids = self._pick_nodes()
-        # a CPU worker reserves one core for scheduling, but computes with its node's cores split evenly
+        # a CPU worker reserves one core for scheduling, but computes with its node's cores split evenly, and
+        # with no more threads than OMP_NUM_THREADS allows, where the controller's environment sets it
         cores = [int(node["Resources"].get("CPU", 1)) for node in ray.nodes() if node["NodeID"] in self.node_ids]
-        self.threads_per_worker = max(1, min(cores) // (self.cores_shared_by or self.workers_per_node))
+        share = max(1, min(cores) // (self.cores_shared_by or self.workers_per_node))
+        self.threads_per_worker = min(share, int(os.environ.get("OMP_NUM_THREADS") or share))
         self.placement_groups = [
             placement_group(
                 [self._bundle()] * self.workers_per_node,

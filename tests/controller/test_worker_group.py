@@ -113,9 +113,10 @@ def by_value():
 
 
 @pytest.mark.slow
-def test_two_ray_workers(ray_cluster, by_value):
+def test_two_ray_workers(ray_cluster, by_value, monkeypatch):
     import ray
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # a test worker's share of the cores (tests/conftest.py)
     pool = ResourcePool(nnodes=1, workers_per_node=2, device="cpu").create()
     group = RayWorkerGroup(Probe, pool)
     try:
@@ -131,13 +132,21 @@ def test_two_ray_workers(ray_cluster, by_value):
         pool.release()
 
 
-def test_one_ray_worker_computes_with_every_core(ray_cluster, by_value):
+@pytest.mark.parametrize("omp_num_threads", [None, "2"])
+def test_one_ray_worker_computes_with_every_core_or_omp_num_threads(ray_cluster, by_value, monkeypatch,
+                                                                    omp_num_threads):
+    # every core: a 1-CPU Ray actor would otherwise run torch on one thread (Ray sets OMP_NUM_THREADS=1 in it);
+    # OMP_NUM_THREADS in the controller's environment caps it (the node has 4 logical CPUs here)
     import ray
 
+    if omp_num_threads:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp_num_threads)
+    else:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     pool = ResourcePool(nnodes=1, workers_per_node=1, device="cpu").create()
     group = RayWorkerGroup(Probe, pool)
-    try:  # a 1-CPU Ray actor would otherwise run torch on one thread (OMP_NUM_THREADS=1)
-        assert group.threads() == [int(ray.cluster_resources()["CPU"])]
+    try:
+        assert group.threads() == [int(omp_num_threads or ray.cluster_resources()["CPU"])]
     finally:
         group.shutdown()
         pool.release()
