@@ -64,8 +64,8 @@ def check_key(path: str) -> None:
         fields = _schema_fields(node)
         if part not in fields:
             if known := equivalent(path):
-                framework, setting = known
-                raise ConfigError(f"unknown config key {path!r}: that is {framework}'s name; rlplat's is {setting} "
+                framework, hint = known
+                raise ConfigError(f"unknown config key {path!r}: that is {framework}'s name; {hint} "
                                   f"(docs/migrating.md maps the others)")
             parent = ".".join(parts[:depth])
             where = f"under {parent!r}" if parent else "at the top level"

@@ -463,7 +463,7 @@ class RewardConfig:
     num_workers: Optional[int] = None
     fail_fraction_to_stop: float = 1.0  # stop when this share of a step's reward calls fail (1 = all; > 1 = never)
     # Entries of reward.functions whose term counts only when the other functions judge the answer correct
-    # (e.g. [format]: open-instruct's non-additive format reward); [] = every term is added
+    # (e.g. [format]: a format reward that a wrong answer does not earn); [] = every term is added
     only_when_correct: list[str] = field(default_factory=list)
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)  # the code reward's sandbox limits
     model: RewardModelConfig = field(default_factory=RewardModelConfig)  # a learned reward model

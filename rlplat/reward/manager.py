@@ -79,8 +79,8 @@ class RewardManager:
 
     ``only_when_correct`` holds indices into ``functions`` whose value counts only on samples that the
     other functions judge correct (:meth:`ScoreReport.correct` over them: their ``acc``, else their
-    weighted sum >= 1), as open-instruct's non-additive format reward; their ``per_function`` values are
-    the gated ones, so the terms still add up to the scores.
+    weighted sum >= 1): e.g. a format reward that a wrong answer does not earn; their ``per_function`` values
+    are the gated ones, so the terms still add up to the scores.
     """
 
     def __init__(self, functions: Sequence[tuple[Callable, float]], overlong: OverlongShaping | None = None,

@@ -74,10 +74,22 @@ def parse_args(argv: list[str]) -> tuple[list[str], str | None, bool]:
             if cfg_mode not in ("job", "all"):
                 raise SystemExit(f"rlplat: --cfg takes 'job' (or 'all'), got {cfg_mode!r}")
         elif arg.startswith("-"):
-            raise SystemExit(f"rlplat: unknown option {arg!r}\n\n{USAGE}")
+            raise SystemExit(_unknown_option(arg))
         else:
             overrides.append(arg)
     return overrides, cfg_mode, show_help
+
+
+def _unknown_option(arg: str) -> str:
+    """The error for an option rlplat does not take: for one of open-instruct's flags (``--flag value`` or
+    ``--flag=value``), rlplat's setting for it or why there is none."""
+    from rlplat.config.migration import equivalent
+
+    known = equivalent(arg.split("=", 1)[0]) if arg.startswith("--") else None
+    if known and known[0] == "open-instruct":
+        return (f"rlplat: {arg.split('=', 1)[0]} is open-instruct's flag; {known[1]}. rlplat takes key=value "
+                f"overrides (docs/migrating.md maps the others)")
+    return f"rlplat: unknown option {arg!r}\n\n{USAGE}"
 
 
 def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:

@@ -42,7 +42,7 @@ def commands(text: str, where: str) -> list[tuple[str, list[str], str | None]]:
             command = line.split(ENTRY, 1)[1].split("#", 1)[0].split("&&", 1)[0]
             command = command.split(";", 1)[0].rstrip(") ")  # inside "time (...)" or a subshell
             args = [a for a in shlex.split(command) if a != "--cfg" and a != "job"]
-            if any(a.startswith("-") or "[" in a for a in args):  # a usage synopsis, not a command
+            if any(a.startswith(("-", "[")) for a in args):  # a usage synopsis, not a command
                 continue
             after = lines[i + 1] if i + 1 < len(lines) else ""
             expected = after.split("...", 1)[0].strip() if after.startswith("rlplat: config error") else None
@@ -56,7 +56,7 @@ ALL += commands(f"```\n{USAGE}\n```", "--help")
 
 # How many trainer commands each document prints. Change it with the docs: a change to how blocks are read
 # that drops (or invents) a command fails here instead of quietly testing fewer commands.
-PRINTED = {"README.md": 4, "agents.md": 1, "async.md": 5, "concepts.md": 2, "long_context.md": 1, "lora.md": 2, "megatron.md": 1, "migrating.md": 3, "moe.md": 2, "options.md": 3,
+PRINTED = {"README.md": 4, "agents.md": 1, "async.md": 5, "concepts.md": 2, "long_context.md": 1, "lora.md": 2, "megatron.md": 1, "migrating.md": 5, "moe.md": 2, "options.md": 4,
            "performance.md": 1, "plan.md": 1, "report.md": 1, "rollout.md": 5, "troubleshooting.md": 7, "vision.md": 1,
            "--help": 3}
 
@@ -64,7 +64,7 @@ PRINTED = {"README.md": 4, "agents.md": 1, "async.md": 5, "concepts.md": 2, "lon
 def test_the_docs_print_commands():
     found = Counter(where.split(":", 1)[0] for where, _, _ in ALL)
     assert dict(sorted(found.items())) == dict(sorted(PRINTED.items()))
-    assert sum(expected is not None for *_, expected in ALL) == 5  # commands shown with their config error
+    assert sum(expected is not None for *_, expected in ALL) == 6  # commands shown with their config error
 
 
 MISSING = re.compile(r"needs the package '([\w.]+)', which is not installed")
@@ -115,6 +115,7 @@ def one_step_knobs(model: str, data: str, out: Path) -> list[str]:
             "rollout.n=2", "rollout.val_n=1", "actor.micro_batch_size_seqs_per_worker=4",
             "actor.log_prob_micro_batch_size_seqs_per_worker=4", "ref.log_prob_micro_batch_size_seqs_per_worker=4",
             "critic.micro_batch_size_seqs_per_worker=4", "trainer.workers_per_node=1", "trainer.nnodes=1",
+            "rollout.workers_per_node=1", "rollout.nnodes=1",
             "trainer.total_steps=1", "trainer.test_freq=0", "trainer.device=cpu", "trainer.ray_address=inprocess",
             f"trainer.output_dir={out}"]
 
@@ -146,8 +147,8 @@ def test_documented_vllm_command_runs(where, args, skip_missing, tiny_model_path
 
 
 def test_the_docs_print_vllm_commands():
-    assert len(VLLM) == 8 and sum("rollout.mode=server" in args for _, args in VLLM) == 1
-    assert sum("rollout.mode=separate" in args for _, args in VLLM) == 2
+    assert len(VLLM) == 9 and sum("rollout.mode=server" in args for _, args in VLLM) == 1
+    assert sum("rollout.mode=separate" in args for _, args in VLLM) == 3
 
 
 @pytest.mark.parametrize("knob", ["rollout.n=4", "rollout.n=2", "data.train_batch_size_prompts=8",

@@ -1,0 +1,5 @@
+import sys
+
+from rlplat.config.migration import main
+
+sys.exit(main())
