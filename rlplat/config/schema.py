@@ -44,7 +44,7 @@ def count_keys(cls: type | None = None, prefix: str = "") -> list[str]:
 class LoRAConfig:
     rank: int = 0  # LoRA adapters of this rank on the actor's linear layers (0 = off: every weight is trained; docs/lora.md)
     alpha: float = 16.0  # the adapters' output is scaled by alpha / rank
-    dropout: float = 0.0  # dropout on the adapters' input (0 keeps the update's log-probs the rollout's)
+    dropout: float = 0.0  # must stay 0: rlplat trains without dropout (the update's log-probs are the rollout's)
     target_modules: list[str] = field(default_factory=list)  # layer names to adapt, e.g. [q_proj, v_proj]; [] = every linear layer of the decoder
 
 

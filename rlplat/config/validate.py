@@ -110,7 +110,8 @@ def _check_values(cfg: DictConfig) -> None:
     lora = cfg.model.lora
     check(lora.rank >= 0, f"model.lora.rank must be >= 0 (0 = off), got {lora.rank}")
     check(lora.alpha > 0, f"model.lora.alpha must be > 0, got {lora.alpha}")
-    check(0 <= lora.dropout < 1, f"model.lora.dropout must be in [0, 1), got {lora.dropout}")
+    check(lora.dropout == 0, f"model.lora.dropout={lora.dropout} would do nothing: rlplat trains without dropout (the "
+                             f"model stays in eval mode, so the update's log-probs are the rollout's); leave it at 0")
     check(rollout.lora_sync == "merged" or lora.rank, f"rollout.lora_sync={rollout.lora_sync} sends LoRA adapters, "
                                                       f"and model.lora.rank=0 trains without them")
     tolerance = rollout.verify_log_prob_tol

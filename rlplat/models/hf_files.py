@@ -31,7 +31,9 @@ def save_hf_model(buckets: Iterable[list[tuple[str, torch.Tensor]]], path: str |
     cast to ``dtype``, with ``model_path``'s config and tokenizer as a Hugging Face model directory at ``path``:
     into a sibling temporary directory, renamed over ``path`` when complete (removed on any error). A tied
     output layer is not written (the model ties it to the embedding, as ``save_pretrained`` leaves it out)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
+
+    from rlplat.models.tokenizer import load_tokenizer
 
     from rlplat.models.vision import is_vision
     from rlplat.utils.files import plain_modes
@@ -48,7 +50,7 @@ def save_hf_model(buckets: Iterable[list[tuple[str, torch.Tensor]]], path: str |
         config.dtype = dtype
         config.save_pretrained(tmp)
         _generation_config(model_path, config).save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_path).save_pretrained(tmp)
+        load_tokenizer(model_cfg, model_path).save_pretrained(tmp)
         if is_vision(config):  # a vision-language model's image processor
             from transformers import AutoImageProcessor
 

@@ -128,11 +128,11 @@ def check_inputs(cfg: DictConfig, plan, model_path: Callable[[], str]) -> tuple[
     """Load what the run loads first (imports, reward functions, the model's config, tokenizer and image
     processor) and print the plan's header; returns the model's shape, tokenizer and image inputs (None: a
     text model)."""
-    from rlplat.models.vision import image_inputs_of
-
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from rlplat.config.imports import import_user_modules
+    from rlplat.models.tokenizer import load_tokenizer
+    from rlplat.models.vision import image_inputs_of
     from rlplat.reward import build_reward_manager
 
     import_user_modules(cfg.trainer.imports)
@@ -140,7 +140,7 @@ def check_inputs(cfg: DictConfig, plan, model_path: Callable[[], str]) -> tuple[
     path = model_path()
     config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     shape = ModelShape.from_config(config)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or path)
+    tokenizer = load_tokenizer(cfg.model, path)
     images = image_inputs_of(path, tokenizer, cfg.data, cfg.model.trust_remote_code)
     rollout = cfg.rollout
     pool = (f" on {rollout.nnodes * rollout.workers_per_node} worker(s) of its own, "

@@ -230,9 +230,9 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
     if cfg.reward.judge.model_path == EMBEDDED:  # the judge workers load it; build it here once if needed
         ensure_embedded_model()
     launched = None if in_process else _launch_ray_groups(cfg, plan)
-    from transformers import AutoTokenizer
+    from rlplat.models.tokenizer import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+    tokenizer = load_tokenizer(cfg.model, model_path)
     data = cfg.data
     images = image_inputs_of(model_path, tokenizer, data, cfg.model.trust_remote_code)  # a VLM's (else None)
 

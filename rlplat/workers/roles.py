@@ -194,7 +194,7 @@ class ActorRolloutRefWorker(_Generates):
     def init_model(self, model_path: str, with_ref: bool, with_rollout: bool = True) -> None:
         """Build the actor, the colocated reference (``with_ref``) and the rollout engine (``with_rollout``;
         False when the rollout workers have a pool of their own: ``rollout.mode=separate``)."""
-        from transformers import AutoTokenizer
+        from rlplat.models.tokenizer import load_tokenizer
 
         cfg, ctx = self.cfg, self.dist
         torch.manual_seed(cfg.trainer.seed + self.rank)
@@ -206,7 +206,7 @@ class ActorRolloutRefWorker(_Generates):
             self.actor.lora.keep_reference()  # the synced reference's adapters; the base weights are shared
         if not with_rollout:
             return
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+        tokenizer = load_tokenizer(cfg.model, model_path)
         self.rollout = build_rollout_engine(cfg, self.plan, model_path, tokenizer, ctx)
         self.agent = build_agent_loop(cfg, self.plan, tokenizer)
         # the rollout engine read the same model from disk, unless it starts from a dummy initialisation
@@ -365,11 +365,11 @@ class RolloutWorker(_Generates):
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, model_path: str) -> None:
-        from transformers import AutoTokenizer
+        from rlplat.models.tokenizer import load_tokenizer
 
         cfg = self.cfg
         torch.manual_seed(cfg.trainer.seed + self.rank)  # the stream a colocated worker samples from
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+        tokenizer = load_tokenizer(cfg.model, model_path)
         self.rollout = build_rollout_engine(cfg, self.plan, model_path, tokenizer, self.dist)
         self.agent = build_agent_loop(cfg, self.plan, tokenizer)
         if cfg.rollout.partial == "resume":

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlplat.config import ConfigError
@@ -26,8 +27,10 @@ LORA = ["model.lora.rank=4", "model.lora.alpha=8", "algorithm.use_kl_loss=true"]
 
 def _lora_cfg(rank=4, alpha=8.0, dropout=0.0, targets=()):
     cfg, _ = load_run_config(["trainer.ray_address=inprocess", f"model.lora.rank={rank}", f"model.lora.alpha={alpha}",
-                              f"model.lora.dropout={dropout}", f"model.lora.target_modules=[{','.join(targets)}]"])
-    return cfg.model.lora
+                              f"model.lora.target_modules=[{','.join(targets)}]"])
+    lora = OmegaConf.create(OmegaConf.to_container(cfg.model.lora))
+    lora.dropout = dropout  # > 0: what start-up refuses, for the fused MLP's own guard
+    return lora
 
 
 def _qwen2_with_adapters() -> torch.nn.Module:
@@ -88,7 +91,9 @@ def test_unknown_target_modules_are_one_config_error(tiny_model_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["model.lora.rank=-1"], r"model.lora.rank must be >= 0 \(0 = off\), got -1"),
-    (["model.lora.rank=8", "model.lora.dropout=1.0"], r"model.lora.dropout must be in \[0, 1\), got 1.0"),
+    # the model trains in eval mode (no dropout): an adapter dropout would be silently ignored
+    (["model.lora.rank=8", "model.lora.dropout=0.05"], r"model.lora.dropout=0.05 would do nothing: rlplat trains "
+                                                        r"without dropout"),
     (["model.lora.rank=8", "model.lora.alpha=0"], r"model.lora.alpha must be > 0, got 0"),
     (["model.lora.rank=8", "actor.strategy=megatron"],
      r"model.lora.rank=8: LoRA is not supported on the Megatron engine yet; use actor.strategy=fsdp"),

@@ -1,6 +1,7 @@
 """rlplat.models.hf_files.save_hf_model: weights streamed in buckets become a Hugging Face model directory
 (several safetensors files and their index when they exceed one file) that transformers loads, the writer
-holding at most one file's tensors at a time; bad weights are one error and leave nothing behind."""
+holding at most one file's tensors at a time; bad weights are one error and leave nothing behind. The tokenizer
+it copies is loaded as every part of a run loads it (rlplat.models.tokenizer)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,22 @@ def test_bad_weights_are_one_error_and_leave_the_old_model(tiny_model_path, tmp_
         save_hf_model([list(weights.items()), [("model.norm.weight", weights["model.norm.weight"])]],
                       tmp_path / "twice", tiny_model_path, MODEL_CFG)
     assert not (tmp_path / "twice").exists()
+
+
+def test_a_tokenizer_of_the_models_own_code_loads_with_model_trust_remote_code(tmp_path):
+    # the tokenizer's class is the model directory's own code (its tokenizer_config.json's auto_map): refused
+    # without model.trust_remote_code, loaded with it, everywhere the policy's tokenizer is loaded (and exported)
+    from rlplat.models.tiny import build_tokenizer
+    from rlplat.models.tokenizer import load_tokenizer
+
+    build_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "own_tokenizer.py").write_text(
+        "from transformers import PreTrainedTokenizerFast\n\n\nclass OwnTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="OwnTokenizer", auto_map={"AutoTokenizer": [None, "own_tokenizer.OwnTokenizer"]})
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    model = OmegaConf.create({"tokenizer_path": None, "trust_remote_code": False})
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        load_tokenizer(model, str(tmp_path))
+    model.trust_remote_code = True
+    assert type(load_tokenizer(model, str(tmp_path))).__name__ == "OwnTokenizer"

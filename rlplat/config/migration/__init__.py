@@ -66,7 +66,8 @@ def _cell(text: str) -> str:
 
 
 def _marks(framework: str) -> tuple[str, str]:
-    return f"<!-- table: {framework} (python -m rlplat.config.migration --write) -->", f"<!-- end of table: {framework} -->"
+    start = f"<!-- table: {framework} (python -m rlplat.config.migration --write) -->"
+    return start, f"<!-- end of table: {framework} -->"
 
 
 def rendered_doc(text: str) -> str:

@@ -52,7 +52,9 @@ OPEN_INSTRUCT = [
          "rank > 0 turns LoRA on (lora_r default 16, rlplat 0 = off); FSDP engine only (docs/lora.md)",
          convert="peft_rank"),
     Knob(("--lora_alpha",), ("model.lora.alpha",), "open-instruct's default 32, rlplat's 16"),
-    Knob(("--lora_dropout",), ("model.lora.dropout",), "open-instruct's default 0.05, rlplat's 0"),
+    Knob(("--lora_dropout",), (),
+         "no equivalent: rlplat trains without dropout (the update's log-probs are the rollout's); "
+         "model.lora.dropout must stay 0"),
     Knob(("--lora_target_modules",), ("model.lora.target_modules",),
          "None = PEFT's per-architecture default; rlplat's [] = every linear layer of the decoder"),
     Knob(("--lora_modules_to_save",), (), "no equivalent: with LoRA only the adapters are trained"),
@@ -146,7 +148,8 @@ OPEN_INSTRUCT = [
     # "token" -> algorithm.loss_agg_mode=token-mean; a number D -> loss_agg_mode=seq-mean-token-sum-norm with
     # algorithm.loss_scale_factor = D / (sequences per mini-batch = actor.mini_batch_size_prompts x rollout.n)
     Knob(("--loss_denominator",), ("algorithm.loss_agg_mode", "algorithm.loss_scale_factor"),
-         "token = token-mean (algorithm=grpo sets seq-mean-token-mean: override it); a constant D = sum / D",
+         "token = token-mean (algorithm=grpo sets seq-mean-token-mean: override it); a constant D = sum / D while "
+         "every sequence has a token in the loss (rlplat counts only those)",
          convert="loss_denominator_to_agg"),
     # standard -> algorithm.norm_adv_scale=group; centered -> algorithm.norm_adv_scale=none
     Knob(("--advantage_normalization_type",), ("algorithm.norm_adv_scale",),
@@ -250,10 +253,11 @@ OPEN_INSTRUCT = [
          "scale"),
     Knob(("--remap_verifier",), (),
          "no equivalent: name the function in reward.functions, or rewrite data_source when converting the data"),
-    Knob(("--apply_r1_style_format_reward",), ("reward.functions=[auto,format]",),
-         "rlplat's format needs the whole response <think>..</think><answer>..</answer>; open-instruct's matches "
-         "..</think><answer>..</answer>"),
-    Knob(("--r1_style_format_reward",), ("reward.weights",), "the format entry's weight (1.0 in both)"),
+    Knob(("--apply_r1_style_format_reward",), ("reward.functions=[auto,format]", "reward.weights=[1.0,1.0]"),
+         "with a weight per entry; rlplat's format needs the whole response <think>..</think><answer>..</answer>; "
+         "open-instruct's matches ..</think><answer>..</answer>"),
+    Knob(("--r1_style_format_reward",), ("reward.weights",),
+         "the format entry's weight, the second of reward.weights=[1.0,<it>] (open-instruct's default 1.0)"),
     Knob(("--additive_format_reward",), ("reward.only_when_correct=[]",),
          "true = rlplat's additive default; false (default) zeroes the answer reward without format: not "
          "only_when_correct=[format]"),
@@ -338,7 +342,7 @@ OPEN_INSTRUCT = [
     Knob(("--local_eval_every",), ("trainer.test_freq",),
          "100 vs 50 steps; open-instruct's -1 (never) = rlplat's 0 (only before and after training)"),
     Knob(("--eval_on_step_0",), (),
-         "no equivalent: rlplat always validates before the first step (as eval_on_step_0=True)"),
+         "no equivalent: rlplat always validates before a fresh run's first step (as eval_on_step_0=True)"),
     Knob(("--eval_pass_at_k",), ("rollout.val_n",),
          "responses per validation prompt (pass@k); needs rollout.val_temperature > 0 (rlplat's default is greedy)"),
     Knob(("--exp_name",), ("trainer.experiment_name",),
@@ -378,8 +382,10 @@ OPEN_INSTRUCT = [
          "rlplat sizes its pools apart: trainer.nnodes for learners, rollout.nnodes for the rollout pool"),
     Knob(("--world_size",), (), "not needed: RUNTIME VALUE (trainer.nnodes x trainer.workers_per_node)"),
     Knob(("--backend_timeout",), (), "no equivalent: no timeout key for the training and rollout backends"),
-    Knob(("--deepspeed_stage",), (),
-         "no equivalent: FSDP2 always shards parameters, gradients and optimizer state (ZeRO-3)"),
+    # deepspeed_stage: 3 -> true, 2 (or 1) -> false
+    Knob(("--deepspeed_stage",), ("actor.fsdp.reshard_after_forward",),
+         "FSDP2 always shards the optimizer state and gradients; true (rlplat's default) also frees the gathered "
+         "weights after the forward (ZeRO-3), false keeps them for the backward (ZeRO-2)", convert="deepspeed_stage"),
     Knob(("--deepspeed_zpg",), (), "no equivalent: no ZeRO++ hierarchical partitioning"),
     Knob(("--deepspeed_offload_param", "--deepspeed_offload_optimizer"), ("actor.fsdp.param_offload",),
          "one switch offloads parameters, gradients and optimizer state; GPU only"),

@@ -18,20 +18,21 @@ TRL = [
     Knob(("bf16",), ("actor.fsdp.mixed_precision",),
          "True (TRL's default) = auto: bf16 compute with fp32 weights on GPU; False = none"),
     Knob(("disable_dropout",), (),
-         "no equivalent: rlplat always trains without dropout (= disable_dropout=True); dropout on is not offered"),
+         "no equivalent: rlplat always trains without dropout (= disable_dropout=True), adapters' included"),
     Knob(("cast_lm_head_to_fp32",), (), "no equivalent: the LM head runs in the compute dtype"),
     Knob(("router_aux_loss_coef",), ("actor.moe.aux_loss_coef",),
          "MoE load-balancing loss weight; TRL's default 0.001, rlplat's null = the model config's (docs/moe.md)"),
     Knob(("use_liger_kernel",), (), "no equivalent: no Liger kernels"),
-    # lora_config_fields: a peft LoraConfig's r, lora_alpha, lora_dropout, target_modules become the four
-    # model.lora.* keys
-    Knob(("peft_config",), ("model.lora.rank", "model.lora.alpha", "model.lora.dropout", "model.lora.target_modules"),
-         "GRPOTrainer's argument: LoRA on the actor (docs/lora.md)", convert="lora_config_fields"),
+    # lora_config_fields: a peft LoraConfig's r, lora_alpha and target_modules become the three model.lora.* keys
+    Knob(("peft_config",), ("model.lora.rank", "model.lora.alpha", "model.lora.target_modules"),
+         "GRPOTrainer's argument: LoRA on the actor (docs/lora.md); its lora_dropout has no equivalent",
+         convert="lora_config_fields"),
     Knob(("use_peft",), ("model.lora.rank",), "TRL script flag: LoRA is on when model.lora.rank > 0 (give lora_r)"),
     Knob(("lora_r",), ("model.lora.rank",), "TRL's default 16 (with use_peft), rlplat's 0 = off"),
     Knob(("lora_alpha",), ("model.lora.alpha",), "TRL's default 32, rlplat's 16"),
-    Knob(("lora_dropout",), ("model.lora.dropout",),
-         "TRL's default 0.05, rlplat's 0 (keeps the update's log-probs the rollout's)"),
+    Knob(("lora_dropout",), (),
+         "no equivalent: rlplat trains without dropout (the update's log-probs are the rollout's); "
+         "model.lora.dropout must stay 0"),
     Knob(("lora_target_modules",), ("model.lora.target_modules",),
          "TRL's None = peft's per-architecture default; rlplat's [] = every linear layer of the decoder"),
 
@@ -285,7 +286,8 @@ TRL = [
 
     # --- logging, evaluation, checkpoints ---
     Knob(("logging_steps",), (), "not needed: every step's metrics are logged"),
-    Knob(("log_completions",), ("trainer.val_samples",), "validation samples go to val_samples.jsonl"),
+    Knob(("log_completions",), ("trainer.val_samples",),
+         "rlplat logs validation samples only (val_samples.jsonl), not training completions"),
     Knob(("num_completions_to_print",), ("trainer.val_samples",),
          "prompts per validation written to val_samples.jsonl; rlplat's default 16"),
     Knob(("log_multimodal",), (), "not needed: a logging switch for images in logged completions"),

@@ -18,8 +18,8 @@ VERL = [
     Knob(("data.val_batch_size",), ("data.val_batch_size_prompts",),
          "prompts per validation generation call; the whole validation set is always used"),
     Knob(("data.gen_batch_size",), (),
-         "no equivalent: every dynamic-sampling round samples data.train_batch_size_prompts prompts (DAPO recipe's "
-         "key)"),
+         "no equivalent: a dynamic-sampling round samples data.train_batch_size_prompts prompts (with "
+         "rollout.stream_groups > 0 only the missing groups; DAPO recipe's key)"),
     Knob(("data.max_prompt_length",), ("data.max_prompt_length",), "tokens after the chat template; 512 in both"),
     Knob(("data.max_response_length",), ("data.max_response_length",),
          "verl's default 512, rlplat's 8 (the embedded tiny model's)"),
@@ -50,7 +50,8 @@ VERL = [
     Knob(("data.dataloader_num_workers",), (), "not needed: worker processes of verl's dataloader"),
     Knob(("data.train_max_samples",), (), "no equivalent: subsample the training parquet file instead"),
     Knob(("data.val_max_samples",), (), "no equivalent: subsample the validation parquet file instead"),
-    Knob(("data.trust_remote_code",), ("model.trust_remote_code",), "one switch for the model and its tokenizer"),
+    Knob(("data.trust_remote_code",), ("model.trust_remote_code",),
+         "one switch for the model, its tokenizer and image processor"),
     Knob(("data.custom_cls.path",), (),
          "no equivalent: rlplat reads parquet rows of the RLHF schema or builtin:<task>, no custom dataset class"),
     Knob(("data.custom_cls.name",), (), "no equivalent: no custom dataset class (see data.custom_cls.path)"),
@@ -78,9 +79,11 @@ VERL = [
          ("actor.fsdp.pack_sequences", "ref.fsdp.pack_sequences", "critic.fsdp.pack_sequences"),
          "on by default: micro-batches run packed without padding (checked against the padded forward); the Megatron "
          "engine always pads"),
-    Knob(("actor_rollout_ref.model.use_fused_kernels",), (), "no equivalent: no fused log-prob/entropy kernels"),
+    Knob(("actor_rollout_ref.model.use_fused_kernels",), (),
+         "not needed: the FSDP engine never builds the whole logits for the common decoders: log-probs and entropy "
+         "come from the hidden states in chunks (rlplat/engines/token_head.py), without a custom kernel"),
     Knob(("actor_rollout_ref.model.fused_kernel_options.impl_backend",), (),
-         "no equivalent: no fused kernels (see use_fused_kernels)"),
+         "not needed: no fused kernels (see use_fused_kernels)"),
     Knob(("actor_rollout_ref.model.tiled_mlp.enabled",), (),
          "no equivalent: no tiled MLP (memory saving for long sequences)"),
     Knob(("actor_rollout_ref.model.tiled_mlp.num_shards",), (), "no equivalent: no tiled MLP"),
@@ -233,9 +236,11 @@ VERL = [
          "deprecated spelling, also the reference's default in verl; in rlplat each role has its own "
          "(docs/long_context.md)"),
     Knob(("actor_rollout_ref.actor.entropy_checkpointing", "actor_rollout_ref.actor.fsdp_config.entropy_checkpointing"),
-         (), "no equivalent: the entropy is not recomputed in backward (memory saving only)"),
+         (), "not needed: the FSDP engine recomputes each chunk's logits in backward for the common decoders "
+             "(rlplat/engines/token_head.py)"),
     Knob(("actor_rollout_ref.actor.entropy_from_logits_with_chunking",), (),
-         "no equivalent: the entropy is computed from the whole logits (memory saving only)"),
+         "not needed: the FSDP engine computes log-probs and entropy in chunks for the common decoders "
+         "(rlplat/engines/token_head.py)"),
     Knob(("actor_rollout_ref.actor.use_torch_compile",), (),
          "no equivalent: rlplat runs eager PyTorch (no torch.compile)"),
     Knob(("actor_rollout_ref.actor.pad_to_length",), (),
@@ -739,7 +744,7 @@ VERL = [
          convert="epochs_to_steps"),
     Knob(("trainer.test_freq",), ("trainer.test_freq",),
          "verl's -1 (never) is <= 0 here: validation before and after training only"),
-    Knob(("trainer.val_before_train",), (), "no equivalent: rlplat always validates before the first step"),
+    Knob(("trainer.val_before_train",), (), "no equivalent: rlplat always validates before a fresh run's first step"),
     Knob(("trainer.save_freq",), ("trainer.save_freq",),
          "verl's -1 never saves; rlplat's <= 0 saves at the end only, and the last step is always saved"),
     Knob(("trainer.resume_mode",), ("trainer.resume_mode",),
