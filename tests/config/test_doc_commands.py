@@ -117,6 +117,7 @@ def one_step_knobs(model: str, data: str, out: Path) -> list[str]:
             "critic.micro_batch_size_seqs_per_worker=4", "trainer.workers_per_node=1", "trainer.nnodes=1",
             "rollout.workers_per_node=1", "rollout.nnodes=1",
             "trainer.total_steps=1", "trainer.test_freq=0", "trainer.device=cpu", "trainer.ray_address=inprocess",
+            "trainer.logger=[console,jsonl]",  # what the run logs to reaches no engine (trackers: the main venv's)
             f"trainer.output_dir={out}"]
 
 
