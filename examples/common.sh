@@ -7,6 +7,50 @@
 EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(dirname "$EXAMPLES_DIR")"
 
+# verl's launch variables (the names its example scripts read) are read as these knobs, unless the knob itself is set
+# in the environment (a script's own default is not): MODEL_PATH=Qwen/Qwen3-8B ROLLOUT_N=4 bash examples/gpu/....sh
+VERL_NAMES=(
+    MODEL=MODEL_PATH MODEL=HF_MODEL_PATH TRAIN_FILES=TRAIN_FILE VAL_FILES=TEST_FILE VAL_FILES=TEST_FILES
+    VAL_FILES=VAL_FILE ROLLOUT=INFER_BACKEND N=ROLLOUT_N TRAIN_BATCH_PROMPTS=TRAIN_BATCH_SIZE
+    MINI_BATCH_PROMPTS=PPO_MINI_BATCH_SIZE MICRO_BATCH_SEQS=PPO_MICRO_BATCH_SIZE_PER_GPU
+    LOG_PROB_MICRO_BATCH_SEQS=LOG_PROB_MICRO_BATCH_SIZE_PER_GPU MICRO_BATCH_TOKENS=PPO_MAX_TOKEN_LEN_PER_GPU
+    MAX_PROMPT_LEN=MAX_PROMPT_LENGTH MAX_RESPONSE_LEN=MAX_RESPONSE_LENGTH LR=ACTOR_LR STEPS=TOTAL_TRAINING_STEPS
+    WORKERS=NGPUS_PER_NODE WORKERS=N_GPUS_PER_NODE WORKERS=NDEVICES_PER_NODE
+    EXPERIMENT=EXPERIMENT_NAME ROLLOUT_TP=GEN_TP ROLLOUT_MEM=ROLLOUT_GPU_MEM_UTIL ULYSSES=SP_SIZE TP=ACTOR_TP
+    TP=TRAIN_TP PP=ACTOR_PP
+)
+# verl's variables these scripts have no knob for: set, each is reported in one line instead of silently ignored
+VERL_OTHERS=(PROJECT_NAME CKPTS_DIR TOTAL_EPOCHS ENTROPY_COEFF KL_LOSS_COEF CLIP_RATIO_LOW CLIP_RATIO_HIGH ACTOR_EP
+    ACTOR_ETP ACTOR_CP ACTOR_VPP FSDP_SIZE NNODES_TRAIN NNODES_ROLLOUT ALL_OFFLOAD RAY_DATA_HOME MODEL_ID
+    VAL_BEFORE_TRAIN USE_KL_LOSS USE_KL_IN_REWARD USE_DYNAMIC_BSZ TEMPERATURE TOP_P TOP_K VAL_TEMPERATURE VAL_TOP_P)
+set_by_user() {  # whether variable $1 came with the environment the script started with (not a script's default)
+    if [ -r "/proc/$$/environ" ]; then
+        tr '\0' '\n' < "/proc/$$/environ" | grep -q "^$1="
+    else
+        declare -p "$1" 2>/dev/null | grep -q '^declare -[a-zA-Z]*x'
+    fi
+}
+read_verl_names() {
+    local pair ours theirs read=() ignored=()
+    for pair in "${VERL_NAMES[@]}"; do
+        ours=${pair%%=*} theirs=${pair#*=}
+        [ -n "${!theirs:-}" ] || continue
+        if set_by_user "$ours"; then  # the knob itself wins
+            ignored+=("$theirs (as $ours is set)")
+        else
+            printf -v "$ours" '%s' "${!theirs}"
+            read+=("$theirs -> $ours=${!theirs}")
+        fi
+    done
+    for theirs in "${VERL_OTHERS[@]}"; do
+        [ -z "${!theirs:-}" ] || ignored+=("$theirs")
+    done
+    [ ${#read[@]} -eq 0 ] || echo "[examples] verl's variables read as these scripts' knobs: ${read[*]}" >&2
+    [ ${#ignored[@]} -eq 0 ] || echo "[examples] ignored, no knob of these scripts: ${ignored[*]}; pass rlplat" \
+        "overrides as arguments instead (docs/migrating.md maps verl's keys; examples/common.sh lists the knobs)" >&2
+}
+read_verl_names
+
 ALGO=${ALGO:-grpo}                       # algorithm preset (rlplat/config/algorithm/*.yaml)
 ACTOR=${ACTOR:-fsdp}                     # training engine preset: fsdp | megatron
 ROLLOUT=${ROLLOUT:-hf}                   # rollout engine preset: hf | vllm | sglang

@@ -243,6 +243,23 @@ def test_gpu_script_knobs_reach_the_config(compositions, skip_missing):
     assert cfg["trainer"]["logger"] == ["console", "tensorboard"] and cfg["trainer"]["output_dir"] == "/tmp/x"
 
 
+def test_verls_variable_names_reach_the_config_and_unknown_ones_are_reported():
+    """A verl user's launch variables: the ones these scripts have a knob for are read as it (unless the knob itself
+    is set), the others are reported in one line instead of silently ignored."""
+    env = script_env(DEVICE="cpu", MODEL_PATH="/models/mine", ROLLOUT_N="4", TRAIN_BATCH_SIZE="64",
+                     INFER_BACKEND="hf", LR="3e-6", ACTOR_LR="5e-6", TOTAL_EPOCHS="3", KL_LOSS_COEF="0.01")
+    done = bash(EXAMPLES / "gpu" / "qwen2.5-0.5b_gsm8k_fsdp_hf.sh", env, "--cfg", "job")
+    assert done.returncode == 0, done.stderr[-3000:]
+    cfg = yaml.safe_load(done.stdout)
+    assert cfg["model"]["path"] == "/models/mine" and cfg["rollout"]["n"] == 4 and cfg["rollout"]["name"] == "hf"
+    assert "INFER_BACKEND -> ROLLOUT=hf" in done.stderr
+    assert cfg["data"]["train_batch_size_prompts"] == 64
+    assert cfg["actor"]["optim"]["lr"] == 3e-6  # LR, set too, wins over ACTOR_LR
+    ignored = [line for line in done.stderr.splitlines() if line.startswith("[examples] ignored")]
+    assert len(ignored) == 1 and all(name in ignored[0] for name in ("ACTOR_LR (as LR is set)", "TOTAL_EPOCHS",
+                                                                     "KL_LOSS_COEF"))
+
+
 def test_header_examples_run_as_written(compositions, skip_missing):
     """Every ``(e.g. KNOB=value bash ...)`` a script's header prints composes and validates."""
     names = [name for name in compositions if name.startswith("header_")]
