@@ -75,7 +75,8 @@ class ResourcePool:
         # with no more threads than OMP_NUM_THREADS allows, where the controller's environment sets it
         cores = [int(node["Resources"].get("CPU", 1)) for node in ray.nodes() if node["NodeID"] in self.node_ids]
         share = max(1, min(cores) // (self.cores_shared_by or self.workers_per_node))
-        self.threads_per_worker = min(share, int(os.environ.get("OMP_NUM_THREADS") or share))
+        limit = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP's form may list nested levels
+        self.threads_per_worker = min(share, int(limit)) if limit.isdigit() and int(limit) > 0 else share
         self.placement_groups = [
             placement_group(
                 [self._bundle()] * self.workers_per_node,

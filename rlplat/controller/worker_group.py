@@ -207,14 +207,35 @@ class RayWorkerGroup(WorkerGroup):
             except ray.exceptions.RayTaskError as err:
                 if isinstance(err.cause, RunError):  # a worker's own one-line error: no Ray traceback around it
                     raise err.cause from None
+                # a collective's error (a peer's connection reset) may only be the echo of another rank's death
+                if death := self._death_among(pending, refs, ranks, what):
+                    raise death from None
                 raise
             except ray.exceptions.RayActorError as err:
-                rank = ranks[refs.index(done[0])]
-                cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise RunError(f"{self.worker_cls.__name__} rank {rank} of {len(self.actors)} died during {what} "
-                               f"({cause}); its process exited (out of memory, a crash or a kill): see the Ray "
-                               f"logs of that worker") from None
+                raise self._death(err, ranks[refs.index(done[0])], what) from None
         return [values[ref] for ref in refs]
+
+    def _death(self, err: Exception, rank: int, what: str) -> RunError:
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return RunError(f"{self.worker_cls.__name__} rank {rank} of {len(self.actors)} died during {what} ({cause}); "
+                        f"its process exited (out of memory, a crash or a kill): see the Ray logs of that worker")
+
+    def _death_among(self, pending: list, refs: list, ranks: list[int], what: str,
+                     timeout_s: float = 10.0) -> RunError | None:
+        """The death of a rank whose call is in ``pending``, if one shows within ``timeout_s``."""
+        import ray
+
+        if not pending:
+            return None
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                return self._death(err, ranks[refs.index(ref)], what)
+            except Exception:  # noqa: BLE001 - another rank's own error: the first one is raised
+                continue
+        return None
 
     def shutdown(self) -> None:
         import ray

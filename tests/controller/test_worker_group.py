@@ -132,7 +132,7 @@ def test_two_ray_workers(ray_cluster, by_value, monkeypatch):
         pool.release()
 
 
-@pytest.mark.parametrize("omp_num_threads", [None, "2"])
+@pytest.mark.parametrize("omp_num_threads", [None, "2", "2,1"])  # "2,1": OpenMP's list of nested levels
 def test_one_ray_worker_computes_with_every_core_or_omp_num_threads(ray_cluster, by_value, monkeypatch,
                                                                     omp_num_threads):
     # every core: a 1-CPU Ray actor would otherwise run torch on one thread (Ray sets OMP_NUM_THREADS=1 in it);
@@ -146,7 +146,8 @@ def test_one_ray_worker_computes_with_every_core_or_omp_num_threads(ray_cluster,
     pool = ResourcePool(nnodes=1, workers_per_node=1, device="cpu").create()
     group = RayWorkerGroup(Probe, pool)
     try:
-        assert group.threads() == [int(omp_num_threads or ray.cluster_resources()["CPU"])]
+        assert group.threads() == [int(omp_num_threads.split(",")[0]) if omp_num_threads
+                                   else int(ray.cluster_resources()["CPU"])]
     finally:
         group.shutdown()
         pool.release()
