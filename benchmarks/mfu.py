@@ -3,6 +3,7 @@
     python benchmarks/mfu.py                                          # a GPU: Qwen2.5-0.5B's shape, every engine
     python benchmarks/mfu.py --size tiny --device cpu --strategies fsdp   # a dry run on CPU (what CI runs)
     python benchmarks/mfu.py --strategies fsdp --micro-batch 16 --set actor.fsdp.pack_sequences=false --profile
+    python benchmarks/mfu.py --strategies fsdp fsdp-eager fsdp-fused fsdp-compile-chunked fsdp-liger --micro-batch 8 32
 
 **The model**: Qwen2.5-0.5B's architecture from its published config (hidden 896, 24 layers, 14 query / 2
 key-value heads, MLP 4864, vocabulary 151,936, tied embeddings; 494M parameters) with random weights, built
@@ -41,9 +42,13 @@ most device time (self time: a kernel counts once, under the operator that launc
 busy time against the update's wall time: a busy share well under 100% means the host does not launch
 work fast enough (launch overhead, synchronisations), one near 100% points at the kernels themselves.
 
-**Strategies**: ``fsdp``, ``megatron`` (fp32 weights, bf16 compute) and ``megatron-bf16``
+**Strategies** (default the first three): ``fsdp`` (rlplat's defaults: on a GPU the fused output-layer
+head and compiled decoder layers), ``megatron`` (fp32 weights, bf16 compute) and ``megatron-bf16``
 (``actor.megatron.params_dtype=bf16``: bf16 weights, fp32 gradients, fp32 master copies and moments in the
-optimizer). Beside peak memory, the table gives the training state the engine holds between updates:
+optimizer); and the FSDP variants ``fsdp-eager`` (the chunked head in eager torch, eager layers),
+``fsdp-fused`` (the fused head, eager layers), ``fsdp-compile-chunked`` (compiled layers, the chunked head),
+``fsdp-liger`` (compiled layers, liger-kernel's head; a GPU). ``--micro-batch 8 16 32`` sweeps the
+micro-batch: a row per strategy and value. Beside peak memory, the table gives the training state the engine holds between updates:
 weights, their master copies and AdamW's moments (GiB).
 
 The last line is ``MFU_JSON {...}`` with every figure (scripts/gpu_check.sh collects it).
@@ -63,7 +68,14 @@ from pathlib import Path
 import torch
 
 STRATEGIES = {"fsdp": [], "megatron": ["actor=megatron"],  # --strategies: the overrides of each
-              "megatron-bf16": ["actor=megatron", "actor.megatron.params_dtype=bf16"]}
+              "megatron-bf16": ["actor=megatron", "actor.megatron.params_dtype=bf16"],
+              # the FSDP engine's output-layer heads and compiled decoder layers (rlplat.engines.token_head);
+              # "fsdp" is rlplat's defaults: on a GPU the fused head and compiled layers
+              "fsdp-eager": ["actor.fsdp.token_head=chunked", "actor.fsdp.compile=false"],
+              "fsdp-fused": ["actor.fsdp.token_head=fused", "actor.fsdp.compile=false"],
+              "fsdp-compile-chunked": ["actor.fsdp.token_head=chunked", "actor.fsdp.compile=true"],
+              "fsdp-liger": ["actor.fsdp.token_head=liger", "actor.fsdp.compile=true"]}
+DEFAULT_STRATEGIES = ["fsdp", "megatron", "megatron-bf16"]
 SIZES = {
     "0.5b": {"config": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                             num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
@@ -244,11 +256,12 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=DEFAULT_STRATEGIES)
     parser.add_argument("--steps", type=int, default=6, help="updates per strategy, warm-up included")
     parser.add_argument("--warmup", type=int, default=2, help="first updates left out of the median")
-    parser.add_argument("--micro-batch", type=int,
-                        help="sequences per micro-batch (default: rlplat's, the whole mini-batch up to 128)")
+    parser.add_argument("--micro-batch", type=int, nargs="+", default=[None],
+                        help="sequences per micro-batch, one row per value and strategy (default: rlplat's, the "
+                             "whole mini-batch up to 128)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every strategy's run (repeatable)")
     parser.add_argument("--profile", action="store_true",
@@ -267,18 +280,19 @@ def main() -> int:
         model_dir = Path(tmp) / "model"
         params = build_model(model_dir, SIZES[args.size]["config"])
         for strategy in args.strategies:
-            row = measure(strategy, args.size, args.device, model_dir, params, args.steps, args.warmup,
-                          Path(tmp) / f"out-{strategy}", args.micro_batch, tuple(args.set), args.profile)
-            row["mfu"] = row["achieved_tflops"] * 1e12 / peak
-            rows.append(row)
+            for micro in args.micro_batch:
+                row = measure(strategy, args.size, args.device, model_dir, params, args.steps, args.warmup,
+                              Path(tmp) / f"out-{strategy}-{micro}", micro, tuple(args.set), args.profile)
+                row["mfu"] = row["achieved_tflops"] * 1e12 / peak
+                rows.append(row)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"\n{name}, torch {torch.__version__}; peak {peak / 1e12:.1f} TFLOP/s ({dtype} matmuls); "
           f"{args.size}: {params / 1e6:.0f}M parameters{'; ' + ' '.join(args.set) if args.set else ''}")
-    print(f"{'strategy':<13} {'seqs x tokens':>13} {'micro':>5} {'update s':>9} {'tokens/s':>9} {'TFLOP/s':>8} "
+    print(f"{'strategy':<18} {'seqs x tokens':>13} {'micro':>5} {'update s':>9} {'tokens/s':>9} {'TFLOP/s':>8} "
           f"{'MFU':>6} {'peak mem GiB':>12} {'weights/masters/moments GiB':>27} {'gather bf16 s':>13}")
     for r in rows:
         state = f"{r['weights_gib']:.3f} / {r['masters_gib']:.3f} / {r['moments_gib']:.3f}"
-        print(f"{r['strategy']:<13} {r['rows']:>5} x {r['tokens'] // r['rows']:<5} {r['micro_batch']:>5} "
+        print(f"{r['strategy']:<18} {r['rows']:>5} x {r['tokens'] // r['rows']:<5} {r['micro_batch']:>5} "
               f"{r['update_s']:>9.3f} {r['tokens_per_s']:>9.0f} {r['achieved_tflops']:>8.1f} {r['mfu']:>6.1%} "
               f"{r['peak_memory_gib']:>12.2f} {state:>27} {r['gather_bf16_s']:>13.3f}")
     print("MFU_JSON " + json.dumps({"device": name, "torch": torch.__version__, "peak_tflops": peak / 1e12,

@@ -12,7 +12,8 @@ python="${PYTHON:-.venv/bin/python}"
 version="${GPU_PYTHON_VERSION:-3.12}"
 mkdir -p .gpu-wheels
 while read -r spec; do
-  case "$spec" in ''|'#'*) continue ;; esac
+  spec="${spec%%#*}" && spec="${spec//[[:space:]]/}"  # the comment after a pin off
+  [ -n "$spec" ] || continue
   name="${spec%%==*}"
   if ls .gpu-wheels/"$(echo "$name" | tr - _)"-"${spec##*==}"-*.whl >/dev/null 2>&1; then
     echo "[fetch-gpu] $spec: have it"

@@ -10,13 +10,17 @@
 # .gpu-deps/ on the interpreter's path with a .pth file (not PYTHONPATH: some tests replace it in their
 # subprocesses). The dry run installs nothing: it checks that the interpreter has every pinned version.
 #
-# Steps, each under its own time limit, each with its log in $GPU_CHECK_OUT (default gpu-check/):
+# Steps, each under its own time limit, each with its log in $GPU_CHECK_OUT (default gpu-check/); the first three
+# run side by side:
 #   gpu_tests     the gpu-marked tests (on CPU they skip: the dry run proves they collect without Ray)
 #   grpo_fsdp     GRPO in-process on the embedded model, FSDP2, bf16 mixed precision (the GPU defaults)
 #   grpo_megatron the same with actor=megatron
 #   mfu           benchmarks/mfu.py: the actor update's tokens/s and MFU at Qwen2.5-0.5B's shape, FSDP,
 #                 Megatron and Megatron with bf16 weights (fp32 masters), the training state's memory, and
 #                 the time to gather the weights into bf16 buckets on the device
+#                 and the FSDP update with each output-layer head (actor.fsdp.token_head: chunked, fused,
+#                 liger on a GPU) and eager or compiled decoder layers (actor.fsdp.compile)
+#   mfu_micro     the default FSDP update at micro-batches of 8 and 16 sequences (the default: all 32)
 # and $GPU_CHECK_OUT/summary.json: each step's exit code, seconds and figures. Exit status 1 if a step failed.
 # Environment: PYTHON (default python; .venv/bin/python in the dry run when there is one), GPU_CHECK_OUT.
 set -uo pipefail
@@ -50,8 +54,9 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 wrong = []
 for line in open(sys.argv[1]):
-    spec = line.split("#")[0].strip()
-    if spec:
+    spec, _, comment = line.partition("#")
+    spec = spec.strip()
+    if spec and not comment.strip().startswith("gpu only"):  # not for the CPU (liger-kernel's Triton kernels)
         name, pinned = spec.split("==")
         try:
             have = version(name)
@@ -104,10 +109,20 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
 grpo=("$python" -m rlplat.trainer.main trainer.ray_address=inprocess "trainer.device=$device"
       "trainer.total_steps=$steps" trainer.progress=plain "trainer.logger=[console,jsonl]" ${batch[@]+"${batch[@]}"})
 
-step gpu_tests 150 "$python" -m pytest -m gpu tests -q -p no:cacheprovider -rs
-step grpo_fsdp 120 "${grpo[@]}" "trainer.output_dir=$out/grpo_fsdp"
-step grpo_megatron 150 "${grpo[@]}" actor=megatron "trainer.output_dir=$out/grpo_megatron"
-step mfu 240 "$python" benchmarks/mfu.py --size "$size" --device "$device" $([ $dry = 1 ] && echo "--steps 2 --warmup 1")
+# the three checks of correctness side by side (small models: a fraction of the GPU each), then the measurements
+step gpu_tests 200 "$python" -m pytest -m gpu tests -q -p no:cacheprovider -rs &
+step grpo_fsdp 150 "${grpo[@]}" "trainer.output_dir=$out/grpo_fsdp" &
+step grpo_megatron 150 "${grpo[@]}" actor=megatron "trainer.output_dir=$out/grpo_megatron" &
+wait
+short=$([ $dry = 1 ] && echo "--steps 2 --warmup 1" || echo "--steps 4 --warmup 2")
+# rlplat's defaults (FSDP: the fused output-layer head and compiled layers on a GPU), the FSDP update's other
+# heads and eager layers (liger's kernels need a GPU), Megatron in fp32 and bf16 weights
+strategies=(fsdp fsdp-eager fsdp-fused fsdp-compile-chunked megatron megatron-bf16)
+[ $dry = 0 ] && strategies+=(fsdp-liger)
+step mfu 300 "$python" benchmarks/mfu.py --size "$size" --device "$device" $short --strategies "${strategies[@]}"
+# the default FSDP update at smaller micro-batches (the default is all 32 sequences; the dry run has 8 in all)
+step mfu_micro 90 "$python" benchmarks/mfu.py --size "$size" --device "$device" $short --strategies fsdp \
+  --micro-batch $([ $dry = 1 ] && echo "2 4" || echo "8 16")
 
 # ---------------------------------------------------------------- the summary
 "$python" - "$out" "$dry" <<'PY'
@@ -128,13 +143,14 @@ for name in ("grpo_fsdp", "grpo_megatron"):
             steps[name]["last_step"] = {k: last[0][k] for k in ("step", "timing/step_s", "score/mean",
                                                                 "actor/pg_loss", "actor/grad_norm") if k in last[0]}
         steps[name]["val_accuracy"] = [r["val/accuracy"] for r in rows if "val/accuracy" in r]  # before, after
-mfu = [line for line in (out / "mfu.log").read_text().splitlines() if line.startswith("MFU_JSON ")]
-if mfu:
-    steps["mfu"]["figures"] = json.loads(mfu[-1].removeprefix("MFU_JSON "))
+for name in ("mfu", "mfu_micro"):
+    mfu = [line for line in (out / f"{name}.log").read_text().splitlines() if line.startswith("MFU_JSON ")]
+    if mfu:
+        steps[name]["figures"] = json.loads(mfu[-1].removeprefix("MFU_JSON "))
 summary = {"dry_run": dry, "passed": all(s["exit"] == 0 for s in steps.values()), "steps": steps}
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
-for row in summary["steps"].get("mfu", {}).get("figures", {}).get("rows", []):
-    print(f"[gpu-check] mfu {row['strategy']}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}, "
+for row in [r for name in ("mfu", "mfu_micro") for r in summary["steps"].get(name, {}).get("figures", {}).get("rows", [])]:
+    print(f"[gpu-check] mfu {row['strategy']} micro {row['micro_batch']}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}, "
           f"peak memory {row['peak_memory_gib']:.1f} GiB (weights {row['weights_gib']:.2f}, masters "
           f"{row['masters_gib']:.2f}, moments {row['moments_gib']:.2f}), bf16 gather {row['gather_bf16_s']:.3f} s")
 print(f"[gpu-check] {'passed' if summary['passed'] else 'FAILED'}: {out / 'summary.json'}")

@@ -22,17 +22,22 @@ def test_the_gpu_check_dry_runs_on_cpu(embedded_cache, tmp_path):
     summary = json.loads((tmp_path / "check" / "summary.json").read_text())
     assert summary["dry_run"] and summary["passed"]
     steps = summary["steps"]
-    assert list(steps) == ["gpu_tests", "grpo_fsdp", "grpo_megatron", "mfu"]
+    assert sorted(steps) == ["gpu_tests", "grpo_fsdp", "grpo_megatron", "mfu", "mfu_micro"]
     assert all(step["exit"] == 0 for step in steps.values())
     for run in ("grpo_fsdp", "grpo_megatron"):  # one step each, validated before and after
         assert steps[run]["last_step"]["step"] == 1 and len(steps[run]["val_accuracy"]) == 2
         assert torch.isfinite(torch.tensor(steps[run]["last_step"]["actor/grad_norm"]))
-    rows = steps["mfu"]["figures"]["rows"]
-    assert [row["strategy"] for row in rows] == ["fsdp", "megatron", "megatron-bf16"]
-    assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1 and row["gather_bf16_s"] >= 0 for row in rows)
-    assert rows[0]["pg_loss"] == pytest.approx(rows[1]["pg_loss"], rel=1e-4)  # the same update in both engines
-    assert rows[2]["pg_loss"] == pytest.approx(rows[1]["pg_loss"], rel=5e-2)  # bf16 weights: to bf16 precision
-    fp32, bf16 = rows[1], rows[2]  # bf16 weights take half the bytes; their fp32 masters, fp32 weights' bytes
+    rows = {row["strategy"]: row for row in steps["mfu"]["figures"]["rows"]}
+    assert list(rows) == ["fsdp", "fsdp-eager", "fsdp-fused", "fsdp-compile-chunked", "megatron", "megatron-bf16"]
+    micro = steps["mfu_micro"]["figures"]["rows"]
+    assert [(row["strategy"], row["micro_batch"]) for row in micro] == [("fsdp", 2), ("fsdp", 4)]
+    every = [*rows.values(), *micro]
+    assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1 and row["gather_bf16_s"] >= 0 for row in every)
+    fp32, bf16 = rows["megatron"], rows["megatron-bf16"]
+    for row in [row for row in every if row["strategy"].startswith("fsdp")]:  # the same update: heads, layers,
+        assert row["pg_loss"] == pytest.approx(fp32["pg_loss"], rel=1e-4)  # micro-batches and both engines
+    assert bf16["pg_loss"] == pytest.approx(fp32["pg_loss"], rel=5e-2)  # bf16 weights: to bf16 precision
+    # bf16 weights take half the bytes; their fp32 masters, fp32 weights' bytes
     assert bf16["weights_gib"] == pytest.approx(fp32["weights_gib"] / 2) and fp32["masters_gib"] == 0
     assert bf16["masters_gib"] == pytest.approx(fp32["weights_gib"]) and bf16["moments_gib"] == fp32["moments_gib"]
     gpu_log = (tmp_path / "check" / "gpu_tests.log").read_text()

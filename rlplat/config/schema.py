@@ -104,6 +104,14 @@ class FSDPConfig:
     # Ulysses sequence parallelism: each sequence split over this many workers, which attend over the whole
     # sequence for 1/U of the heads each (must divide the attention heads and the workers; docs/long_context.md)
     ulysses_size: int = count(1)
+    # how log-probs and entropy come out of the output layer (rlplat.engines.token_head), in chunks without full
+    # logits: chunked (eager torch) | fused (each chunk's passes compiled by torch.compile) | liger (liger-kernel's
+    # fused linear cross-entropy: a GPU and the liger-kernel package) | auto = fused on a GPU, chunked on CPU
+    token_head: str = "auto"
+    # compile each decoder layer with torch.compile (regional: FSDP2's per-layer hooks stay); None = on a GPU for
+    # a dense text model without Ulysses (1.8x the update's speed at 0.5B with the fused head: docs/gpu.md), not
+    # on CPU (compiling costs more than it saves there)
+    compile: Optional[bool] = None
 
     @staticmethod
     def replica_size(section) -> int:

@@ -121,6 +121,12 @@ class TrainingEngine(ABC):
         on_gpu_bf16 = device == "cuda" and mixed in ("auto", "bf16")
         return "bfloat16" if on_gpu_bf16 else "float32"
 
+    @classmethod
+    def describe(cls, engine_cfg, device: str, shape) -> str:
+        """How this engine runs a model of ``shape`` (rlplat.models.shape) with its section ``engine_cfg`` on
+        ``device``, in a few words for the plan's header; "" when there is nothing to say."""
+        return ""
+
     # ------------------------------------------------- declarations for the plan's memory estimate (rlplat.planner)
     #: what to turn when the update does not fit (the plan prints it)
     update_knob = ("model.gradient_checkpointing=true, a smaller actor.micro_batch_size_seqs_per_worker or "

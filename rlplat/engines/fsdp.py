@@ -19,6 +19,7 @@ global (whole mini-batch) denominators and must be *summed* over ranks;
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 
 import torch
@@ -36,7 +37,7 @@ from rlplat.engines.memory import MemoryLayout, model_state
 from rlplat.engines.optim import Optimizer
 from rlplat.engines.packing import PackedBatch
 from rlplat.engines.routing import RoutedForward
-from rlplat.engines.token_head import TokenOutputLM
+from rlplat.engines.token_head import TOKEN_HEADS, TokenOutputLM
 from rlplat.engines.ulysses import ATTENTION as ULYSSES
 from rlplat.engines.ulysses import SequenceShard, check_heads, sharded, split_rows
 from rlplat.engines.ulysses import register as register_ulysses
@@ -64,6 +65,45 @@ def load_hf_model(path: str, model_cfg: DictConfig, value_head: bool = False) ->
     if value_head:
         return AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
     return load_generative(path, **kwargs)
+
+
+def check_token_head(engine_cfg: DictConfig, key: str, device: str) -> None:
+    """``token_head`` is one of TOKEN_HEADS, and ``liger`` has what it runs on: a GPU and liger-kernel."""
+    head = engine_cfg.token_head
+    if head != "auto" and head not in TOKEN_HEADS:
+        raise ConfigError(f"{key}.token_head={head!r}: expected auto or one of {', '.join(TOKEN_HEADS)}")
+    if head == "liger":
+        if device != "cuda":
+            raise ConfigError(f"{key}.token_head=liger runs liger-kernel's Triton kernels, which need a GPU "
+                              f"(trainer.device resolved to {device}): use fused or chunked")
+        if importlib.util.find_spec("liger_kernel") is None:
+            raise ConfigError(f"{key}.token_head=liger needs the liger-kernel package: pip install liger-kernel, "
+                              f"or use {key}.token_head=fused")
+
+
+#: the compiled layers' activation memory budget (torch's ``activation_memory_budget``: 1 = keep everything)
+COMPILED_ACTIVATION_BUDGET = 0.95
+
+
+def compile_layers(module: torch.nn.Module, layer_classes: set[str]) -> int:
+    """Regional compilation (``<role>.fsdp.compile``): each decoder layer (a module whose class is named in
+    ``layer_classes``) compiled by ``torch.compile`` on its own, in place, so that its parameters keep their
+    names, FSDP2's per-layer hooks stay outside the compiled code, and the layers, all alike, share one
+    compiled program (PyTorch's regional compilation recipe). Returns how many layers."""
+    layers = [sub for sub in module.modules() if type(sub).__name__ in layer_classes]
+    if not layers:
+        raise ConfigError(f"compile=true: {type(module).__name__} names no decoder layer class "
+                          f"(_no_split_modules), so there is nothing to compile layer by layer")
+    # Left alone, the compiler's partitioner keeps whatever saves recomputation for the backward pass, more
+    # than eager autograd keeps (the gated MLP's product too: rlplat.engines.gated_mlp); a budget just under
+    # all of it makes it recompute the cheap elementwise results instead (less kept than eager at 0.5B:
+    # docs/gpu.md). The setting is the process's, read when a layer is first compiled.
+    from torch._functorch import config as functorch_config
+
+    functorch_config.activation_memory_budget = COMPILED_ACTIVATION_BUDGET
+    for layer in layers:
+        layer.compile()
+    return len(layers)
 
 
 @TRAINING_ENGINES.register("fsdp")
@@ -100,6 +140,26 @@ class FSDPEngine(TrainingEngine):
         """A one-worker float32 module keeps them in one buffer for the whole run (FSDP frees them after a step)."""
         return lay.shard == 1 and compute_bytes == 4 and not cfg[role].fsdp.param_offload
 
+    @staticmethod
+    def token_head_of(fsdp_cfg, device: str) -> str:
+        """The output layer's head on ``device`` (``token_head``; auto: fused on a GPU, chunked on CPU)."""
+        head = fsdp_cfg.token_head
+        return head if head != "auto" else "fused" if device == "cuda" else "chunked"
+
+    @staticmethod
+    def compiles(fsdp_cfg, device: str, dense_text: bool) -> bool:
+        """Whether the decoder layers are compiled (``compile``; None: on a GPU, for a ``dense_text`` model
+        without Ulysses; mixtures of experts and vision-language models stay eager: not measured yet)."""
+        if fsdp_cfg.compile is not None:
+            return fsdp_cfg.compile
+        return device == "cuda" and dense_text and fsdp_cfg.ulysses_size == 1
+
+    @classmethod
+    def describe(cls, engine_cfg, device, shape) -> str:
+        dense_text = not shape.experts and not shape.vision_params
+        return (f"{cls.token_head_of(engine_cfg, device)} token head, "
+                f"{'compiled' if cls.compiles(engine_cfg, device, dense_text) else 'eager'} layers")
+
     @classmethod
     def lends_weights(cls, cfg, role, lay):
         """One worker holding the plain module, not offloaded, without LoRA's merged weights."""
@@ -117,6 +177,10 @@ class FSDPEngine(TrainingEngine):
         if sp > 1 and world_size % sp:
             raise ConfigError(f"{key}.ulysses_size={sp} splits each sequence over {sp} workers, and must divide the "
                               f"{world_size} workers the {role} runs on")
+        check_token_head(engine_cfg, key, device)
+        if engine_cfg.compile and sp > 1:  # None (auto) leaves them eager there
+            raise ConfigError(f"{key}.compile=true with {key}.ulysses_size={sp}: compiled layers are not supported "
+                              f"with Ulysses' all-to-all inside the attention yet (set one of them back)")
         if sp > 1 and (known := known_config(cfg.model)) is not None:
             check_ulysses(known, sp, key, cfg.model.path)
         actor_sp = cfg.actor.fsdp.ulysses_size if cfg.actor.strategy == "fsdp" else 1
@@ -158,8 +222,18 @@ class FSDPEngine(TrainingEngine):
         self.vocab_size = module.config.get_text_config().vocab_size
         # log-prob, entropy and sum pi^2 computed in chunks from the last hidden states, without full logits
         self.chunked_head = not value_head and TokenOutputLM.fits(module)
+        device = self.ctx.device.type
+        if self.token_head_of(fsdp_cfg, device) == "liger" and self.vision:
+            raise ConfigError("token_head=liger cannot leave a vision-language model's vision tokens out of the "
+                              "softmax (rlplat.models.vision): use token_head=fused or chunked")
         layer_classes = set(getattr(module, "_no_split_modules", None) or ())
-        self._model = self._shard(TokenOutputLM(module) if self.chunked_head else module, fsdp_cfg, layer_classes)
+        if fsdp_cfg.compile and is_moe(module.config):
+            raise ConfigError(f"compile=true: compiled layers are not supported for a mixture of experts yet "
+                              f"({type(module).__name__}: its routing is recorded and replayed per layer)")
+        if self.compiles(fsdp_cfg, device, dense_text=not is_moe(module.config) and not self.vision):
+            compile_layers(module, layer_classes)
+        head = TokenOutputLM(module, self.token_head_of(fsdp_cfg, device)) if self.chunked_head else module
+        self._model = self._shard(head, fsdp_cfg, layer_classes)
         if scalings is not None:
             self.lora = LoRA(self._model, lora, scalings, lambda bucket, dtype: gather_bucket(bucket, dtype, self.ctx))
         self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps,

@@ -26,6 +26,7 @@ the outputs for the backward pass.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,11 @@ PLAIN_HEAD_MODELS = frozenset({
     "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
 })
 CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk
+#: how the output layer's outputs are computed (``<role>.fsdp.token_head``): ``chunked`` the steps above in eager
+#: torch; ``fused`` the same steps with each chunk's passes over its logits compiled by ``torch.compile`` into a
+#: few kernels (float32 inside, the logits read once in the compute dtype); ``liger`` liger-kernel's fused linear
+#: cross-entropy (Triton, CUDA only) for the log-probs, and a chunked pass for the entropy when it is asked for
+TOKEN_HEADS = ("chunked", "fused", "liger")
 
 
 def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float,
@@ -49,14 +55,62 @@ def _scaled_logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: 
     return z if masked is None else z.index_fill_(-1, masked, -1e9)
 
 
+def _chunk_forward(hidden, weight, targets, inv_temperature: float, masked, need_entropy: bool,
+                   need_sum_pi_squared: bool):
+    """One chunk's ``(log_prob, logsumexp, entropy or None, Σp² or None)``, each ``[rows]`` float32."""
+    z = _scaled_logits(hidden, weight, inv_temperature, masked)
+    lse = torch.logsumexp(z, dim=-1)
+    log_prob = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    entropy = sum_sq = None
+    if need_entropy or need_sum_pi_squared:
+        p = torch.exp(z - lse[:, None])
+        entropy = lse - torch.linalg.vecdot(p, z) if need_entropy else None
+        sum_sq = p.square().sum(-1) if need_sum_pi_squared else None
+    return log_prob, lse, entropy, sum_sq
+
+
+def _chunk_backward(hidden, weight, targets, log_norm, entropy, grad_log_prob, grad_entropy, inv_temperature: float,
+                    masked, want_hidden: bool, want_weight: bool):
+    """One chunk's ``(grad_hidden or None, grad_weight or None)`` (the weight's in float32) from the gradients of
+    its log-probs and entropies (either None: no gradient), the logits recomputed (module docstring)."""
+    z = _scaled_logits(hidden, weight, inv_temperature, masked)
+    log_p = z - log_norm[:, None]
+    p = log_p.exp()
+    del z
+    if grad_log_prob is not None:
+        g = grad_log_prob[:, None]
+        grad_z = p * -g
+        grad_z.scatter_add_(-1, targets[:, None], g)
+        if masked is not None:  # constant logits (a target among them, which no rollout samples)
+            grad_z.index_fill_(-1, masked, 0.0)
+    else:
+        grad_z = torch.zeros_like(p)
+    if grad_entropy is not None:  # in place on log_p, which is not needed after this
+        weight_h = log_p.add_(entropy[:, None]).mul_(grad_entropy[:, None])
+        grad_z.addcmul_(p, weight_h, value=-1.0)
+    del log_p, p
+    if inv_temperature != 1.0:
+        grad_z *= inv_temperature
+    grad_z = grad_z.to(hidden.dtype)
+    return (grad_z @ weight if want_hidden else None), ((grad_z.T @ hidden).float() if want_weight else None)
+
+
+@functools.cache
+def _compiled(fn):
+    """``fn`` compiled by ``torch.compile``: each chunk's float32 passes over the logits fused into a few kernels
+    (sizes dynamic: the last chunk and each micro-batch differ)."""
+    return torch.compile(fn, dynamic=True)
+
+
 class _ChunkedTokenOutputs(torch.autograd.Function):
     """``(hidden [N, H], weight [V, H], targets [N]) -> (log_prob [N], entropy [N], Σp² [N])`` in float32 (the
-    ``masked`` tokens out of the softmax)."""
+    ``masked`` tokens out of the softmax); ``fused``: each chunk's steps compiled (``_compiled``)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temperature: float, flags: tuple[bool, bool],
+    def forward(ctx, hidden, weight, targets, inv_temperature: float, flags: tuple[bool, bool, bool],
                 masked: torch.Tensor | None):
-        need_entropy, need_sum_pi_squared = flags
+        need_entropy, need_sum_pi_squared, fused = flags
+        step = _compiled(_chunk_forward) if fused else _chunk_forward
         rows = hidden.shape[0]
         chunk = max(1, CHUNK_BYTES // (4 * weight.shape[0]))
         log_prob = torch.empty(rows, dtype=torch.float32, device=hidden.device)
@@ -65,18 +119,16 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
         sum_sq = torch.empty_like(log_prob) if need_sum_pi_squared else log_prob.new_empty(0)
         for start in range(0, rows, chunk):
             end = min(rows, start + chunk)
-            z = _scaled_logits(hidden[start:end], weight, inv_temperature, masked)
-            lse = torch.logsumexp(z, dim=-1)
-            log_norm[start:end] = lse
-            log_prob[start:end] = z.gather(-1, targets[start:end, None]).squeeze(-1) - lse
-            if need_entropy or need_sum_pi_squared:
-                p = torch.exp(z - lse[:, None])
-                if need_entropy:
-                    entropy[start:end] = lse - torch.linalg.vecdot(p, z)
-                if need_sum_pi_squared:
-                    sum_sq[start:end] = p.square().sum(-1)
+            lp, lse, ent, sq = step(hidden[start:end], weight, targets[start:end], inv_temperature, masked,
+                                    need_entropy, need_sum_pi_squared)
+            log_prob[start:end], log_norm[start:end] = lp, lse
+            if need_entropy:
+                entropy[start:end] = ent
+            if need_sum_pi_squared:
+                sum_sq[start:end] = sq
         ctx.save_for_backward(hidden, weight, targets, log_norm, entropy)
         ctx.inv_temperature, ctx.need_entropy, ctx.chunk, ctx.masked = inv_temperature, need_entropy, chunk, masked
+        ctx.fused = fused
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(sum_sq)
         return log_prob, entropy, sum_sq
@@ -85,38 +137,39 @@ class _ChunkedTokenOutputs(torch.autograd.Function):
     def backward(ctx, grad_log_prob, grad_entropy, _grad_sum_sq):
         hidden, weight, targets, log_norm, entropy = ctx.saved_tensors
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        step = _compiled(_chunk_backward) if ctx.fused else _chunk_backward
         grad_hidden = torch.zeros_like(hidden) if want_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
         use_entropy = ctx.need_entropy and grad_entropy is not None
         for start in range(0, hidden.shape[0], ctx.chunk):
             end = min(hidden.shape[0], start + ctx.chunk)
-            h = hidden[start:end]
-            z = _scaled_logits(h, weight, ctx.inv_temperature, ctx.masked)
-            log_p = z - log_norm[start:end, None]
-            p = log_p.exp()
-            del z
-            if grad_log_prob is not None:
-                g = grad_log_prob[start:end, None]
-                grad_z = p * -g
-                grad_z.scatter_add_(-1, targets[start:end, None], g)
-                if ctx.masked is not None:  # constant logits (a target among them, which no rollout samples)
-                    grad_z.index_fill_(-1, ctx.masked, 0.0)
-            else:
-                grad_z = torch.zeros_like(p)
-            if use_entropy:  # in place on log_p, which is not needed after this
-                weight_h = log_p.add_(entropy[start:end, None]).mul_(grad_entropy[start:end, None])
-                grad_z.addcmul_(p, weight_h, value=-1.0)
-            del log_p, p
-            if ctx.inv_temperature != 1.0:
-                grad_z *= ctx.inv_temperature
-            grad_z = grad_z.to(hidden.dtype)
+            piece = slice(start, end)
+            dh, dw = step(hidden[piece], weight, targets[piece], log_norm[piece],
+                          entropy[piece] if use_entropy else None,
+                          None if grad_log_prob is None else grad_log_prob[piece],
+                          grad_entropy[piece] if use_entropy else None, ctx.inv_temperature, ctx.masked,
+                          want_hidden, want_weight)
             if want_hidden:
-                grad_hidden[start:end] = grad_z @ weight
+                grad_hidden[piece] = dh
             if want_weight:
-                grad_weight += (grad_z.T @ h).float()
+                grad_weight += dw
         if want_weight:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
+
+
+def _liger_log_prob(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                    inv_temperature: float) -> torch.Tensor:
+    """log π(target) by liger-kernel's fused linear cross-entropy (Triton; per-token losses, the logits recomputed
+    in its backward), the temperature applied to the hidden states (``W (h / T) = (W h) / T``)."""
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+
+    scaled = hidden if inv_temperature == 1.0 else hidden * inv_temperature
+    # (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction,
+    #  softcap, return_z_loss, accum_dtype): float32 accumulation of the weight's gradient over the chunks
+    loss = LigerFusedLinearCrossEntropyFunction.apply(scaled, weight, targets, None, None, -100, 0.0, 0.0, "none",
+                                                      None, False, torch.float32)[0]
+    return -loss
 
 
 @dataclass
@@ -130,11 +183,24 @@ class TokenOutputs:
 
 def token_outputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
                   need_entropy: bool = False, need_sum_pi_squared: bool = False,
-                  masked: torch.Tensor | None = None) -> TokenOutputs:
+                  masked: torch.Tensor | None = None, head: str = "chunked") -> TokenOutputs:
     """The outputs for ``targets`` ``[N]`` under ``softmax(hidden [N, H] @ weight [V, H].T / temperature)``,
-    computed in chunks (see the module docstring); ``masked``: token ids left out of the softmax."""
-    log_prob, entropy, sum_sq = _ChunkedTokenOutputs.apply(hidden, weight, targets, 1.0 / temperature,
-                                                          (need_entropy, need_sum_pi_squared), masked)
+    computed in chunks (see the module docstring); ``masked``: token ids left out of the softmax; ``head``: how
+    (:data:`TOKEN_HEADS`)."""
+    if head not in TOKEN_HEADS:
+        raise ValueError(f"token head {head!r}: expected one of {', '.join(TOKEN_HEADS)}")
+    if head == "liger":
+        if masked is not None:
+            raise ValueError("the liger token head cannot leave tokens out of the softmax (a vision-language "
+                             "model's vision tokens): use the chunked or fused head")
+        log_prob = _liger_log_prob(hidden, weight, targets, 1.0 / temperature)
+        if not (need_entropy or need_sum_pi_squared):
+            return TokenOutputs(log_prob)
+        # liger computes no entropy: a second pass for it (its log-probs unused, so they get no gradient)
+        rest = token_outputs(hidden, weight, targets, temperature, need_entropy, need_sum_pi_squared)
+        return TokenOutputs(log_prob, rest.entropy, rest.sum_pi_squared)
+    log_prob, entropy, sum_sq = _ChunkedTokenOutputs.apply(
+        hidden, weight, targets, 1.0 / temperature, (need_entropy, need_sum_pi_squared, head == "fused"), masked)
     return TokenOutputs(log_prob, entropy if need_entropy else None, sum_sq if need_sum_pi_squared else None)
 
 
@@ -148,10 +214,10 @@ class TokenOutputLM(torch.nn.Module):
     """A causal LM (``model`` = its decoder, ``lm_head`` = its output layer, the very modules of the loaded
     Hugging Face model) whose forward returns :class:`TokenOutputs` at chosen positions instead of logits."""
 
-    def __init__(self, causal_lm: torch.nn.Module):
+    def __init__(self, causal_lm: torch.nn.Module, head: str = "chunked"):
         super().__init__()
         self.model, self.lm_head = _body(causal_lm), causal_lm.get_output_embeddings()
-        self.config = causal_lm.config
+        self.config, self.head = causal_lm.config, head  # head: one of TOKEN_HEADS
         # a vision-language model's vision tokens: out of its policy's softmax (rlplat.models.vision)
         self.masked = torch.tensor(vision_token_ids(self.config)) if is_vision(self.config) else None
         self.train(causal_lm.training)
@@ -183,5 +249,5 @@ class TokenOutputLM(torch.nn.Module):
         flat = hidden.reshape(-1, hidden.shape[-1])
         masked = None if self.masked is None else self.masked.to(flat.device)
         out = token_outputs(flat[positions], self.lm_head.weight, targets, temperature, need_entropy,
-                            need_sum_pi_squared, masked)
+                            need_sum_pi_squared, masked, self.head)
         return out.log_prob, out.entropy, out.sum_pi_squared

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from rlplat.models.shape import ModelShape
-from rlplat.planner.memory import GB, Ledger, checkpoint_bytes, fmt, layout, ledger, phases, validation_cost
+from rlplat.planner.memory import (
+    GB, Ledger, checkpoint_bytes, engine_of, fmt, layout, ledger, phases, validation_cost,
+)
 from rlplat.rollout.agent_loop import prompt_tools
 
 
@@ -148,8 +150,9 @@ def check_inputs(cfg: DictConfig, plan, model_path: Callable[[], str]) -> tuple[
     moe = (f" in {shape.experts} experts per layer, top-{shape.top_k}: {shape.active_params / 1e6:.1f}M active per "
            f"token" if shape.experts else "")
     vision = f", {shape.vision_params / 1e6:.1f}M of them its vision encoder" if shape.vision_params else ""
+    how = engine_of(cfg, "actor").describe(cfg.actor.get(cfg.actor.strategy), plan.device, shape)
     say(f"rlplat plan: {cfg.algorithm.adv_estimator} on {plan.world_size} worker(s) ({plan.device}), "
-        f"actor {cfg.actor.strategy}, rollout {rollout.name}{pool}; model {cfg.model.path} "
+        f"actor {cfg.actor.strategy}{f' ({how})' if how else ''}, rollout {rollout.name}{pool}; model {cfg.model.path} "
         f"({shape.params / 1e6:.1f}M parameters{moe}{vision}, {shape.layers} layers, hidden {shape.hidden}, "
         f"vocabulary {shape.vocab})")
     say("config, reward functions and imports: ok")

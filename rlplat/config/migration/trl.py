@@ -22,7 +22,11 @@ TRL = [
     Knob(("cast_lm_head_to_fp32",), (), "no equivalent: the LM head runs in the compute dtype"),
     Knob(("router_aux_loss_coef",), ("actor.moe.aux_loss_coef",),
          "MoE load-balancing loss weight; TRL's default 0.001, rlplat's null = the model config's (docs/moe.md)"),
-    Knob(("use_liger_kernel",), (), "no equivalent: no Liger kernels"),
+    Knob(("use_liger_kernel",), ("actor.fsdp.token_head=liger",),
+         "liger-kernel's fused linear cross-entropy for the output layer (a GPU); TRL also patches norms and MLPs. "
+         "The default on a GPU, rlplat's fused head with compiled layers, measured faster (docs/gpu.md)"),
+    Knob(("torch_compile",), ("actor.fsdp.compile",),
+         "each decoder layer compiled (regional compilation): on by default on a GPU, off on CPU"),
     # lora_config_fields: a peft LoraConfig's r, lora_alpha and target_modules become the three model.lora.* keys
     Knob(("peft_config",), ("model.lora.rank", "model.lora.alpha", "model.lora.target_modules"),
          "GRPOTrainer's argument: LoRA on the actor (docs/lora.md); its lora_dropout has no equivalent",

@@ -79,11 +79,12 @@ VERL = [
          ("actor.fsdp.pack_sequences", "ref.fsdp.pack_sequences", "critic.fsdp.pack_sequences"),
          "on by default: micro-batches run packed without padding (checked against the padded forward); the Megatron "
          "engine always pads"),
-    Knob(("actor_rollout_ref.model.use_fused_kernels",), (),
-         "not needed: the FSDP engine never builds the whole logits for the common decoders: log-probs and entropy "
-         "come from the hidden states in chunks (rlplat/engines/token_head.py), without a custom kernel"),
-    Knob(("actor_rollout_ref.model.fused_kernel_options.impl_backend",), (),
-         "not needed: no fused kernels (see use_fused_kernels)"),
+    Knob(("actor_rollout_ref.model.use_fused_kernels",), ("actor.fsdp.token_head=fused",),
+         "the FSDP engine never builds the whole logits for the common decoders: log-probs and entropy come from "
+         "the hidden states in chunks (rlplat/engines/token_head.py); fused compiles each chunk's steps, and is "
+         "the default on a GPU (token_head=auto)"),
+    Knob(("actor_rollout_ref.model.fused_kernel_options.impl_backend",), ("actor.fsdp.token_head",),
+         "torch -> fused (torch.compile), triton -> liger (liger-kernel's Triton kernels)"),
     Knob(("actor_rollout_ref.model.tiled_mlp.enabled",), (),
          "no equivalent: no tiled MLP (memory saving for long sequences)"),
     Knob(("actor_rollout_ref.model.tiled_mlp.num_shards",), (), "no equivalent: no tiled MLP"),
@@ -241,8 +242,9 @@ VERL = [
     Knob(("actor_rollout_ref.actor.entropy_from_logits_with_chunking",), (),
          "not needed: the FSDP engine computes log-probs and entropy in chunks for the common decoders "
          "(rlplat/engines/token_head.py)"),
-    Knob(("actor_rollout_ref.actor.use_torch_compile",), (),
-         "no equivalent: rlplat runs eager PyTorch (no torch.compile)"),
+    Knob(("actor_rollout_ref.actor.use_torch_compile",), ("actor.fsdp.compile",),
+         "verl compiles its log-prob and entropy code; rlplat compiles each decoder layer (and, with the fused "
+         "head, the output layer's chunks): on by default on a GPU (None), off on CPU"),
     Knob(("actor_rollout_ref.actor.pad_to_length",), (),
          "no equivalent: packed micro-batches are not padded to fixed buckets (speed only)"),
     Knob(("actor_rollout_ref.actor.checkpoint.save_contents",), ("trainer.export_every_save",),
@@ -426,8 +428,8 @@ VERL = [
 
     # --- reference policy ---
     Knob(("actor_rollout_ref.ref.strategy",), ("ref.strategy",), "follows the actor's engine in both"),
-    Knob(("actor_rollout_ref.ref.use_torch_compile",), (),
-         "no equivalent: rlplat runs eager PyTorch (no torch.compile)"),
+    Knob(("actor_rollout_ref.ref.use_torch_compile",), ("ref.fsdp.compile",),
+         "each decoder layer of the reference compiled: on by default on a GPU (None), off on CPU"),
     # global_to_per_worker: divide verl's global count by the devices
     Knob(("actor_rollout_ref.ref.log_prob_micro_batch_size",), ("ref.log_prob_micro_batch_size_seqs_per_worker",),
          "deprecated, global in verl: divide by the devices", convert="global_to_per_worker"),
