@@ -718,7 +718,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
-    if args.stage_memory and "rlplat-ray" in args.frameworks:
+    ray_run = args.one[0] == "rlplat-ray" if args.one else "rlplat-ray" in args.frameworks  # --one: a run's child
+    if args.stage_memory and ray_run:
         parser.error("--stage-memory measures the run's own process: in Ray mode the stages run in the workers; "
                      "leave rlplat-ray out of --frameworks")
     if args.one:
