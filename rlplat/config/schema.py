@@ -502,6 +502,9 @@ class TrainerConfig:
     progress: str = "auto"  # live progress: auto (rich bar on a terminal, plain lines otherwise) | rich | plain | off
     verbose: bool = False  # also show third-party output (loading bars, deprecation warnings, Ray start-up lines)
     val_samples: int = count(16)  # prompts per validation whose responses go to val_samples.jsonl (prompt, response, score)
+    # responses per training step written to completions.jsonl (prompt, response, score, advantage, reward terms)
+    # and shown by the report and the loggers; 0 = none
+    log_completions: int = 0
     seed: int = 42  # seeds model init, sampling and mini-batch shuffling
     # reorder each step's rows so the data-parallel replicas get about equal tokens (several workers only)
     balance_batch: bool = True

@@ -254,6 +254,8 @@ def _check_placement(cfg: DictConfig, world: int) -> None:
         check(cfg.trainer.async_steps == 0, f"trainer.async_steps={cfg.trainer.async_steps} generates while the actor "
                                             f"trains, on rollout workers of their own, which needs Ray "
                                             f"(trainer.ray_address=inprocess runs one worker in this process)")
+    check(cfg.trainer.log_completions >= 0,
+          f"trainer.log_completions must be >= 0 (0 = none), got {cfg.trainer.log_completions}")
     async_steps = cfg.trainer.async_steps
     check(async_steps >= 0, f"trainer.async_steps must be >= 0 (0 = synchronous), got {async_steps}")
     check(async_steps == 0 or cfg.rollout.mode == "separate",

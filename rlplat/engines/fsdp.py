@@ -81,6 +81,36 @@ def check_token_head(engine_cfg: DictConfig, key: str, device: str) -> None:
                               f"or use {key}.token_head=fused")
 
 
+def token_head_of(fsdp_cfg, device: str) -> str:
+    """The output layer's head on ``device`` (``token_head``; auto: fused on a GPU, chunked on CPU)."""
+    head = fsdp_cfg.token_head
+    return head if head != "auto" else "fused" if device == "cuda" else "chunked"
+
+
+def compiles(fsdp_cfg, device: str, dense_text: bool) -> bool:
+    """Whether the decoder layers are compiled (``compile``; None: on a GPU, for a ``dense_text`` model without
+    Ulysses; mixtures of experts and vision-language models stay eager: not measured yet)."""
+    if fsdp_cfg.compile is not None:
+        return fsdp_cfg.compile
+    return device == "cuda" and dense_text and fsdp_cfg.ulysses_size == 1
+
+
+def prepare_layers(module: torch.nn.Module, fsdp_cfg: DictConfig, device: str, vision: bool,
+                   layer_classes: set[str]) -> str:
+    """Compile ``module``'s decoder layers where :func:`compiles` says so; returns the output layer's head."""
+    head = token_head_of(fsdp_cfg, device)
+    if head == "liger" and vision:
+        raise ConfigError("token_head=liger cannot leave a vision-language model's vision tokens out of the "
+                          "softmax (rlplat.models.vision): use token_head=fused or chunked")
+    moe = is_moe(module.config)
+    if fsdp_cfg.compile and moe:
+        raise ConfigError(f"compile=true: compiled layers are not supported for a mixture of experts yet "
+                          f"({type(module).__name__}: its routing is recorded and replayed per layer)")
+    if compiles(fsdp_cfg, device, dense_text=not moe and not vision):
+        compile_layers(module, layer_classes)
+    return head
+
+
 #: the compiled layers' activation memory budget (torch's ``activation_memory_budget``: 1 = keep everything)
 COMPILED_ACTIVATION_BUDGET = 0.95
 
@@ -140,25 +170,11 @@ class FSDPEngine(TrainingEngine):
         """A one-worker float32 module keeps them in one buffer for the whole run (FSDP frees them after a step)."""
         return lay.shard == 1 and compute_bytes == 4 and not cfg[role].fsdp.param_offload
 
-    @staticmethod
-    def token_head_of(fsdp_cfg, device: str) -> str:
-        """The output layer's head on ``device`` (``token_head``; auto: fused on a GPU, chunked on CPU)."""
-        head = fsdp_cfg.token_head
-        return head if head != "auto" else "fused" if device == "cuda" else "chunked"
-
-    @staticmethod
-    def compiles(fsdp_cfg, device: str, dense_text: bool) -> bool:
-        """Whether the decoder layers are compiled (``compile``; None: on a GPU, for a ``dense_text`` model
-        without Ulysses; mixtures of experts and vision-language models stay eager: not measured yet)."""
-        if fsdp_cfg.compile is not None:
-            return fsdp_cfg.compile
-        return device == "cuda" and dense_text and fsdp_cfg.ulysses_size == 1
-
     @classmethod
     def describe(cls, engine_cfg, device, shape) -> str:
         dense_text = not shape.experts and not shape.vision_params
-        return (f"{cls.token_head_of(engine_cfg, device)} token head, "
-                f"{'compiled' if cls.compiles(engine_cfg, device, dense_text) else 'eager'} layers")
+        return (f"{token_head_of(engine_cfg, device)} token head, "
+                f"{'compiled' if compiles(engine_cfg, device, dense_text) else 'eager'} layers")
 
     @classmethod
     def lends_weights(cls, cfg, role, lay):
@@ -222,18 +238,10 @@ class FSDPEngine(TrainingEngine):
         self.vocab_size = module.config.get_text_config().vocab_size
         # log-prob, entropy and sum pi^2 computed in chunks from the last hidden states, without full logits
         self.chunked_head = not value_head and TokenOutputLM.fits(module)
-        device = self.ctx.device.type
-        if self.token_head_of(fsdp_cfg, device) == "liger" and self.vision:
-            raise ConfigError("token_head=liger cannot leave a vision-language model's vision tokens out of the "
-                              "softmax (rlplat.models.vision): use token_head=fused or chunked")
         layer_classes = set(getattr(module, "_no_split_modules", None) or ())
-        if fsdp_cfg.compile and is_moe(module.config):
-            raise ConfigError(f"compile=true: compiled layers are not supported for a mixture of experts yet "
-                              f"({type(module).__name__}: its routing is recorded and replayed per layer)")
-        if self.compiles(fsdp_cfg, device, dense_text=not is_moe(module.config) and not self.vision):
-            compile_layers(module, layer_classes)
-        head = TokenOutputLM(module, self.token_head_of(fsdp_cfg, device)) if self.chunked_head else module
-        self._model = self._shard(head, fsdp_cfg, layer_classes)
+        head = prepare_layers(module, fsdp_cfg, self.ctx.device.type, self.vision, layer_classes)
+        self._model = self._shard(TokenOutputLM(module, head) if self.chunked_head else module, fsdp_cfg,
+                                  layer_classes)
         if scalings is not None:
             self.lora = LoRA(self._model, lora, scalings, lambda bucket, dtype: gather_bucket(bucket, dtype, self.ctx))
         self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps,

@@ -49,6 +49,7 @@ class TrainingScores:
     terms: torch.Tensor
     weights: torch.Tensor  # [num_terms]
     metrics: dict[str, float]  # errors, per-function means, extra fields of dict rewards
+    names: tuple[str, ...] = ()  # [num_terms]: each term's name (a function's, "overlong", "environment/...")
 
 
 def score_batch(manager: RewardManager, batch: Batch, texts: list[str], reward_cfg: Any, scorers: ModelScorers,
@@ -120,14 +121,18 @@ def training_scores(manager: RewardManager, result: ScoreReport) -> TrainingScor
                         for key, value in stats.items()})
     columns = [result.per_function[name] for name in manager.names]
     weights = [weight for _, weight in manager.functions]
+    names = list(manager.names)
     if manager.overlong is not None:
         columns.append(result.overlong)
         weights.append(1.0)
+        names.append("overlong")
     for name in sorted(key for key in result.extras if key.startswith("environment/")):
         columns.append(result.extras[name])  # an agent environment's reward term (add_environment_rewards)
         weights.append(1.0)
+        names.append(name)
     terms = torch.tensor(columns, dtype=torch.float32).T.reshape(len(result.scores), len(columns))
-    return TrainingScores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics)
+    return TrainingScores(torch.tensor(result.scores, dtype=torch.float32), terms, torch.tensor(weights), metrics,
+                          tuple(names))
 
 
 def join_scores(parts: list[TrainingScores]) -> TrainingScores:
@@ -153,7 +158,7 @@ def join_scores(parts: list[TrainingScores]) -> TrainingScores:
         else:
             metrics[key] = sum(value * n for value, n, _ in having) / total
     return TrainingScores(torch.cat([part.scores for part in parts]), torch.cat([part.terms for part in parts]),
-                          parts[0].weights, metrics)
+                          parts[0].weights, metrics, parts[0].names)
 
 
 def environment_terms(extra_info: list) -> list[str]:

@@ -69,8 +69,8 @@ from rlplat.trainer.signals import stop_on_signals
 from rlplat.trainer.summary import WallClock, write_summary
 from rlplat.trainer.timeline import TRAINING_POOL_STAGES, Timeline
 from rlplat.trainer.validation import Validator
+from rlplat.trainer.samples import CompletionLog
 from rlplat.utils.progress import Progress
-from rlplat.utils.tracking import rewind_jsonl
 from rlplat.workers.actor_loss import old_log_probs_key
 
 
@@ -144,6 +144,7 @@ class PPOTrainer:
         self.kl_ctrl = make_kl_controller(kl.type, kl.coef, kl.target, kl.horizon)
         self.checkpoints = Checkpointer(cfg, plan)
         self.validator = Validator(cfg, components)
+        self.completions = CompletionLog(cfg.trainer.output_dir)  # trainer.log_completions
         self.step = 0
         self.reward_term_weights: torch.Tensor | None = None  # [num_terms], set by the reward stage (gdpo)
         self.timeline = Timeline(cfg.trainer.output_dir)
@@ -196,8 +197,8 @@ class PPOTrainer:
     # (or replaces the tuple); optional stages drop out at start-up when the config does not need them.
     stage_order: tuple[str, ...] = (
         "generate", "reward", "filter_groups", "balance_batch", "old_log_probs", "reference", "values", "advantages",
-        "mask_truncated", "pf_ppo", "update_critic", "update_actor", "sync_rollout", "sync_reference",
-        "dynamic_prompts",
+        "log_completions", "mask_truncated", "pf_ppo", "update_critic", "update_actor", "sync_rollout",
+        "sync_reference", "dynamic_prompts",
     )
 
     @classmethod
@@ -215,6 +216,7 @@ class PPOTrainer:
             "filter_groups": cfg.algorithm.dynamic_sampling.enable,
             "balance_batch": cfg.trainer.balance_batch and plan.world_size > 1,
             "mask_truncated": cfg.algorithm.truncated_responses == "mask",
+            "log_completions": cfg.trainer.log_completions > 0,
             "pf_ppo": cfg.algorithm.pf_ppo.enable,
             "sync_reference": plan.needs_ref and cfg.ref.sync_steps > 0,
             "sync_rollout": cfg.rollout.mode == "separate",
@@ -270,9 +272,8 @@ class PPOTrainer:
         with stop_on_signals() as stop:  # a signal stops the loop between steps (see rlplat.trainer.signals)
             self.step = resumed = self.resume()
             # a run killed after its checkpoint logged later steps: each step is recorded once
-            self.components.tracker.rewind(resumed or None)
-            self.validator.rewind(resumed or None)
-            rewind_jsonl(self.timeline.path, resumed or None)
+            for log in (self.components.tracker, self.validator, self.completions, self.timeline):
+                log.rewind(resumed or None)
             self.clock = WallClock(cfg.trainer.output_dir, resumed=resumed > 0)
             self.progress = Progress(cfg.trainer.progress, cfg.trainer.total_steps, self.step)
             try:
@@ -350,7 +351,8 @@ class PPOTrainer:
         if self.cfg.algorithm.truncated_responses == "penalize" and "truncated" in batch.tensors.keys():
             scores = torch.where(batch.tensors["truncated"], self.cfg.algorithm.truncated_penalty, scores)
         token_scores = token_level_scores(scores, batch.tensors["response_mask"])
-        return batch.union(Batch.from_dict({"token_level_scores": token_scores, "reward_terms": terms}))
+        return batch.union(Batch.from_dict({"token_level_scores": token_scores, "reward_terms": terms},
+                                           meta={"reward_term_names": scored.names}))
 
     def filter_groups(self, batch: Batch, metrics: dict) -> Batch:
         """DAPO dynamic sampling (2503.14476, Sec. 3.2): keep groups whose scores differ; run the
@@ -419,6 +421,11 @@ class PPOTrainer:
         fields = {"token_level_rewards": rewards, "advantages": out.advantages, "returns": out.returns}
         return batch.union(Batch.from_dict(fields))
 
+    def log_completions(self, batch: Batch, metrics: dict) -> Batch:
+        """The first ``trainer.log_completions`` responses to ``completions.jsonl`` (rlplat.trainer.samples)."""
+        self.completions.log(self.step, batch, self.cfg.trainer.log_completions, self.components)
+        return batch
+
     def mask_truncated(self, batch: Batch, metrics: dict) -> Batch:
         """Responses cut off at ``data.max_response_length`` get no loss: their response mask is cleared
         after the advantages, so their scores still count in their groups' baselines and they drop out
@@ -476,8 +483,7 @@ class PPOTrainer:
 
     # ---------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """Generate for every validation prompt (``rollout.val_n`` samples at ``rollout.val_temperature``):
-        :class:`~rlplat.trainer.validation.Validator`."""
+        """Sample and score every validation prompt: :class:`~rlplat.trainer.validation.Validator`."""
         metrics = self.validator.run(self.step, self.progress)
         self.rollouts.check_loaded_weights()
         return metrics

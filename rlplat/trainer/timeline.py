@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlplat.utils.tracking import rewind_jsonl
+
 #: the stages whose whole time the training workers compute (the controller waits for them)
 TRAINING_POOL_STAGES = frozenset({"old_log_probs", "reference", "values", "update_critic", "update_actor",
                                   "sync_rollout", "sync_reference"})
@@ -49,6 +51,10 @@ class Timeline:
     def __init__(self, output_dir: str | Path):
         self.path = Path(output_dir) / "timeline.jsonl"
         self.spans: list[list] = []
+
+    def rewind(self, keep_through: int | None) -> None:
+        """Cut the lines after step ``keep_through`` (all when None), as the tracker cuts ``metrics.jsonl``."""
+        rewind_jsonl(self.path, keep_through)
 
     def add(self, pool: str, what: str, start: float, end: float) -> None:
         self.spans.append([pool, what, start, end])

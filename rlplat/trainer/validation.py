@@ -4,24 +4,23 @@ responses go to ``val_samples.jsonl`` (and the loggers), where the report shows 
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig
 
-from rlplat.data.vision import text_of
 from rlplat.protocol import Batch
 from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import validation_metrics
+from rlplat.trainer.samples import SampleLog, samples_of
 from rlplat.utils.progress import Progress
-from rlplat.utils.tracking import rewind_jsonl
+from rlplat.utils.tracking import SAMPLE_COLUMNS
 
 
 class Validator:
     def __init__(self, cfg: DictConfig, components: Components):
         self.cfg, self.components = cfg, components
+        self.samples = SampleLog(cfg.trainer.output_dir, "val_samples.jsonl", "val/samples", SAMPLE_COLUMNS)
         # where val accuracy's "correct" comes from: the reward's acc field, or the score >= 1 rule (summary.json)
         self.accuracy_source: str | None = None
 
@@ -51,10 +50,10 @@ class Validator:
             errors += result.num_errors
             rules.add(result.accuracy_source)
             if len(shown) < keep:
-                shown += _samples(out, answers[-len(out):], result.scores, result.correct())
+                shown += samples_of(out, answers[-len(out):], result.scores, correct=result.correct())
             progress.validating(done, batches)
         metrics = validation_metrics(sources, pids, answers, scores, correct)
-        self.write_samples(step, shown[:keep])
+        self.samples.write(step, shown[:keep], components.tracker)
         metrics["val/reward_num_errors"] = float(errors)
         if versions:
             metrics["val/policy_version"] = float(max(versions))
@@ -65,29 +64,4 @@ class Validator:
 
     def rewind(self, keep_through: int | None) -> None:
         """Cut ``val_samples.jsonl`` back to step ``keep_through`` (as the tracker cuts ``metrics.jsonl``)."""
-        rewind_jsonl(Path(self.cfg.trainer.output_dir) / "val_samples.jsonl", keep_through)
-
-    def write_samples(self, step: int, samples: list[dict]) -> None:
-        """Append this validation's samples to ``val_samples.jsonl``: one line ``{"step", "samples"}``
-        (what ``python -m rlplat.tools.report`` shows as tables)."""
-        with (Path(self.cfg.trainer.output_dir) / "val_samples.jsonl").open("a") as f:
-            f.write(json.dumps({"step": step, "samples": samples}) + "\n")
-        self.components.tracker.log_samples(samples, step)
-
-
-def _samples(batch: Batch, responses: list[str], scores: list[float], correct: list[float]) -> list[dict]:
-    """One dict per response of a validation batch: the prompt's last message, response, score, ... An agent
-    loop's trajectory shows as its whole conversation after the prompt (each message on a line of its own, led by
-    its role: the tool calls and what they returned), not only the last answer."""
-    nt = batch.non_tensors
-    infos = nt["extra_info"] if "extra_info" in nt else [None] * len(batch)
-    shown = [_conversation(info["agent"]["messages"][len(prompt):]) if info and "agent" in info else response
-             for prompt, info, response in zip(nt["raw_prompt"], infos, responses)]
-    return [{"prompt": text_of(prompt[-1]["content"]), "response": response, "score": score, "correct": ok,
-             "ground_truth": truth, "data_source": source}
-            for prompt, response, score, ok, truth, source in zip(nt["raw_prompt"], shown, scores, correct,
-                                                                  nt["ground_truth"], nt["data_source"])]
-
-
-def _conversation(messages: list[dict]) -> str:
-    return "\n".join(f"[{message.get('role')}] {text_of(message.get('content') or '')}" for message in messages)
+        self.samples.rewind(keep_through)

@@ -7,6 +7,8 @@ Reads what a run writes to its ``trainer.output_dir`` and writes ``RUN_DIR/repor
     segments.json      ─► the dotted lines in them        where a resumed run picked up
     val_samples.jsonl  ─► samples_{first,latest}.html     the first and the latest validation's samples
                           samples_{first,latest}.jsonl    (the same, one sample per line)
+    completions.jsonl  ─► completions_{first,latest}.html the first and the latest logged training step's
+                          completions_{first,latest}.jsonl responses (trainer.log_completions)
     command.txt, summary.json, config.yaml, the above ─► index.html
 
 It works on a run still in progress: ``summary.json`` may be absent and a line the trainer is still writing
@@ -22,7 +24,7 @@ import sys
 from pathlib import Path
 
 from rlplat.utils.charts import Panel, Span, line_figure, timeline_figure
-from rlplat.utils.tracking import SAMPLE_COLUMNS  # the columns of a validation sample
+from rlplat.utils.tracking import SAMPLE_COLUMNS, TRAINING_SAMPLE_COLUMNS  # a validation's / training sample's
 
 # (file name, figure title, metrics). A key ending in "/" stands for every metric under it, in name order,
 # after the ones named before it. Groups with no metric in the run are left out.
@@ -181,31 +183,39 @@ def plot_timeline(rows: list[dict], path: Path) -> bool:
     return True
 
 
-def samples_table(step: int, samples: list[dict]) -> str:
-    """A validation's samples as an HTML page; every value is escaped (responses are model output)."""
+#: (jsonl file, report file prefix, what its lines hold, their columns)
+SAMPLE_FILES = (("val_samples.jsonl", "samples", "validation", SAMPLE_COLUMNS),
+                ("completions.jsonl", "completions", "training step", TRAINING_SAMPLE_COLUMNS))
+
+
+def samples_table(title: str, samples: list[dict], columns: tuple[str, ...]) -> str:
+    """Samples as an HTML page; every value is escaped (responses are model output)."""
     def cell(value) -> str:
-        text = f"{value:g}" if isinstance(value, float) else str(value if value is not None else "")
+        text = (f"{value:g}" if isinstance(value, float) else json.dumps(value) if isinstance(value, dict)
+                else str(value if value is not None else ""))
         return f"<td>{html.escape(text)}</td>"
 
-    head = "".join(f"<th>{c}</th>" for c in ("#",) + SAMPLE_COLUMNS)
-    body = "\n".join(f"<tr><td>{i}</td>{''.join(cell(s.get(c)) for c in SAMPLE_COLUMNS)}</tr>"
+    head = "".join(f"<th>{c}</th>" for c in ("#",) + columns)
+    body = "\n".join(f"<tr><td>{i}</td>{''.join(cell(s.get(c)) for c in columns)}</tr>"
                      for i, s in enumerate(samples))
-    return page(f"Validation samples, step {step}",
-                f"<p>{len(samples)} samples.</p>\n<table>\n<tr>{head}</tr>\n{body}\n</table>")
+    return page(title, f"<p>{len(samples)} samples.</p>\n<table>\n<tr>{head}</tr>\n{body}\n</table>")
 
 
-def write_samples(validations: list[dict], out: Path) -> list[tuple[str, str, int]]:
-    """Tables of the first and the latest validation; returns (label, file stem, step) for each written."""
-    valid = [v for v in validations if isinstance(v.get("step"), int) and isinstance(v.get("samples"), list)]
+def write_samples(lines: list[dict], out: Path, prefix: str = "samples", what: str = "validation",
+                  columns: tuple[str, ...] = SAMPLE_COLUMNS) -> list[tuple[str, str, int]]:
+    """Tables of the first and the latest line (a step's samples); returns (label, file stem, step) for each
+    written."""
+    valid = [v for v in lines if isinstance(v.get("step"), int) and isinstance(v.get("samples"), list)]
     if not valid:
         return []
     written = []
     for label, v in (("first", valid[0]), ("latest", valid[-1])):
-        stem = f"samples_{label}"
-        (out / f"{stem}.html").write_text(samples_table(v["step"], v["samples"]))
+        stem = f"{prefix}_{label}"
+        title = f"{what[0].upper()}{what[1:]} samples, step {v['step']}"
+        (out / f"{stem}.html").write_text(samples_table(title, v["samples"], columns))
         with (out / f"{stem}.jsonl").open("w") as f:
             f.writelines(json.dumps({"step": v["step"], **s}) + "\n" for s in v["samples"])
-        written.append((label, stem, v["step"]))
+        written.append((f"{label} {what}", stem, v["step"]))
     return written
 
 
@@ -230,7 +240,7 @@ def index_page(run_dir: Path, plots: dict[str, int], samples: list[tuple[str, st
     summary = (read_text(summary_path, "") if summary_path.is_file()
                else "No summary.json yet: the run is in progress (or stopped before its end).")
     images = "\n".join(f"<div><img src='{name}' alt='{name}'></div>" for name in plots) or "<p>No metrics yet.</p>"
-    links = "\n".join(f"<li><a href='{stem}.html'>{label} validation (step {step})</a> "
+    links = "\n".join(f"<li><a href='{stem}.html'>{label} (step {step})</a> "
                       f"(<a href='{stem}.jsonl'>jsonl</a>)</li>" for label, stem, step in samples)
     parts = [
         f"<p>Run directory: <code>{html.escape(str(run_dir.resolve()))}</code>; metrics.jsonl "
@@ -238,8 +248,8 @@ def index_page(run_dir: Path, plots: dict[str, int], samples: list[tuple[str, st
         f"<h2>Command</h2><pre>{html.escape(read_text(run_dir / 'command.txt', '(no command.txt)'))}</pre>",
         f"<h2>Summary</h2><pre>{html.escape(summary)}</pre>",
         f"<h2>Plots</h2>\n{images}",
-        f"<h2>Validation samples</h2>\n<ul>{links}</ul>" if samples else
-        "<h2>Validation samples</h2><p>No val_samples.jsonl yet.</p>",
+        f"<h2>Samples</h2>\n<ul>{links}</ul>" if samples else
+        "<h2>Samples</h2><p>No val_samples.jsonl yet.</p>",
         "<h2>Config</h2><details><summary>config.yaml</summary>"
         f"<pre>{html.escape(read_text(run_dir / 'config.yaml', '(no config.yaml)'))}</pre></details>",
     ]
@@ -268,8 +278,8 @@ def write_report(run_dir: str | Path) -> Path:
     timeline = run_dir / "timeline.jsonl"
     if timeline.is_file() and plot_timeline(read_jsonl(timeline), out / "timeline.svg"):
         plots["timeline.svg"] = 1
-    val_path = run_dir / "val_samples.jsonl"
-    samples = write_samples(read_jsonl(val_path) if val_path.is_file() else [], out)
+    samples = [table for name, prefix, what, columns in SAMPLE_FILES if (run_dir / name).is_file()
+               for table in write_samples(read_jsonl(run_dir / name), out, prefix, what, columns)]
     last_step = max((steps[-1] for steps, _ in series.values()), default=None)
     (out / "index.html").write_text(index_page(run_dir, plots, samples, last_step))
     return out

@@ -36,7 +36,15 @@ CONSOLE_KEYS = (
     "score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
     "val/accuracy", "off_policy/staleness_max", "timing/step_s",  # staleness: asynchronous runs only
 )
-SAMPLE_COLUMNS = ("prompt", "response", "score", "correct", "ground_truth", "data_source")
+SAMPLE_COLUMNS = ("prompt", "response", "score", "correct", "ground_truth", "data_source")  # validation's
+#: the columns of training samples (trainer.log_completions)
+TRAINING_SAMPLE_COLUMNS = ("prompt", "response", "score", "advantage", "reward_terms", "truncated", "ground_truth",
+                           "data_source")
+
+
+def _plain(value: Any) -> Any:
+    """A table cell: numbers and text as they are, anything else (a dict of reward terms) as JSON text."""
+    return value if value is None or isinstance(value, (str, int, float, bool)) else json.dumps(value)
 
 
 def missing_logger_package(name: str) -> str | None:
@@ -104,13 +112,13 @@ class _TensorBoard:
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
-    def log_samples(self, samples: list[dict], step: int) -> None:
+    def log_samples(self, samples: list[dict], step: int, key: str, columns: tuple[str, ...]) -> None:
         def cell(value: Any) -> str:
             return str(value).replace("|", "\\|").replace("\n", " ")
 
-        rows = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + "---|" * len(SAMPLE_COLUMNS)]
-        rows += ["| " + " | ".join(cell(s.get(c, "")) for c in SAMPLE_COLUMNS) + " |" for s in samples]
-        self.writer.add_text("val/samples", "\n".join(rows), step)
+        rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        rows += ["| " + " | ".join(cell(s.get(c, "")) for c in columns) + " |" for s in samples]
+        self.writer.add_text(key, "\n".join(rows), step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -130,9 +138,9 @@ class _Wandb:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
-    def log_samples(self, samples: list[dict], step: int) -> None:
-        table = self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[s.get(c) for c in SAMPLE_COLUMNS] for s in samples])
-        self.run.log({"val/samples": table}, step=step)
+    def log_samples(self, samples: list[dict], step: int, key: str, columns: tuple[str, ...]) -> None:
+        table = self.wandb.Table(columns=list(columns), data=[[_plain(s.get(c)) for c in columns] for s in samples])
+        self.run.log({key: table}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -176,9 +184,9 @@ class _MLflow:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.mlflow.log_metrics(metrics, step=step)
 
-    def log_samples(self, samples: list[dict], step: int) -> None:
-        columns = {c: [s.get(c) for s in samples] for c in SAMPLE_COLUMNS}
-        self.mlflow.log_table(data=columns, artifact_file=f"val_samples/step_{step:06d}.json")
+    def log_samples(self, samples: list[dict], step: int, key: str, columns: tuple[str, ...]) -> None:
+        table = {c: [_plain(s.get(c)) for s in samples] for c in columns}
+        self.mlflow.log_table(data=table, artifact_file=f"{key.replace('/', '_')}/step_{step:06d}.json")
 
     def close(self) -> None:
         self.mlflow.end_run()
@@ -256,12 +264,14 @@ class Tracker:
             tmp.write_text(json.dumps(self._state))
             os.replace(tmp, self._state_path)
 
-    def log_samples(self, samples: list[dict], step: int) -> None:
-        """One validation's samples (dicts with :data:`SAMPLE_COLUMNS`) as a table, where a tracker has one."""
+    def log_samples(self, samples: list[dict], step: int, key: str = "val/samples",
+                    columns: tuple[str, ...] = SAMPLE_COLUMNS) -> None:
+        """Samples (dicts with ``columns``: validation's :data:`SAMPLE_COLUMNS`, training's
+        :data:`TRAINING_SAMPLE_COLUMNS`) as a table named ``key``, where a tracker has tables."""
         if samples:
             for name, sink in self._sinks:
                 if step > self._held.get(name, -1):
-                    sink.log_samples(samples, step)
+                    sink.log_samples(samples, step, key, columns)
 
     def close(self) -> None:
         self._jsonl.close()

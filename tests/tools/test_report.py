@@ -215,7 +215,7 @@ def test_a_real_run_ends_with_its_report(embedded_cache, small_val, tmp_path, ca
     cfg, plan = load_run_config([
         "algorithm=ppo", f"trainer.output_dir={out_dir}", "trainer.total_steps=2", "trainer.test_freq=1",
         "trainer.ray_address=inprocess", f"data.val_files={small_val}", "data.train_batch_size_prompts=8",
-        "actor.mini_batch_size_prompts=8", "rollout.n=2", "rollout.val_n=1"])
+        "actor.mini_batch_size_prompts=8", "rollout.n=2", "rollout.val_n=1", "trainer.log_completions=3"])
     run(cfg, plan)
     assert f"rlplat: report {out_dir / 'report' / 'index.html'}" in capsys.readouterr().out
     report = out_dir / "report"
@@ -238,6 +238,16 @@ def test_a_real_run_ends_with_its_report(embedded_cache, small_val, tmp_path, ca
     assert {r["step"] for r in read_jsonl(report / "samples_latest.jsonl")} == {2}
     index = html.unescape((report / "index.html").read_text())
     assert '"steps": 2' in index and "No summary.json yet" not in index  # written before the report
+    # trainer.log_completions=3: each step's first three responses with their scores, advantages and terms
+    logged = read_jsonl(out_dir / "completions.jsonl")
+    assert [line["step"] for line in logged] == [1, 2] and all(len(line["samples"]) == 3 for line in logged)
+    for sample in (s for line in logged for s in line["samples"]):
+        assert set(sample) >= {"prompt", "response", "score", "advantage", "reward_terms", "truncated"}
+        assert sample["prompt"] and isinstance(sample["advantage"], float)
+        assert sum(sample["reward_terms"].values()) == pytest.approx(sample["score"])  # one function, weight 1
+    assert [r["step"] for r in read_jsonl(report / "completions_latest.jsonl")] == [2, 2, 2]
+    assert "href='completions_first.html'" in index and "Training step samples, step 1" in html.unescape(
+        (report / "completions_first.html").read_text())
 
 
 def test_the_names_of_identical_curves_wrap_inside_their_panel():

@@ -359,8 +359,9 @@ OPEN_INSTRUCT = [
     Knob(("--wandb_entity",), (), "no equivalent key: wandb reads the WANDB_ENTITY environment variable"),
     Knob(("--wandb_group_name",), (), "no equivalent: runs are not grouped"),
     Knob(("--logging_steps",), (), "no equivalent: every step's metrics are logged"),
-    Knob(("--save_traces", "--rollouts_save_path"), (),
-         "no equivalent: only validation samples are written (trainer.val_samples, val_samples.jsonl)"),
+    Knob(("--save_traces", "--rollouts_save_path"), ("trainer.log_completions",),
+         "the first N responses of each step (with score, advantage, reward terms) to completions.jsonl in "
+         "trainer.output_dir; every response: N = the step's sequences"),
     Knob(("--verbose",), ("trainer.verbose",),
          "rlplat's shows third-party output (loading bars, warnings, Ray lines) rather than debug output"),
     Knob(("--push_to_hub", "--hf_entity", "--hf_repo_id", "--hf_repo_revision", "--hf_repo_url"), (),

@@ -290,10 +290,11 @@ TRL = [
 
     # --- logging, evaluation, checkpoints ---
     Knob(("logging_steps",), (), "not needed: every step's metrics are logged"),
-    Knob(("log_completions",), ("trainer.val_samples",),
-         "rlplat logs validation samples only (val_samples.jsonl), not training completions"),
-    Knob(("num_completions_to_print",), ("trainer.val_samples",),
-         "prompts per validation written to val_samples.jsonl; rlplat's default 16"),
+    Knob(("log_completions",), ("trainer.log_completions",),
+         "a number, not a switch: the first N responses of each step, with score, advantage and reward terms, go "
+         "to completions.jsonl, the report and the loggers' train/completions table (0, the default: none)"),
+    Knob(("num_completions_to_print",), ("trainer.log_completions",),
+         "written to completions.jsonl and the report rather than printed"),
     Knob(("log_multimodal",), (), "not needed: a logging switch for images in logged completions"),
     Knob(("log_unique_prompts",), (), "not needed: a logging switch"),
     Knob(("log_completions_hub_repo",), (), "no equivalent: completions are not pushed to the Hub"),
