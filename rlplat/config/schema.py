@@ -52,6 +52,9 @@ class LoRAConfig:
 class ModelConfig:
     path: str = "embedded"  # HF hub id or local directory; "embedded" = rlplat's locally built tiny model
     tokenizer_path: Optional[str] = None  # defaults to model.path
+    # a chat template in place of the tokenizer's own (prompts, agent turns, the export): chatml | tulu | zephyr,
+    # a file holding a Jinja template, or the template itself; None = the tokenizer's (rlplat.models.chat_template)
+    chat_template: Optional[str] = None
     trust_remote_code: bool = False  # allow model code from the hub/model directory
     gradient_checkpointing: bool = False  # recompute activations in backward (saves memory)
     attn_implementation: str = "sdpa"  # passed to from_pretrained (eager | sdpa | flash_attention_2)

@@ -2,7 +2,8 @@
 
 Each failure is a :class:`~rlplat.utils.errors.RunError` naming the key, the path and what was expected:
 the output directory (a directory we can write), the model (a local Hugging Face directory with a
-``config.json``, or a hub id that can be fetched), and the packages of the chosen loggers.
+``config.json``, or a hub id that can be fetched), its chat template (``model.chat_template``), and the
+packages of the chosen loggers.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from rlplat.config.errors import ConfigError
 from rlplat.config.plan import RunPlan
+from rlplat.models.chat_template import resolve_chat_template
 from rlplat.models.embedded import is_embedded
 from rlplat.models.vision import is_vision
 from rlplat.utils.errors import RunError
@@ -95,6 +98,11 @@ def check_other_model_paths(cfg: DictConfig, plan: RunPlan) -> None:
             check_model_path(path, key)
     if cfg.model.tokenizer_path:
         check_tokenizer_path(cfg.model.tokenizer_path)
+    if cfg.model.chat_template:  # a name, a readable file or a template
+        try:
+            resolve_chat_template(cfg.model.chat_template)
+        except ConfigError as e:
+            raise RunError(str(e)) from None
 
 
 def check_tokenizer_path(path: str, key: str = "model.tokenizer_path") -> None:

@@ -98,3 +98,41 @@ def test_a_tokenizer_of_the_models_own_code_loads_with_model_trust_remote_code(t
         load_tokenizer(model, str(tmp_path))
     model.trust_remote_code = True
     assert type(load_tokenizer(model, str(tmp_path))).__name__ == "OwnTokenizer"
+
+
+def test_model_chat_template_replaces_the_tokenizers_by_name_file_or_text(tmp_path):
+    """model.chat_template: a named template, a file, or the template itself renders the prompts in place of the
+    tokenizer's own; anything else is one error naming the key and the forms it takes."""
+    from rlplat.config.errors import ConfigError
+    from rlplat.models.chat_template import resolve_chat_template
+    from rlplat.models.tiny import build_tokenizer
+    from rlplat.models.tokenizer import load_tokenizer
+
+    build_tokenizer().save_pretrained(tmp_path / "tok")
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2?"}]
+
+    def rendered(template):
+        model = OmegaConf.create({"tokenizer_path": None, "trust_remote_code": False, "chat_template": template})
+        tokenizer = load_tokenizer(model, str(tmp_path / "tok"))
+        return tokenizer, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    own, default = rendered(None)
+    _, chatml = rendered("chatml")
+    assert chatml == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n1+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert chatml != default
+    _, tulu = rendered("tulu")
+    assert tulu == "<|system|>\nbe brief\n<|user|>\n1+2?\n<|assistant|>\n"
+    answered = [*messages, {"role": "assistant", "content": "3"}]
+    zephyr = load_tokenizer(OmegaConf.create({"tokenizer_path": None, "trust_remote_code": False,
+                                              "chat_template": "zephyr"}), str(tmp_path / "tok"))
+    eos = zephyr.eos_token
+    assert zephyr.apply_chat_template(answered, tokenize=False) == \
+        f"<|system|>\nbe brief{eos}\n<|user|>\n1+2?{eos}\n<|assistant|>\n3{eos}\n"
+    (tmp_path / "mine.jinja").write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}")
+    assert rendered(str(tmp_path / "mine.jinja"))[1] == "[system] be brief [user] 1+2? "
+    assert rendered("{{ messages[-1]['content'] }}!")[1] == "1+2?!"
+    for bad, why in [("chatlm", "not a named template \\(chatml, tulu, zephyr\\), not a file"),
+                     (str(tmp_path / "tok" / "tokenizer_config.json"), "the file holds no Jinja template")]:
+        with pytest.raises(ConfigError, match=f"model.chat_template=.*{why}"):
+            resolve_chat_template(bad)
+    assert own.chat_template is not None  # the tiny tokenizer has a template of its own, which None keeps

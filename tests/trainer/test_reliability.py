@@ -47,6 +47,8 @@ def test_a_step_where_every_reward_fails_stops_the_run(embedded_cache, small_val
     ("reward.judge.model_path={tmp}/nowhere", "reward.judge.model_path='{tmp}/nowhere': no such directory"),
     ("model.tokenizer_path={tmp}/model", "model.tokenizer_path='{tmp}/model' has no tokenizer_config.json or "
                                          "tokenizer.json"),
+    ("model.chat_template={tmp}/nowhere.jinja", "model.chat_template='{tmp}/nowhere.jinja': not a named template "
+                                                "(chatml, tulu, zephyr), not a file, and not a Jinja template itself"),
     ("trainer.output_dir={tmp}/afile", "trainer.output_dir='{tmp}/afile' is a file, not a directory"),
     ("trainer.output_dir={tmp}/afile/out", "trainer.output_dir='{tmp}/afile/out' is under {tmp}/afile, which is a file"),
     ("trainer.output_dir=/sys/rlplat-out", "trainer.output_dir='/sys/rlplat-out' is not writable"),

@@ -22,9 +22,8 @@ OPEN_INSTRUCT = [
          "False in both; rlplat's key covers model and tokenizer loading"),
     Knob(("--use_fast", "--use_slow_tokenizer"), (),
          "no equivalent: rlplat loads transformers' AutoTokenizer default (the fast tokenizer where one exists)"),
-    Knob(("--chat_template_name",), (),
-         "no equivalent: rlplat does not yet have data.chat_template; prompts use the tokenizer's own template "
-         "(data.apply_chat_template)"),
+    Knob(("--chat_template_name",), ("model.chat_template",),
+         "tulu, chatml and zephyr by name; any other template as a Jinja file or text (default: the tokenizer's)"),
     Knob(("--add_bos",), (), "no equivalent: the chat template's rendering is tokenized as it is"),
     Knob(("--get_tokenizer_fn",), (),
          "no equivalent: rlplat loads the tokenizer as it is, without open-instruct's tulu pad/special-token edits"),

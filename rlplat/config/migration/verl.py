@@ -79,6 +79,10 @@ VERL = [
          ("actor.fsdp.pack_sequences", "ref.fsdp.pack_sequences", "critic.fsdp.pack_sequences"),
          "on by default: micro-batches run packed without padding (checked against the padded forward); the Megatron "
          "engine always pads"),
+    Knob(("actor_rollout_ref.model.custom_chat_template", "critic.model.custom_chat_template"),
+         ("model.chat_template",),
+         "one template for the run (the critic reads the policy's token ids); also chatml, tulu or zephyr by name "
+         "or a Jinja file"),
     Knob(("actor_rollout_ref.model.use_fused_kernels",), ("actor.fsdp.token_head=fused",),
          "the FSDP engine never builds the whole logits for the common decoders: log-probs and entropy come from "
          "the hidden states in chunks (rlplat/engines/token_head.py); fused compiles each chunk's steps, and is "
