@@ -359,6 +359,10 @@ class AlgorithmConfig:
     kl_loss_coef: float = 0.001  # beta of the KL loss
     kl_loss_type: str = "k3"  # KL estimator used in the loss (registry; "+" = straight-through)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    # leave out the groups whose responses all scored the same (no policy gradient under a group baseline)
+    # before the passes after the reward, without resampling: the batch shrinks (to whole mini-batches of
+    # every replica; metrics batch/dropped_groups, batch/kept_groups); group estimators only
+    drop_zero_gradient_groups: bool = False
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
     # Responses that hit data.max_response_length without a stop token: keep | mask (no loss on them,

@@ -226,6 +226,11 @@ def _check_algorithm(cfg: DictConfig) -> None:
             "algorithm.dynamic_sampling.enable=true filters groups by score variance and needs a group "
             f"estimator; algorithm.adv_estimator={algo.adv_estimator!r} is not one",
         )
+    if algo.drop_zero_gradient_groups:
+        check(min_group >= 2 and not algo.use_kl_in_reward,
+              f"algorithm.drop_zero_gradient_groups=true drops the groups whose scores are all equal, which give no "
+              f"policy gradient only under a group baseline without a KL penalty in the reward; "
+              f"algorithm.adv_estimator={algo.adv_estimator!r}, algorithm.use_kl_in_reward={algo.use_kl_in_reward}")
     if algo.overlong_buffer.enable:
         overlong = algo.overlong_buffer
         try:

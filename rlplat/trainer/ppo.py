@@ -54,10 +54,10 @@ from rlplat.protocol import Batch
 from rlplat.reward import token_level_scores
 from rlplat.reward.batch import TrainingScores
 from rlplat.rollout.agent_loop import AGENT_LOOPS
-from rlplat.rollout.base import join_rollouts
 from rlplat.trainer.advantage_input import advantage_input
 from rlplat.trainer.checkpoint import Checkpointer
 from rlplat.trainer.components import Components
+from rlplat.trainer.group_stages import GroupStages
 from rlplat.trainer.metrics import (
     agent_metrics, check_finite, data_metrics, explained_variance, throughput_metrics, timed,
 )
@@ -76,26 +76,6 @@ from rlplat.workers.actor_loss import old_log_probs_key
 
 #: stages that neither read nor reorder the scores: rewards are computed while they run
 SCORE_FREE_STAGES = frozenset({"old_log_probs", "reference", "values"})
-
-
-def over_rounds(first: dict[str, float], later: list[dict[str, float]]) -> dict[str, float]:
-    """The metrics the repeated stages of several generation rounds (dynamic sampling) report, over the rounds
-    (``first``: the first round's, ``later``: the others'): timings and dropped groups add up, maxima are the
-    largest, everything else is the mean of the rounds."""
-    joined: dict[str, float] = {}
-    for key in dict.fromkeys(key for round_metrics in later for key in round_metrics):
-        values = ([first[key]] if key in first else []) + [r[key] for r in later if key in r]
-        if key.startswith("timing/") or key == "rollout/dropped_groups":
-            joined[key] = sum(values)
-        else:
-            joined[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
-    return joined
-
-
-def varied_groups(batch: Batch, n: int) -> torch.Tensor:
-    """Per row: whether the scores of its group (``n`` rows in a row) differ."""
-    scores = batch.tensors["token_level_scores"].sum(-1).view(-1, n)
-    return (scores.max(-1).values > scores.min(-1).values).repeat_interleave(n)
 
 
 def overlap_scoring(stages: list[str]) -> list[str]:
@@ -136,7 +116,7 @@ def score_in_background(score: Callable[[Batch], TrainingScores], batch: Batch) 
     return scoring
 
 
-class PPOTrainer:
+class PPOTrainer(GroupStages):
     def __init__(self, cfg: DictConfig, plan: RunPlan, components: Components):
         self.cfg, self.plan, self.components = cfg, plan, components
         self.estimator = get_advantage_estimator(cfg.algorithm.adv_estimator)
@@ -196,9 +176,9 @@ class PPOTrainer:
     # The step's stages in order. A recipe inserts one with ``stage_order = PPOTrainer.insert_stage(...)``
     # (or replaces the tuple); optional stages drop out at start-up when the config does not need them.
     stage_order: tuple[str, ...] = (
-        "generate", "reward", "filter_groups", "balance_batch", "old_log_probs", "reference", "values", "advantages",
-        "log_completions", "mask_truncated", "pf_ppo", "update_critic", "update_actor", "sync_rollout",
-        "sync_reference", "dynamic_prompts",
+        "generate", "reward", "filter_groups", "drop_zero_gradient_groups", "balance_batch", "old_log_probs",
+        "reference", "values", "advantages", "log_completions", "mask_truncated", "pf_ppo", "update_critic",
+        "update_actor", "sync_rollout", "sync_reference", "dynamic_prompts",
     )
 
     @classmethod
@@ -214,6 +194,7 @@ class PPOTrainer:
         cfg, plan = self.cfg, self.plan
         wanted = {
             "filter_groups": cfg.algorithm.dynamic_sampling.enable,
+            "drop_zero_gradient_groups": cfg.algorithm.drop_zero_gradient_groups,
             "balance_batch": cfg.trainer.balance_batch and plan.world_size > 1,
             "mask_truncated": cfg.algorithm.truncated_responses == "mask",
             "log_completions": cfg.trainer.log_completions > 0,
@@ -353,35 +334,6 @@ class PPOTrainer:
         token_scores = token_level_scores(scores, batch.tensors["response_mask"])
         return batch.union(Batch.from_dict({"token_level_scores": token_scores, "reward_terms": terms},
                                            meta={"reward_term_names": scored.names}))
-
-    def filter_groups(self, batch: Batch, metrics: dict) -> Batch:
-        """DAPO dynamic sampling (2503.14476, Sec. 3.2): keep groups whose scores differ; run the
-        ``generate`` and ``reward`` stages again (a recipe's overrides included) until
-        ``data.train_batch_size_prompts`` groups are kept or ``max_gen_batches`` rounds ran.
-
-        With a streamed rollout pool (``rollout.stream_groups``) each later round takes only the calls that hold
-        the groups still missing. Metrics the repeated stages report are averaged over the rounds. When the rounds run out, the
-        batch is topped up with dropped (all-equal) groups, each used once: a kept group is never
-        repeated, so no uid ever names two groups.
-        """
-        n, want = self.cfg.rollout.n, self.cfg.data.train_batch_size_prompts
-        kept, dropped, later = [], [], []  # the groups of each round; the metrics of the rounds after the first
-        while True:
-            varied = varied_groups(batch, n)
-            if not kept:
-                metrics["batch/real_batch_size_ratio"] = float(varied.float().mean())
-            kept.append(batch[varied])
-            dropped.append(batch[~varied])
-            have = sum(len(b) for b in kept) // n
-            if have >= want or len(kept) >= self.cfg.algorithm.dynamic_sampling.max_gen_batches:
-                break
-            later.append(extra := {})
-            self.rollouts.next_groups(want - have)
-            batch = self.reward(self.generate(None, extra), extra)
-        metrics.update(over_rounds(metrics, later))
-        metrics.update({"batch/gen_rounds": len(kept), "batch/filled_groups": max(0, want - have)})
-        pieces = [b for b in kept + dropped if len(b) > 0]  # kept groups first, then the fill-up
-        return join_rollouts(pieces, self.components.tokenizer.pad_token_id)[torch.arange(want * n)]
 
     def balance_batch(self, batch: Batch, metrics: dict) -> Batch:
         """Reorder the rows so that each data-parallel replica gets about the same number of tokens (the

@@ -1,5 +1,5 @@
 """Options users reach for, each shown by its effect: reference sync / Polyak mixing, truncated responses
-(mask / penalize), the dynamic-prompts hook and the gpg F_norm key. (The format reward counted only when
+(mask / penalize), dropping zero-gradient groups, the dynamic-prompts hook and the gpg F_norm key. (The format reward counted only when
 correct is in tests/reward/test_manager.py.)"""
 
 import json
@@ -111,9 +111,15 @@ def test_mask_truncated_clears_the_loss_mask_after_the_advantages():
 def test_truncated_responses_in_a_run(embedded_cache, small_val, tmp_path, mode):
     # 3 tokens hold a two-digit answer and EOS, not a longer one: some responses are truncated
     out = tmp_path / mode
+    # the mask run also drops the groups that scored alike (no resampling): the step trains on the rest
+    drop = ["algorithm.drop_zero_gradient_groups=true"] if mode == "mask" else []
     train(out, 1, small_val, "data.max_response_length=3", f"algorithm.truncated_responses={mode}",
-          "algorithm.truncated_penalty=-5")
+          "algorithm.truncated_penalty=-5", *drop)
     m = metrics(out)[1]
+    if drop:
+        assert m["batch/kept_groups"] + m["batch/dropped_groups"] == 8
+        assert m["batch/dropped_groups"] == min(m["batch/zero_gradient_groups"], 7)  # one worker: no rounding
+        assert m["batch/kept_groups"] >= 1 and np.isfinite(m["actor/pg_loss"])
     assert 0 < m["response_length/truncation_ratio"] < 1
     if mode == "penalize":
         assert m["score/min"] == -5.0  # a truncated response's score is the penalty

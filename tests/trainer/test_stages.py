@@ -338,3 +338,41 @@ def test_the_wall_clock_adds_up_the_commands_of_a_run(tmp_path):
     assert WallClock(tmp_path, resumed=False).seconds < 1.0  # a fresh run starts over
     (tmp_path / "segments.json").write_text("[{")  # damaged: this command alone, not a failed run
     assert WallClock(tmp_path, resumed=True).seconds < 1.0
+
+
+@pytest.mark.parametrize("scores, workers, minis, kept", [
+    # 6 groups of 2; one worker, one mini-batch: every varied group kept, in order
+    ([(1, 0), (1, 1), (0, 1), (0, 0), (1, 0), (1, 1)], 1, 1, [0, 2, 4]),
+    # 2 replicas x 2 mini-batches: rows in fours (2 groups), so the first dropped group comes back to make 4
+    ([(1, 0), (1, 1), (0, 1), (0, 0), (1, 0), (1, 1)], 2, 2, [0, 1, 2, 4]),
+    # nothing varied: the smallest batch that splits, never an empty one
+    ([(1, 1), (0, 0), (1, 1), (0, 0), (1, 1), (0, 0)], 2, 2, [0, 1]),
+])
+def test_zero_gradient_groups_are_dropped_in_whole_mini_batches(scores, workers, minis, kept):
+    from rlplat.engines import ParallelLayout
+
+    cfg, plan = load_run_config(["algorithm=grpo", "rollout.n=2", "data.train_batch_size_prompts=6",
+                                 f"actor.mini_batch_size_prompts={6 // minis}", f"trainer.workers_per_node={workers}",
+                                 "actor.micro_batch_size_seqs_per_worker=1",
+                                 "algorithm.drop_zero_gradient_groups=true"])
+    assert plan.mini_batches_per_step == minis
+    layouts = [ParallelLayout(rank, workers) for rank in range(workers)]
+    trainer = PPOTrainer(cfg, plan, SimpleNamespace(actor=SimpleNamespace(layouts=lambda: layouts), critic=None))
+    assert trainer.stages[:3] == ["generate", "reward", "drop_zero_gradient_groups"]  # before the worker passes
+    batch = Batch.from_dict({"token_level_scores": torch.tensor(scores, dtype=torch.float32).view(-1, 1),
+                             "row": torch.arange(12)}, {"uid": np.repeat(np.arange(6), 2).astype(object)})
+    metrics = {}
+    out = trainer.drop_zero_gradient_groups(batch, metrics)
+    assert out.non_tensors["uid"].tolist() == np.repeat(kept, 2).tolist()  # whole groups, in their order
+    assert metrics["batch/kept_groups"] == len(kept) and metrics["batch/dropped_groups"] == 6 - len(kept)
+    assert metrics["batch/zero_gradient_groups"] == sum(a == b for a, b in scores)
+
+
+def test_dropping_zero_gradient_groups_needs_a_group_baseline():
+    from rlplat.config import ConfigError
+
+    with pytest.raises(ConfigError, match="drop_zero_gradient_groups=true drops .*adv_estimator='gae'"):
+        load_run_config(["algorithm=ppo", "algorithm.drop_zero_gradient_groups=true"])
+    with pytest.raises(ConfigError, match="use_kl_in_reward=True"):
+        load_run_config(["algorithm=grpo", "algorithm.drop_zero_gradient_groups=true",
+                         "algorithm.use_kl_in_reward=true"])

@@ -128,9 +128,9 @@ OPEN_INSTRUCT = [
     Knob(("--active_sampling",), ("algorithm.dynamic_sampling.enable",),
          "refill the batch after dropping equal-score groups; rlplat gives up after "
          "algorithm.dynamic_sampling.max_gen_batches (10)"),
-    Knob(("--filter_zero_std_samples",), (),
-         "no equivalent: open-instruct drops equal-score groups by default (smaller batch); rlplat keeps them "
-         "(advantage 0) unless dynamic sampling"),
+    Knob(("--filter_zero_std_samples",), ("algorithm.drop_zero_gradient_groups",),
+         "open-instruct's default is on, rlplat's off; the kept groups are rounded up to whole mini-batches of "
+         "every replica (batch/kept_groups, batch/dropped_groups)"),
     Knob(("--no_resampling_pass_rate",), (),
          "no equivalent: rlplat never retires solved prompts from the dataset order"),
 
