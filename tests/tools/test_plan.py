@@ -262,3 +262,23 @@ def test_the_plan_counts_megatron_bf16_weights_with_fp32_masters():
     assert parts["bf16"]["actor gradients (fp32)"] == parts["fp32"]["actor gradients (fp32)"]
     assert parts["bf16"]["actor fp32 master weights"] == 4 * shape.params / 2  # two replicas share the optimizer
     assert parts["bf16"]["actor AdamW moments (fp32)"] == parts["fp32"]["actor AdamW moments (fp32)"]
+
+
+def test_a_gpu_run_is_planned_from_config_json_and_tokenizer_alone(tmp_path, capsys):
+    """docs/plan.md: no weights, no network: a 7B-shaped Qwen2's config.json and a tokenizer's files."""
+    from transformers import Qwen2Config
+
+    from rlplat.models.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(tmp_path)
+    Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id).save_pretrained(tmp_path)
+    assert not any(tmp_path.glob("*.safetensors"))
+    assert plan_tool.main([f"model.path={tmp_path}", "trainer.device=cuda", "trainer.workers_per_node=8",
+                           "--device-memory", "80GB"]) in (0, 1)  # fits or names the knob: planned either way
+    out = capsys.readouterr().out
+    assert f"model {tmp_path} (7615.6M parameters, 28 layers, hidden 3584, vocabulary 152064)" in out
+    assert "on 8 worker(s) (cuda), actor fsdp (fused token head, compiled layers)" in out
+    assert "batch ledger (per training step)" in out and "memory per device" in out
