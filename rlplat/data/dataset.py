@@ -26,7 +26,7 @@ from rlplat.data.vision import (
 if TYPE_CHECKING:
     import pandas as pd  # imported where a DataFrame is built: memory that training never needs
 
-REQUIRED = ("data_source", "prompt", "reward_model")
+REQUIRED = ("data_source", "prompt")  # reward_model (with its ground_truth) too, unless the rewards need no answer
 TRUNCATION = ("error", "left", "right", "filter")
 ITEM_LISTS = ("raw_prompt", "data_source", "ground_truth", "extra_info")  # per-row values collate keeps as lists
 SCHEMA_HINT = "expected {'style': ..., 'ground_truth': ...}"
@@ -66,15 +66,18 @@ def _messages(prompt: Any, where: str) -> list[dict]:
                     f"messages, got {str(prompt)[:80]!r}")
 
 
-def _ground_truth(reward: Any, where: str) -> str:
+def _ground_truth(reward: Any, where: str) -> str | None:
+    """The row's answer, or None for a prompt-only row (no ``reward_model``, no ``ground_truth`` in it, or a
+    missing value: None, or NaN as pandas writes a missing number), which only reward functions that need no
+    answer can score (checked at start-up: :meth:`RLDataset.without_ground_truth`)."""
     reward = _as_dict(_plain(reward))
+    if reward is None:
+        return None
     if not isinstance(reward, dict):
         raise DataError(f"{where}: reward_model must be a dict, got {str(reward)[:80]!r} ({SCHEMA_HINT})")
     truth = reward.get("ground_truth")
-    if truth is None:
-        raise DataError(f"{where}: reward_model has no 'ground_truth' ({SCHEMA_HINT})")
-    if isinstance(truth, float) and not math.isfinite(truth):  # pandas writes a missing number as NaN
-        raise DataError(f"{where}: reward_model.ground_truth is {truth}; expected an answer")
+    if truth is None or isinstance(truth, float) and not math.isfinite(truth):
+        return None
     if isinstance(truth, float) and truth.is_integer():  # 122.0 (pandas, once a value is missing) means 122
         return str(int(truth))
     if isinstance(truth, (int, float)):  # e.g. a numeric answer column written by pandas
@@ -102,7 +105,8 @@ def _check_row(record: dict, path: str, index: int) -> dict:
         if shown != len(images or []):
             raise DataError(f"{where}: the prompt shows {shown} image(s) ({IMAGE_HINT}) but the row has "
                             f"{len(images or [])}")
-    checked = {"prompt": messages, "extra_info": extra, "ground_truth": _ground_truth(record["reward_model"], where)}
+    checked = {"prompt": messages, "extra_info": extra,
+               "ground_truth": _ground_truth(record.get("reward_model"), where)}
     if images is not None:  # a file's rows without images get [] (and keep no image column)
         checked["images"] = [image_bytes(image, where) for image in images]
     return {**record, **checked, "source_file": path, "source_row": index}
@@ -121,7 +125,8 @@ def _read_file(path: str) -> tuple[list[dict], list[str]]:
         raise DataError(f"{path}: cannot read as parquet ({err})") from None
     missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
-        raise DataError(f"{path}: missing column(s) {missing}; expected {list(REQUIRED)} (+ optional extra_info)")
+        raise DataError(f"{path}: missing column(s) {missing}; expected {list(REQUIRED)} (+ reward_model, "
+                        f"extra_info)")
     rows = [_check_row(record, path, i) for i, record in enumerate(table.to_pylist())]
     added = ["extra_info", "ground_truth", "source_file", "source_row"] + ["images"] * any("images" in r for r in rows)
     return rows, list(dict.fromkeys([*table.column_names, *added]))
@@ -131,7 +136,8 @@ def load_rows(files: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.Data
     """Read and check every row of one or more parquet files, concatenated in order.
 
     Columns: the file's own, with ``prompt`` normalised to a list of messages and ``extra_info`` to a
-    dict (``{}`` when absent), plus ``ground_truth`` (str), ``source_file`` and ``source_row`` (0-based).
+    dict (``{}`` when absent), plus ``ground_truth`` (str, None for a prompt-only row), ``source_file`` and
+    ``source_row`` (0-based).
     """
     import pandas as pd
 
@@ -265,10 +271,16 @@ class RLDataset:
                 ids = ids[-limit:] if self.truncation == "left" else ids[:limit]
             item = {"prompt_ids": list(ids), "raw_prompt": row["prompt"], "data_source": row["data_source"],
                     "ground_truth": row["ground_truth"], "extra_info": row["extra_info"]}
+            if row["ground_truth"] is None:  # a prompt-only row: named if a reward needs an answer
+                item["where"] = where
             if row.get("images"):
                 item["images"], item["source"] = row["images"], where
             items.append(item)
         return items
+
+    def without_ground_truth(self) -> list[str]:
+        """Where the prompt-only rows are (``file row N``): rows without ``reward_model.ground_truth``."""
+        return [item["where"] for item in self.items if item is not None and item["ground_truth"] is None]
 
     def _tools(self, row: dict) -> list[dict] | None:
         if self.tools_of is None:

@@ -105,6 +105,22 @@ def show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def needs_ground_truth(fn: Callable) -> bool:
+    """Whether ``fn`` needs each sample's ground truth (a prompt-only row has none): its ``needs_ground_truth``
+    attribute where it declares one, else whether its ``ground_truth`` parameter (the third) has no default
+    value; a function written ``fn(data_source, solution_str, ground_truth=None, extra_info=None)`` scores
+    prompt-only rows (given None)."""
+    declared = getattr(fn, "needs_ground_truth", None)
+    if declared is not None:
+        return bool(declared)
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) < 3 or positional[2].default is inspect.Parameter.empty
+
+
 def takes_prompt(fn: Callable) -> bool:
     """Whether ``fn`` accepts the sample's prompt: a parameter named ``prompt`` or ``**kwargs``."""
     try:

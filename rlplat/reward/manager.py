@@ -30,7 +30,7 @@ import torch
 from rlplat.algorithms.reward_shaping import OverlongShaping
 from rlplat.config.validate import reward_weights_problem
 from rlplat.registry import UnknownNameError
-from rlplat.reward.calls import ModelOutcomes, RewardFailure, RewardValue, function_name
+from rlplat.reward.calls import ModelOutcomes, RewardFailure, RewardValue, function_name, needs_ground_truth
 from rlplat.reward.errors import RewardConfigError
 from rlplat.reward.isolation import InProcessExecutor, ProcessPool, RewardExecutor, StopRule
 from rlplat.reward.scorers import REWARD_FUNCTIONS, ModelRewardFunction, load_custom_function
@@ -111,6 +111,17 @@ class RewardManager:
         else:
             raise RewardConfigError(f"reward.isolation={isolation!r}: expected process or inprocess")
         self._reported = False
+
+    def check_answers(self, prompt_only: Mapping[str, list[str]]) -> None:
+        """Refuse prompt-only rows (``prompt_only``: by split, where each is, e.g. ``train.parquet row 3``) when a
+        reward function needs each row's ground truth (:func:`~rlplat.reward.calls.needs_ground_truth`)."""
+        needing = [name for (fn, _), name in zip(self.functions, self.names) if needs_ground_truth(fn)]
+        for split, rows in prompt_only.items():
+            if rows and needing:
+                raise RewardConfigError(
+                    f"{rows[0]} has no reward_model.ground_truth ({len(rows)} {split} row(s) have none), and reward "
+                    f"function(s) {', '.join(map(repr, needing))} need one: give every row an answer, or score with "
+                    f"functions that need none (format, reward_model, or your own with a ground_truth=None default)")
 
     def for_validation(self) -> RewardManager:
         """The same functions, weights and gating, without the training-only overlong shaping; it shares

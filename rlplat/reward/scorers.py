@@ -225,9 +225,10 @@ _FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DO
 
 
 @REWARD_FUNCTIONS.register("format")
-def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+def format_reward(data_source: str, solution_str: str, ground_truth: str | None = None,
+                  extra_info: dict | None = None) -> float:
     """1.0 if the whole response is ``<think>…</think>`` then ``<answer>…</answer>`` (whitespace around and
-    between allowed, nothing else), else 0.0. The ground truth is not looked at."""
+    between allowed, nothing else), else 0.0. The ground truth is not looked at (prompt-only rows score)."""
     return 1.0 if _FORMAT.fullmatch(solution_str) else 0.0
 
 
@@ -240,6 +241,8 @@ class ModelRewardFunction:
 
     def __init__(self, name: str):
         self.__name__ = name
+        # a reward model scores (prompt, response) alone; a judge's template may show the row's answer
+        self.needs_ground_truth = name == "judge"
 
     def __call__(self, *args, **kwargs):
         raise RuntimeError(f"reward function {self.__name__!r} is computed by the trainer's model workers")

@@ -26,6 +26,7 @@ from rlplat.models.vision import image_inputs_of
 from rlplat.protocol import Batch
 from rlplat.reward import RewardManager, ScoreReport, build_reward_manager
 from rlplat.reward.batch import ModelScorers, TrainingScores, score_batch, training_scores
+from rlplat.reward.errors import RewardConfigError
 from rlplat.reward.judge import ServerJudge
 from rlplat.trainer.sft import ensure_embedded_model
 from rlplat.trainer.weight_push import WeightPush
@@ -244,6 +245,12 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
     sampler = PromptSampler(len(train_data), data.train_batch_size_prompts, shuffle=data.shuffle, seed=data.seed)
     overlong = cfg.algorithm.overlong_buffer
     reward_train = build_reward_manager(cfg.reward, overlong, data.max_response_length)
+    try:  # prompt-only rows (no ground truth) need reward functions that need none
+        reward_train.check_answers({split: data.without_ground_truth()
+                                    for split, data in (("train", train_data), ("test", val_data))})
+    except RewardConfigError:
+        reward_train.close()  # its worker process
+        raise
     reward_val = reward_train.for_validation()
     mode = cfg.trainer.resume_mode  # will the trainer resume? (it verifies the checkpoint then)
     resuming = mode != "disable" and (mode != "auto"

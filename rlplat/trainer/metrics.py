@@ -35,7 +35,10 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 
 def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
-    """Scores, rewards, advantages, returns, values and lengths of one training batch."""
+    """Scores, rewards, advantages, returns, values and lengths of one training batch: the response lengths of
+    all responses and of those that ended by themselves (``response_length/terminated/*``, not cut off at the
+    limit; TRL's ``*_terminated_length``), and the step's real tokens (``batch/num_tokens``, prompts and
+    responses)."""
     t = batch.tensors
     mask = t["response_mask"].bool()  # the trained tokens (algorithm.truncated_responses=mask clears some rows)
     lengths = t["attention_mask"][:, -mask.shape[1]:].sum(-1)  # the generated tokens
@@ -45,7 +48,9 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         **_stats("reward", t["token_level_rewards"].sum(-1)),
         **_stats("advantages", t["advantages"][mask]),
         **_stats("response_length", lengths),
+        **_stats("response_length/terminated", lengths[~truncated.bool()]),
         "response_length/truncation_ratio": float(truncated.float().mean()),
+        "batch/num_tokens": float(t["attention_mask"].sum()),
     }
     if "returns" in t.keys():
         out.update(_stats("returns", t["returns"][mask]))

@@ -54,10 +54,40 @@ def test_float_ground_truths_from_pandas_compare_as_numbers(tmp_path):
     assert REWARD_FUNCTIONS.get("gsm8k")("s", "#### 122", "122.0") == 1.0
 
 
+def test_prompt_only_rows_load_without_a_ground_truth(tmp_path, tokenizer):
+    """No reward_model column, a reward_model without ground_truth, a None or NaN answer: a prompt-only row
+    (ground truth None), which the dataset names for the start-up check of the reward functions."""
+    prompt_only = write_rows(tmp_path, [{"data_source": "s", "prompt": "write a haiku"}], "prompts.parquet")
+    assert pd.isna(load_rows(prompt_only)["ground_truth"]).tolist() == [True]  # the frame's missing value
+    rows = [GOOD, {**GOOD, "reward_model": {"style": "model"}}, {**GOOD, "reward_model": {"ground_truth": None}},
+            {**GOOD, "reward_model": {"ground_truth": float("nan")}}]
+    mixed = write_rows(tmp_path, rows, "mixed.parquet")
+    assert pd.isna(load_rows(mixed)["ground_truth"]).tolist() == [False, True, True, True]
+    data = RLDataset([prompt_only, mixed], tokenizer, max_prompt_length=64)
+    assert data.without_ground_truth() == [f"{prompt_only} row 0", f"{mixed} row 1", f"{mixed} row 2",
+                                           f"{mixed} row 3"]
+    assert data[0]["ground_truth"] is None
+
+
+def test_reward_functions_that_need_an_answer_refuse_prompt_only_rows():
+    from rlplat.reward import RewardConfigError, RewardManager, REWARD_FUNCTIONS
+    from rlplat.reward.calls import needs_ground_truth
+
+    def own(data_source, solution_str, ground_truth=None, extra_info=None):
+        return float(len(solution_str) < 20)
+
+    assert not needs_ground_truth(own) and not needs_ground_truth(REWARD_FUNCTIONS.get("format"))
+    assert not needs_ground_truth(REWARD_FUNCTIONS.get("reward_model"))
+    assert needs_ground_truth(REWARD_FUNCTIONS.get("arithmetic")) and needs_ground_truth(REWARD_FUNCTIONS.get("judge"))
+    where = {"train": ["p.parquet row 4", "p.parquet row 9"], "test": []}
+    RewardManager([(own, 1.0), (REWARD_FUNCTIONS.get("format"), 0.5)]).check_answers(where)
+    RewardManager([(REWARD_FUNCTIONS.get("arithmetic"), 1.0)]).check_answers({"train": [], "test": []})
+    with pytest.raises(RewardConfigError, match=r"^p.parquet row 4 has no reward_model.ground_truth \(2 train row\(s\) "
+                                                r"have none\), and reward function\(s\) 'arithmetic' need one"):
+        RewardManager([(own, 1.0), (REWARD_FUNCTIONS.get("arithmetic"), 1.0)]).check_answers(where)
+
+
 @pytest.mark.parametrize("bad, message", [
-    ({**GOOD, "reward_model": {"style": "rule", "ground_truth": None}},
-     "row 1: reward_model has no 'ground_truth' (expected {'style': ..., 'ground_truth': ...})"),
-    ({**GOOD, "reward_model": {"style": "rule"}}, "row 1: reward_model has no 'ground_truth'"),
     ({**GOOD, "prompt": [{"role": "user"}]},
      "row 1: prompt must be a string or a non-empty list of {'role': str, 'content': str} messages"),
     ({**GOOD, "prompt": []}, "row 1: prompt must be a string or a non-empty list"),
@@ -82,8 +112,8 @@ def test_bad_prompt_type_and_reward_model_type(tmp_path):
 
 
 def test_file_level_errors_name_the_file(tmp_path):
-    path = write_rows(tmp_path, [{"data_source": "s", "prompt": "x"}], "no_reward.parquet")
-    with pytest.raises(DataError, match=r"no_reward.parquet: missing column\(s\) \['reward_model'\]"):
+    path = write_rows(tmp_path, [{"data_source": "s", "reward_model": {"ground_truth": "2"}}], "no_prompt.parquet")
+    with pytest.raises(DataError, match=r"no_prompt.parquet: missing column\(s\) \['prompt'\]"):
         load_rows(path)
     good = write_rows(tmp_path, [GOOD], "good.parquet")
     with pytest.raises(DataError, match=r"^\S*missing.parquet: no such parquet file$"):

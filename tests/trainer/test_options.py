@@ -116,6 +116,10 @@ def test_truncated_responses_in_a_run(embedded_cache, small_val, tmp_path, mode)
     train(out, 1, small_val, "data.max_response_length=3", f"algorithm.truncated_responses={mode}",
           "algorithm.truncated_penalty=-5", *drop)
     m = metrics(out)[1]
+    # the responses that ended by themselves (a stop token within the limit): none is longer, on average not
+    # longer than all responses, of which the truncated ones have the full length
+    assert m["response_length/terminated/max"] <= 3 and m["batch/num_tokens"] > 0
+    assert m["response_length/terminated/mean"] <= m["response_length/mean"]
     if drop:
         assert m["batch/kept_groups"] + m["batch/dropped_groups"] == 8
         assert m["batch/dropped_groups"] == min(m["batch/zero_gradient_groups"], 7)  # one worker: no rounding

@@ -393,3 +393,20 @@ def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, s
     assert len(segments) == 2
     assert summary["wall_time_s"] == pytest.approx(sum(s["end"] - s["start"] for s in segments))
     assert summary["wall_time_s"] > segments[1]["end"] - segments[1]["start"]
+
+
+def test_prompt_only_rows_need_reward_functions_that_need_no_answer(tmp_path, capsys):
+    """A prompt-only file (no reward_model) with the default rewards (which compare answers) stops at start-up,
+    in one line naming the first row (tests/data/test_dataset.py: which functions score such rows)."""
+    import pandas as pd
+
+    data = tmp_path / "prompts.parquet"
+    pd.DataFrame([{"data_source": "rlplat/arithmetic", "prompt": f"{i}+1="} for i in range(8)]).to_parquet(data)
+    args = [f"data.train_files={data}", f"data.val_files={data}", "trainer.ray_address=inprocess",
+            f"trainer.output_dir={tmp_path}/out", "trainer.total_steps=1", "data.train_batch_size_prompts=8",
+            "actor.mini_batch_size_prompts=8"]
+    code = main(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"rlplat: RewardConfigError: {data} row 0 has no reward_model.ground_truth (8 train row(s) "
+                          f"have none), and reward function(s) 'auto' need one")
