@@ -75,6 +75,8 @@ class RunPlan:
     response_length: int
     train_files: tuple[str, ...]
     val_files: tuple[str, ...]
+    # data.train_files as (path, kind, value) (as_mixture): how many rows each file gives an epoch
+    train_mixture: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def needs_critic(self) -> bool:
@@ -175,13 +177,54 @@ def make_plan(cfg: DictConfig, device: str, engines: EngineDeclarations) -> RunP
         response_length=response_length(cfg),
         train_files=as_paths(cfg, "data.train_files"),
         val_files=as_paths(cfg, "data.val_files"),
+        train_mixture=as_mixture(cfg, "data.train_files"),
     )
 
 
 def as_paths(cfg: DictConfig, key: str) -> tuple[str, ...]:
-    """``key`` (``data.train_files`` / ``data.val_files``): one path or a non-empty list of paths."""
+    """``key`` (``data.train_files`` / ``data.val_files``): its paths, in order (a mixture's too,
+    :func:`as_mixture`)."""
+    return tuple(path for path, _, _ in as_mixture(cfg, key))
+
+
+#: how a mixture's number for a file reads: ``weight`` relative to the others' (``{path, weight}`` entries),
+#: ``share`` of the file's own rows per epoch and ``count`` rows per epoch (open-instruct's list form:
+#: ``[a.parquet, "1.0", b.parquet, "0.3"]`` or ``"2000"``); ``all`` for a plain path (every row, once an epoch)
+MIXTURE_KINDS = ("weight", "share", "count", "all")
+
+
+def as_mixture(cfg: DictConfig, key: str) -> tuple[tuple[str, str, float], ...]:
+    """``key``'s files as ``(path, kind, value)`` (:data:`MIXTURE_KINDS`): one path, a list of paths, a list of
+    ``{path, weight}`` entries, or open-instruct's ``[path, number, path, number, ...]``. ConfigError otherwise."""
     value = OmegaConf.select(cfg, key)
-    paths = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, ListConfig) else None
-    check(paths is not None and len(paths) > 0 and all(isinstance(p, str) and p for p in paths),
-          f"{key} must be a path or a non-empty list of paths, got {value!r}")
-    return paths
+    items = [value] if isinstance(value, str) else list(value) if isinstance(value, ListConfig) else None
+    expected = (f"{key} must be a path, a non-empty list of paths, a list of {{path: ..., weight: ...}} entries, or "
+                f"open-instruct's [path, number, path, number, ...]; got {value!r}")
+    check(bool(items), expected)
+    if all(isinstance(item, DictConfig) for item in items):
+        parts = []
+        for i, item in enumerate(items):
+            check(set(item.keys()) == {"path", "weight"} and isinstance(item.path, str) and item.path,
+                  f"{key}[{i}] must be {{path: <file>, weight: <number>}}, got {dict(item)!r}")
+            check(isinstance(item.weight, (int, float)) and item.weight > 0,
+                  f"{key}[{i}].weight must be a number > 0, got {item.weight!r}")
+            parts.append((item.path, "weight", float(item.weight)))
+        return tuple(parts)
+    check(all(isinstance(item, str) and item for item in items), expected)
+    numbers = [_number(item) for item in items[1::2]]
+    if len(items) % 2 == 0 and all(n is not None for n in numbers) and not any(_number(p) is not None
+                                                                               for p in items[::2]):
+        parts = []
+        for path, text, number in zip(items[::2], items[1::2], numbers):
+            check(number > 0, f"{key}: the number after {path} must be > 0, got {text}")
+            counted = "." not in text and number > 1  # open-instruct: a fraction of the file, or a row count
+            parts.append((path, "count" if counted else "share", number))
+        return tuple(parts)
+    return tuple((path, "all", 1.0) for path in items)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None

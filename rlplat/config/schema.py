@@ -63,7 +63,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    # One path or a list: parquet files, or builtin:<task> for a generated built-in task.
+    # One path or a list: parquet files, or builtin:<task> for a generated built-in task; a mixture gives each a
+    # number: [{path: a.parquet, weight: 0.7}, ...] or open-instruct's [a.parquet, "1.0", b.parquet, "0.3"]
+    # (rlplat.data.mixture)
     train_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])
     val_files: Any = field(default_factory=lambda: ["builtin:arithmetic"])  # validation prompts, same forms
     train_batch_size_prompts: int = count(64)  # prompts per training step, global (sequences = this x rollout.n)

@@ -21,7 +21,7 @@ from rlplat.algorithms.advantages import SCALES as ADV_SCALES
 from rlplat.algorithms.off_policy import LEVELS as OFF_POLICY_LEVELS
 from rlplat.config.derive import data_parallel_replicas
 from rlplat.config.errors import ConfigError, check
-from rlplat.config.plan import OLD_LOG_PROBS, REFERENCE_PLACEMENTS, as_paths, reference_placement
+from rlplat.config.plan import OLD_LOG_PROBS, REFERENCE_PLACEMENTS, as_mixture, as_paths, reference_placement
 from rlplat.config.schema import count_keys
 from rlplat.registry import Registry
 from rlplat.utils.progress import MODES as PROGRESS_MODES
@@ -294,7 +294,8 @@ def validate(cfg: DictConfig) -> None:
         _check_name(cfg, key, registry, names() if names else None)
     _check_values(cfg)
     as_paths(cfg, "data.train_files")
-    as_paths(cfg, "data.val_files")
+    check(all(kind == "all" for _, kind, _ in as_mixture(cfg, "data.val_files")),
+          "data.val_files takes paths (every validation prompt is scored); mixture weights go in data.train_files")
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
     _check_algorithm(cfg)
     _check_batches(cfg, world)

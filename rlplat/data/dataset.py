@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -195,7 +195,8 @@ class RLDataset:
     """The tokenised prompts of one or more parquet files (tokenised once, at construction).
 
     ``dataset[i]`` is a dict with ``prompt_ids`` (list[int]), ``raw_prompt`` (the messages),
-    ``data_source``, ``ground_truth`` (str) and ``extra_info`` (dict). Prompts longer than
+    ``data_source``, ``ground_truth`` (str; None for a prompt-only row), ``extra_info`` (dict) and ``file``
+    (its parquet file, one of ``files``). Prompts longer than
     ``max_prompt_length`` tokens fail (``truncation="error"``), keep their last / first tokens
     (``"left"`` / ``"right"``) or are dropped and counted in ``num_filtered`` (``"filter"``). ``tools_of``
     gives the tools a row's prompt shows the model (an agent loop's: the template renders them). A row with
@@ -227,6 +228,7 @@ class RLDataset:
                 _RECENT[key] = encoded
                 while len(_RECENT) > RECENT_DATASETS:
                     _RECENT.popitem(last=False)
+        self.files = _paths(files)
         self.items: list[dict] = list(encoded.items)
         self.num_filtered = encoded.num_filtered
         if self.num_filtered:
@@ -273,10 +275,16 @@ class RLDataset:
                     "ground_truth": row["ground_truth"], "extra_info": row["extra_info"]}
             if row["ground_truth"] is None:  # a prompt-only row: named if a reward needs an answer
                 item["where"] = where
+            item["file"] = row["source_file"]  # a mixture's sampler counts each file's rows
             if row.get("images"):
                 item["images"], item["source"] = row["images"], where
             items.append(item)
         return items
+
+    def rows_per_file(self) -> list[int]:
+        """The usable prompts of each file, in the files' order (the items hold them one file after another)."""
+        counts = Counter(item["file"] for item in self.items)
+        return [counts.get(path, 0) for path in self.files]
 
     def without_ground_truth(self) -> list[str]:
         """Where the prompt-only rows are (``file row N``): rows without ``reward_model.ground_truth``."""

@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from rlplat.config.imports import import_user_modules
 from rlplat.config.plan import RunPlan
 from rlplat.controller import InProcessWorkerGroup, RayWorkerGroup, ResourcePool, WorkerGroup
-from rlplat.data import PromptSampler, RLDataset, collate, resolve_files
+from rlplat.data import DataError, PromptSampler, RLDataset, collate, resolve_files
+from rlplat.data.mixture import MixtureSampler, draws_per_epoch
 from rlplat.models.embedded import EMBEDDED
 from rlplat.models.vision import image_inputs_of
 from rlplat.protocol import Batch
@@ -226,6 +227,20 @@ def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, cr
             group.init_model()
 
 
+def prompt_sampler(plan: RunPlan, train_data: RLDataset, data: DictConfig) -> PromptSampler:
+    """The order of the train prompts: epoch after epoch, or a mixture's rows per file and epoch
+    (``data.train_files`` with numbers: :mod:`rlplat.data.mixture`)."""
+    if all(kind == "all" for _, kind, _ in plan.train_mixture):
+        return PromptSampler(len(train_data), data.train_batch_size_prompts, shuffle=data.shuffle, seed=data.seed)
+    sizes = train_data.rows_per_file()
+    if empty := [path for path, size in zip(train_data.files, sizes) if size == 0]:
+        raise DataError(f"data.train_files: {empty[0]} has no usable prompt, so the mixture cannot draw from it")
+    draws = draws_per_epoch(plan.train_mixture, sizes)
+    shares = ", ".join(f"{path} {n} ({n / sum(draws):.0%})" for path, n in zip(train_data.files, draws))
+    print(f"[rlplat.data] mixture: {sum(draws)} prompts per epoch: {shares}", flush=True)
+    return MixtureSampler(sizes, draws, data.train_batch_size_prompts, seed=data.seed)
+
+
 def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Components:
     in_process = cfg.trainer.ray_address == "inprocess"
     if cfg.reward.judge.model_path == EMBEDDED:  # the judge workers load it; build it here once if needed
@@ -242,7 +257,7 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
                          data.apply_chat_template, prompt_tools(cfg.rollout.agent), images)
 
     train_data, val_data = dataset(plan.train_files, "train"), dataset(plan.val_files, "test")
-    sampler = PromptSampler(len(train_data), data.train_batch_size_prompts, shuffle=data.shuffle, seed=data.seed)
+    sampler = prompt_sampler(plan, train_data, data)
     overlong = cfg.algorithm.overlong_buffer
     reward_train = build_reward_manager(cfg.reward, overlong, data.max_response_length)
     try:  # prompt-only rows (no ground truth) need reward functions that need none

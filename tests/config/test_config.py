@@ -99,7 +99,8 @@ BAD = [
      "algorithm.adv_estimator='gdpo' normalises each reward function's term on its own"),
     (["algorithm.pf_ppo.reweight_method=best"],
      "algorithm.pf_ppo.reweight_method='best' is not one of: pow, max_min, max_random"),
-    (["data.train_files=[]"], "data.train_files must be a path or a non-empty list of paths"),
+    (["data.train_files=[]"], "data.train_files must be a path, a non-empty list of paths, a list of {path: ..., "
+                              "weight: ...} entries"),
     (["trainer.logger=[console,tensorbord]"], "trainer.logger entry 'tensorbord' is not one of:"),
     (["algorithm=ppo", "algorithm.dynamic_sampling.enable=true"],
      "algorithm.dynamic_sampling.enable=true filters groups by score variance and needs a group estimator"),

@@ -130,7 +130,9 @@ def test_dataset_items_chat_template_and_plain(tmp_path, tokenizer):
     system = [{"role": "system", "content": "s"}, {"role": "user", "content": "3"}]
     b = write_rows(tmp_path, [{**GOOD, "prompt": system}, GOOD], "b.parquet")
     ds = RLDataset([a, b], tokenizer, max_prompt_length=64)
-    assert len(ds) == 3 and set(ds[0]) == {"prompt_ids", "raw_prompt", "data_source", "ground_truth", "extra_info"}
+    assert len(ds) == 3 and set(ds[0]) == {"prompt_ids", "raw_prompt", "data_source", "ground_truth", "extra_info",
+                                           "file"}
+    assert ds.rows_per_file() == [1, 2] and ds[2]["file"] == ds.files[1] == b
     decoded = tokenizer.decode(ds[1]["prompt_ids"])
     assert decoded == "<|system|>s<|endoftext|><|user|>3<|endoftext|><|assistant|>"
     assert ds[2]["raw_prompt"] == GOOD["prompt"] and ds[2]["ground_truth"] == "2" and ds[2]["extra_info"] == {"k": 1}

@@ -64,9 +64,10 @@ OPEN_INSTRUCT = [
     # --- data ---
     # each dataset (every other list item) becomes a parquet file of rlplat rows (data_source, prompt,
     # reward_model.ground_truth);
-    # weights are dropped: a fraction < 1.0 or a row count must be cut from the file beforehand
+    # the list form carries over: [file, "1.0", file, "0.3"] (fractions) or row counts, per epoch
     Knob(("--dataset_mixer_list",), ("data.train_files",),
-         "rlplat does not yet support mixing weights: list parquet files (HF ids need converting); the RLVR dataset "
+         "the same list form with parquet files for the HF ids (data.train_files=[a.parquet,'1.0',b.parquet,'0.3']: "
+         "a fraction of each file's rows, or a row count, per epoch, interleaved at random); the RLVR dataset "
          "column -> data_source", convert="mixer_list_to_files"),
     Knob(("--dataset_mixer_eval_list",), ("data.val_files",),
          "same conversion; HEAD's default [] means no eval set, but rlplat always validates (its default is "
