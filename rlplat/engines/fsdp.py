@@ -106,7 +106,8 @@ def prepare_layers(module: torch.nn.Module, fsdp_cfg: DictConfig, device: str, v
     if fsdp_cfg.compile and moe:
         raise ConfigError(f"compile=true: compiled layers are not supported for a mixture of experts yet "
                           f"({type(module).__name__}: its routing is recorded and replayed per layer)")
-    if compiles(fsdp_cfg, device, dense_text=not moe and not vision):
+    # auto (None) leaves a model that names no decoder layer class eager; compile=true refuses it
+    if compiles(fsdp_cfg, device, dense_text=not moe and not vision) and (layer_classes or fsdp_cfg.compile):
         compile_layers(module, layer_classes)
     return head
 

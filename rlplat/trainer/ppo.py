@@ -399,6 +399,8 @@ class PPOTrainer(GroupStages):
 
     def update_critic(self, batch: Batch, metrics: dict) -> Batch:
         critic_metrics = self.components.critic.update_critic(model_inputs(batch))[0]
+        # the optimizer's grad_norm and lr come unprefixed, as the actor's do
+        critic_metrics = {k if "/" in k else f"critic/{k}": v for k, v in critic_metrics.items()}
         metrics.update(critic_metrics)
         check_finite(critic_metrics, self.step, self.cfg.trainer.nonfinite, self.checkpoints.newest())
         return batch

@@ -40,7 +40,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("throughput", "Throughput",
      ("perf/tokens_per_s", "timing/step_s", "timing/generate_s", "timing/update_actor_s")),
     ("critic", "Critic", ("critic/",)),
-    ("actor", "Actor update", ("actor/pg_loss", "actor/pg_clipfrac", "actor/ratio_mean", "actor/")),
+    ("actor", "Actor update", ("actor/pg_loss", "actor/clip_frac_upper", "actor/clip_frac_lower", "actor/ratio_mean", "actor/")),
     ("moe", "Mixture of experts: router loss, expert load, routing entropy and mismatch",
      ("moe/aux_loss", "moe/expert_load_max_frac", "moe/routing_entropy", "moe/routing_mismatch_frac", "moe/")),
     ("reward_terms", "Reward functions and their fields", ("reward/",)),

@@ -180,3 +180,20 @@ def test_a_verl_or_trl_key_gets_rlplats_name_or_the_reason(override, expected):
     with pytest.raises(ConfigError) as err:
         load_config([override])
     assert str(err.value).startswith(f"unknown config key {override.split('=')[0].lstrip('+')!r}: {expected}")
+
+
+def test_the_metric_tables_name_rlplats_metric_families():
+    """Every rlplat metric the three systems' metric tables name is of a family rlplat logs (the names themselves
+    were checked against a run's metrics.jsonl when the tables were written; docs/migrating.md)."""
+    import re
+
+    from rlplat.config.migration.metrics import METRIC_TABLES
+
+    family = re.compile(r"^(step|(score|reward|advantages|returns|values|response_length|batch|actor|critic|timing|"
+                        r"perf|val|agent|rollout|off_policy|moe|reward_calls)/[\w/<>|@.-]+)$")
+    for framework, table in METRIC_TABLES.items():
+        names = [name for row in table for name in row.names]
+        assert len(names) == len(set(names)), f"{framework}: a metric in two rows"
+        for row in table:
+            for ours in row.ours:
+                assert family.match(ours), f"{framework} {row.names[0]}: {ours!r} is no rlplat metric name"

@@ -221,6 +221,7 @@ def test_a_real_run_ends_with_its_report(embedded_cache, small_val, tmp_path, ca
     report = out_dir / "report"
     rows = read_jsonl(out_dir / "metrics.jsonl")
     logged = {k for row in rows for k in row}
+    assert {"critic/grad_norm", "critic/lr", "actor/grad_norm"} <= logged and "grad_norm" not in logged
     panels = {name: keys for name, _, keys in group_panels(metric_series(rows))}
     # every val/* metric is shown; equal curves (accuracy, score mean, pass@1 of one source) share a panel; no
     # reward errors is said in the title, not drawn as a flat zero
@@ -239,9 +240,9 @@ def test_a_real_run_ends_with_its_report(embedded_cache, small_val, tmp_path, ca
     index = html.unescape((report / "index.html").read_text())
     assert '"steps": 2' in index and "No summary.json yet" not in index  # written before the report
     # trainer.log_completions=3: each step's first three responses with their scores, advantages and terms
-    logged = read_jsonl(out_dir / "completions.jsonl")
-    assert [line["step"] for line in logged] == [1, 2] and all(len(line["samples"]) == 3 for line in logged)
-    for sample in (s for line in logged for s in line["samples"]):
+    completions = read_jsonl(out_dir / "completions.jsonl")
+    assert [line["step"] for line in completions] == [1, 2] and all(len(line["samples"]) == 3 for line in completions)
+    for sample in (s for line in completions for s in line["samples"]):
         assert set(sample) >= {"prompt", "response", "score", "advantage", "reward_terms", "truncated"}
         assert sample["prompt"] and isinstance(sample["advantage"], float)
         assert sum(sample["reward_terms"].values()) == pytest.approx(sample["score"])  # one function, weight 1

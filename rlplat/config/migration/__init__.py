@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from rlplat.config.migration.knob import NO_EQUIVALENT, NOT_NEEDED, Knob
+from rlplat.config.migration.metrics import METRIC_TABLES
 from rlplat.config.migration.open_instruct import OPEN_INSTRUCT
 from rlplat.config.migration.trl import TRL
 from rlplat.config.migration.verl import VERL
@@ -48,10 +49,11 @@ def _hint(knobs: list[Knob]) -> str:
     return "by its value: " + "; ".join(f"{' / '.join(knob.names)}: {knob.hint()}" for knob in knobs)
 
 
-def render(framework: str) -> str:
-    """``framework``'s table as docs/migrating.md shows it."""
-    rows = [f"| {framework} setting | rlplat setting | notes |", "|---|---|---|"]
-    for knob in TABLES[framework]:
+def render(framework: str, metrics: bool = False) -> str:
+    """``framework``'s table of settings (``metrics``: of metric names) as docs/migrating.md shows it."""
+    what = "metric" if metrics else "setting"
+    rows = [f"| {framework} {what} | rlplat {what} | notes |", "|---|---|---|"]
+    for knob in (METRIC_TABLES if metrics else TABLES)[framework]:
         names = ", ".join(f"`{name}`" for name in knob.names)
         if knob.ours:
             rows.append(f"| {names} | {', '.join(f'`{setting}`' for setting in knob.ours)} | {_cell(knob.note)} |")
@@ -65,19 +67,22 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _marks(framework: str) -> tuple[str, str]:
-    start = f"<!-- table: {framework} (python -m rlplat.config.migration --write) -->"
-    return start, f"<!-- end of table: {framework} -->"
+def _marks(framework: str, metrics: bool = False) -> tuple[str, str]:
+    kind = "metrics" if metrics else "table"
+    start = f"<!-- {kind}: {framework} (python -m rlplat.config.migration --write) -->"
+    return start, f"<!-- end of {kind}: {framework} -->"
 
 
 def rendered_doc(text: str) -> str:
-    """docs/migrating.md's ``text`` with each system's table (between its marks) rendered anew."""
+    """docs/migrating.md's ``text`` with each system's tables of settings and of metrics (between their marks)
+    rendered anew."""
     for framework in TABLES:
-        start, end = _marks(framework)
-        if start not in text or end not in text:
-            raise ValueError(f"docs/migrating.md has no table marks for {framework}: {start} ... {end}")
-        before, rest = text.split(start, 1)
-        text = f"{before}{start}\n{render(framework)}\n{end}{rest.split(end, 1)[1]}"
+        for metrics in (False, True):
+            start, end = _marks(framework, metrics)
+            if start not in text or end not in text:
+                raise ValueError(f"docs/migrating.md has no marks for {framework}: {start} ... {end}")
+            before, rest = text.split(start, 1)
+            text = f"{before}{start}\n{render(framework, metrics)}\n{end}{rest.split(end, 1)[1]}"
     return text
 
 
