@@ -105,9 +105,11 @@ def main(argv: list[str] | None = None, trainer_cls: type | None = None) -> int:
         return 0
     from rlplat.planner import planned_device
 
-    dry = "trainer.dry_run=true" in overrides  # plans a GPU run (trainer.device=cuda) on a machine without one,
-    try:  # whose engines' packages may be installed only where it runs
-        cfg, plan = load_run_config(overrides, planned_device(overrides) if dry else None, require_installed=not dry)
+    # a dry run and --cfg job plan a GPU run (trainer.device=cuda) on a machine without one; a dry run's engines'
+    dry = "trainer.dry_run=true" in overrides  # packages may be installed only where it runs
+    try:
+        cfg, plan = load_run_config(overrides, planned_device(overrides) if dry or cfg_mode else None,
+                                    require_installed=not dry)
     except ConfigError as err:
         print(f"rlplat: config error: {err}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlplat.config import ConfigError
+from rlplat.planner import planned_device
 from rlplat.trainer.run import load_run_config, run
 from rlplat.trainer.main import USAGE
 
@@ -56,7 +57,7 @@ ALL += commands(f"```\n{USAGE}\n```", "--help")
 
 # How many trainer commands each document prints. Change it with the docs: a change to how blocks are read
 # that drops (or invents) a command fails here instead of quietly testing fewer commands.
-PRINTED = {"README.md": 4, "agents.md": 1, "async.md": 5, "concepts.md": 2, "long_context.md": 1, "lora.md": 2, "megatron.md": 1, "migrating.md": 5, "moe.md": 2, "options.md": 4,
+PRINTED = {"README.md": 4, "agents.md": 1, "async.md": 5, "concepts.md": 2, "long_context.md": 1, "lora.md": 2, "megatron.md": 1, "migrating.md": 6, "moe.md": 2, "options.md": 4,
            "performance.md": 1, "plan.md": 1, "report.md": 1, "rollout.md": 5, "troubleshooting.md": 7, "vision.md": 1,
            "--help": 3}
 
@@ -71,9 +72,11 @@ MISSING = re.compile(r"needs the package '([\w.]+)', which is not installed")
 
 
 def validates(args: list[str], skip_missing) -> None:
-    """``args`` pass start-up validation, or the test skips (fails where required) for a missing engine."""
+    """``args`` pass start-up validation as ``--cfg job`` validates them (a GPU run's config is planned for
+    ``trainer.device=cuda`` on a machine without one), or the test skips (fails where required) for a missing
+    engine."""
     try:
-        load_run_config(args)
+        load_run_config(args, planned_device(args))
     except ConfigError as err:
         missing = MISSING.search(str(err))
         if missing is None:

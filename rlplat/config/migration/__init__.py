@@ -15,14 +15,16 @@ from pathlib import Path
 
 from rlplat.config.migration.knob import NO_EQUIVALENT, NOT_NEEDED, Knob
 from rlplat.config.migration.metrics import METRIC_TABLES
-from rlplat.config.migration.open_instruct import OPEN_INSTRUCT
-from rlplat.config.migration.trl import TRL
-from rlplat.config.migration.verl import VERL
+from rlplat.config.migration.open_instruct import OPEN_INSTRUCT, OPEN_INSTRUCT_DEFAULTS
+from rlplat.config.migration.trl import TRL, TRL_DEFAULTS
+from rlplat.config.migration.verl import VERL, VERL_DEFAULTS
 
 TABLES: dict[str, list[Knob]] = {"verl": VERL, "TRL": TRL, "open-instruct": OPEN_INSTRUCT}
+# each system's defaults that differ from rlplat's, as rlplat's overrides
+DEFAULTS: dict[str, list[str]] = {"verl": VERL_DEFAULTS, "TRL": TRL_DEFAULTS, "open-instruct": OPEN_INSTRUCT_DEFAULTS}
 DOC = Path(__file__).resolve().parents[3] / "docs" / "migrating.md"
 
-__all__ = ["TABLES", "Knob", "equivalent", "knobs_named", "render", "NO_EQUIVALENT", "NOT_NEEDED"]
+__all__ = ["TABLES", "DEFAULTS", "Knob", "equivalent", "hint", "knobs_named", "render", "NO_EQUIVALENT", "NOT_NEEDED"]
 
 
 def knobs_named(framework: str, key: str) -> list[Knob]:
@@ -38,11 +40,12 @@ def equivalent(key: str) -> tuple[str, str] | None:
     flag = key if key.startswith("--") else f"--{key}"
     for framework, name in (("verl", key), ("TRL", key), ("open-instruct", flag)):
         if knobs := knobs_named(framework, name):
-            return framework, _hint(knobs)
+            return framework, hint(knobs)
     return None
 
 
-def _hint(knobs: list[Knob]) -> str:
+def hint(knobs: list[Knob]) -> str:
+    """What to use instead of the setting these rows spell: the row's hint, or each value's row's in turn."""
     if len(knobs) == 1 and "=" not in knobs[0].names[0]:
         return knobs[0].hint()
     # the value decides: each value's knob in turn

@@ -44,8 +44,8 @@ OPEN_INSTRUCT = [
          convert="memory_budget_to_checkpointing"),
     Knob(("--activation_checkpointing_mode", "--activation_checkpointing_modules"), (),
          "no equivalent: model.gradient_checkpointing recomputes every decoder layer; no budget or module selection"),
-    Knob(("--compile_model",), (),
-         "no equivalent: rlplat does not torch.compile the model (open-instruct's default compiles it)"),
+    Knob(("--compile_model",), ("actor.fsdp.compile",),
+         "on by default in both where it can be (rlplat: on a GPU, for a dense text model without Ulysses)"),
     # lora.rank = lora_r when use_peft is true, else 0 (rlplat's rank 0 = off)
     Knob(("--use_peft", "--lora_r"), ("model.lora.rank",),
          "rank > 0 turns LoRA on (lora_r default 16, rlplat 0 = off); FSDP engine only (docs/lora.md)",
@@ -245,7 +245,7 @@ OPEN_INSTRUCT = [
          "rlplat's default: the engine shares each training worker's device (open-instruct: debugging only)"),
 
     # --- rewards / verifiers ---
-    Knob(("--apply_verifiable_reward",), ("reward.functions",),
+    Knob(("--apply_verifiable_reward",), ("reward.functions=[auto]",),
          "on in both: rlplat's auto picks gsm8k, math or code by data_source; no ifeval/string_f1/max_length "
          "verifiers"),
     Knob(("--verification_reward",), ("reward.weights",),
@@ -266,7 +266,8 @@ OPEN_INSTRUCT = [
     Knob(("--non_stop_penalty_value",), ("algorithm.truncated_penalty",),
          "the score given to a truncated response; 0.0 vs -1.0"),
     Knob(("--llm_judge_model",), ("reward.judge.url", "reward.judge.model"),
-         "litellm name vs an OpenAI-compatible server (or reward.judge.model_path); add judge to reward.functions"),
+         "litellm name vs an OpenAI-compatible server (or reward.judge.model_path); add judge to reward.functions",
+         convert="by_hand"),
     Knob(("--llm_judge_max_tokens",), ("reward.judge.max_new_tokens",), "tokens of a judge answer; 2048 vs 256"),
     Knob(("--llm_judge_max_context_length",), ("reward.judge.max_prompt_length",),
          "8192 vs 4096; rlplat bounds the judge prompt (cut from its start)"),
@@ -298,7 +299,8 @@ OPEN_INSTRUCT = [
     Knob(("--tool_parser_type",), ("rollout.agent.parser",),
          "rlplat: hermes (default) or llama3_json; open-instruct's legacy tag format has no equivalent"),
     Knob(("--max_steps", "--max_tool_calls"), ("rollout.agent.max_tool_calls", "rollout.agent.max_turns"),
-         "5 vs 8 calls per trajectory; rlplat also caps assistant turns (4): set max_turns to max_steps + 1"),
+         "5 vs 8 calls per trajectory; rlplat also caps assistant turns (4): set max_turns to max_steps + 1",
+         convert="tool_call_limits"),
     Knob(("--per_turn_max_tokens",), ("data.max_response_length",),
          "in the tool loop data.max_response_length is one turn's budget; None = response_length in open-instruct"),
     Knob(("--mask_tool_use",), (),
@@ -401,4 +403,12 @@ OPEN_INSTRUCT = [
          "ring attention are not built"),
     Knob(("--enable_queue_dashboard", "--queue_dashboard_port"), (),
          "not needed: monitoring dashboard (rlplat logs timing/* and timeline.jsonl)"),
+]
+
+# grpo_fast's defaults where rlplat's differ and the run's result depends on them (python -m rlplat.tools.migrate
+# adds them unless the command sets the key): --lr_scheduler_type linear (to 0), --warmup_ratio 0.0, --beta 0.05,
+# --clip_higher 0.272, --loss_fn dapo (no dual clip)
+OPEN_INSTRUCT_DEFAULTS = [
+    "actor.optim.lr_schedule=linear", "actor.optim.min_lr_ratio=0.0", "actor.optim.warmup_steps=0",
+    "algorithm.kl_loss_coef=0.05", "algorithm.clip_ratio_high=0.272", "algorithm.clip_ratio_c=1e9",
 ]

@@ -12,7 +12,7 @@ TRL = [
     # --- model ---
     Knob(("model",), ("model.path",), "GRPOTrainer's argument: hub id or local directory"),
     Knob(("model_init_kwargs",), ("model.attn_implementation", "model.trust_remote_code"),
-         "the other from_pretrained arguments (dtype, device_map, ...) have no equivalent"),
+         "the other from_pretrained arguments (dtype, device_map, ...) have no equivalent", convert="init_kwargs"),
     Knob(("trust_remote_code",), ("model.trust_remote_code",), "off in both; also the tokenizer's"),
     Knob(("gradient_checkpointing",), ("model.gradient_checkpointing",), "TRL's default is on, rlplat's off"),
     Knob(("bf16",), ("actor.fsdp.mixed_precision",),
@@ -50,7 +50,7 @@ TRL = [
     Knob(("lr_scheduler_type=cosine",), ("actor.optim.lr_schedule=cosine", "actor.optim.min_lr_ratio=0.0"),
          "cosine decay to 0"),
     Knob(("lr_scheduler_type=cosine_with_min_lr",), ("actor.optim.lr_schedule=cosine", "actor.optim.min_lr_ratio"),
-         "min_lr_ratio = lr_scheduler_kwargs' min_lr_rate"),
+         "min_lr_ratio = lr_scheduler_kwargs' min_lr_rate", convert="by_hand"),
     Knob(("lr_scheduler_type=constant",), ("actor.optim.lr_schedule=constant", "actor.optim.warmup_steps=0"),
          "TRL's constant ignores warmup; rlplat's constant warms up first"),
     Knob(("lr_scheduler_type=constant_with_warmup",), ("actor.optim.lr_schedule=constant",),
@@ -77,7 +77,7 @@ TRL = [
          "no key: accumulation follows from the mini-batch, rollout.n, the workers and the micro-batch",
          convert="accumulation_to_mini_batch_prompts"),
     Knob(("num_processes",), ("trainer.workers_per_node", "trainer.nnodes"),
-         "accelerate's processes = trainer.nnodes x trainer.workers_per_node"),
+         "accelerate's processes = trainer.nnodes x trainer.workers_per_node", convert="processes_to_workers"),
     Knob(("num_generations",), ("rollout.n",), "8 in both"),
     Knob(("num_generations_eval",), ("rollout.val_n",),
          "TRL's None = num_generations, rlplat's 1; > 1 needs rollout.val_temperature > 0"),
@@ -157,7 +157,8 @@ TRL = [
     Knob(("vllm_mode=colocate",), ("rollout.mode=colocated",),
          "TRL's default: vLLM inside the training processes, rlplat's default mode"),
     Knob(("vllm_mode=server",), ("rollout=vllm", "rollout.mode=server", "rollout.server.url"),
-         "start the server with python -m rlplat.rollout.vllm_serve MODEL instead of trl vllm-serve (docs/rollout.md)"),
+         "start the server with python -m rlplat.rollout.vllm_serve MODEL instead of trl vllm-serve (docs/rollout.md)",
+         convert="host_port_to_url"),
     Knob(("vllm_server_base_url",), ("rollout.server.url",), "e.g. http://10.0.0.5:8000"),
     # host_port_to_url: rollout.server.url = http://<vllm_server_host>:<vllm_server_port>
     Knob(("vllm_server_host",), ("rollout.server.url",), "part of the URL", convert="host_port_to_url"),
@@ -319,4 +320,13 @@ TRL = [
     Knob(("seed",), ("trainer.seed",), "42 in both; seeds model init, sampling and mini-batch shuffling"),
     Knob(("torch_empty_cache_steps",), (),
          "no equivalent: no periodic torch.cuda.empty_cache() (an out-of-memory workaround; results unchanged)"),
+]
+
+# TRL's defaults where rlplat's differ and the run's result depends on them (python -m rlplat.tools.migrate adds
+# them unless the command sets the key): linear decay to 0 without warmup or weight decay, loss_type="dapo"'s
+# token-mean, the std epsilon 1e-4, no dual clip, gradient checkpointing on
+TRL_DEFAULTS = [
+    "actor.optim.lr_schedule=linear", "actor.optim.warmup_steps=0", "actor.optim.min_lr_ratio=0.0",
+    "actor.optim.weight_decay=0.0", "algorithm.loss_agg_mode=token-mean", "algorithm.norm_adv_epsilon=1e-4",
+    "algorithm.clip_ratio_c=1e9", "model.gradient_checkpointing=true",
 ]

@@ -642,10 +642,11 @@ VERL = [
          "parallel reward computation; verl's 8 managers, rlplat's worker processes (null = one per core, up to 8)"),
     Knob(("reward.reward_model.enable", "reward_model.enable"), ("reward.model.path", "reward.judge.model_path"),
          "set a path: reward.model.path (a sequence classifier) or reward.judge.model_path (a generative RM); "
-         "docs/rewards.md"),
+         "docs/rewards.md", convert="by_hand"),
     Knob(("reward.reward_model.model_path", "reward_model.model.path"),
          ("reward.model.path", "reward.judge.model_path"),
-         "a classifier (num_labels=1): reward.model.path; a generative RM / judge: reward.judge.model_path"),
+         "a classifier (num_labels=1): reward.model.path; a generative RM / judge: reward.judge.model_path",
+         convert="by_hand"),
     Knob(("reward.reward_model.enable_resource_pool",), ("reward.model.placement=separate",),
          "a pool of its own (reward.judge.placement=separate for a judge, its default)"),
     Knob(("reward.reward_model.n_gpus_per_node",), ("reward.model.workers_per_node",),
@@ -657,7 +658,8 @@ VERL = [
     Knob(("reward.reward_model.rollout.tensor_model_parallel_size",), (),
          "no equivalent: a vllm judge reads rollout.vllm.tensor_parallel_size, the actor engine's"),
     Knob(("reward.reward_model.rollout.prompt_length",), ("reward.model.max_length", "reward.judge.max_prompt_length"),
-         "tokens the reward model reads (2048 in both) / of a judge prompt (4096); longer: the start is cut"),
+         "tokens the reward model reads (2048 in both) / of a judge prompt (4096); longer: the start is cut",
+         convert="by_hand"),
     Knob(("reward.reward_model.rollout.response_length",), ("reward.judge.max_new_tokens",),
          "tokens of a judge's answer; verl's 2048, rlplat's 256"),
     Knob(("reward.reward_kwargs.overlong_buffer_cfg.enable", "reward_model.reward_kwargs.overlong_buffer_cfg.enable",
@@ -790,4 +792,11 @@ VERL = [
          "not needed: workers are placed by trainer.nnodes x trainer.workers_per_node"),
     Knob(("ray_kwargs.ray_init.runtime_env.py_executable",), (),
          "not needed: the interpreter Ray starts verl's workers with"),
+]
+
+# verl's defaults where rlplat's differ and the run's result depends on them: what a command that leaves them out
+# means in verl (python -m rlplat.tools.migrate adds them unless the command sets the key)
+VERL_DEFAULTS = [
+    "actor.optim.lr_schedule=constant", "actor.optim.warmup_steps=0", "actor.shuffle=false",
+    "algorithm.loss_agg_mode=token-mean", "rollout.val_n=1", "rollout.val_temperature=0",
 ]
