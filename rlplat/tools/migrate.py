@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-defaults", action="store_true",
                         help="leave out their defaults where rlplat's differ (rlplat's own apply then)")
     parser.add_argument("source", nargs=argparse.REMAINDER,
-                        help="a script, YAML or Python file (.sh, .yaml, .py), then (or only) their command line's settings")
+                        help="a script, YAML or Python file (.sh, .yaml, .py), then (or only) their command line")
     args = parser.parse_args(argv)
     framework = FRAMEWORKS[args.framework]
     source = args.source[1:] if args.source[:1] == ["--"] else args.source
