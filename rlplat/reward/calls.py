@@ -109,10 +109,12 @@ def needs_ground_truth(fn: Callable) -> bool:
     """Whether ``fn`` needs each sample's ground truth (a prompt-only row has none): its ``needs_ground_truth``
     attribute where it declares one, else whether its ``ground_truth`` parameter (the third) has no default
     value; a function written ``fn(data_source, solution_str, ground_truth=None, extra_info=None)`` scores
-    prompt-only rows (given None)."""
+    prompt-only rows (given None). A batched function (:func:`is_batched`) needs none unless it declares so."""
     declared = getattr(fn, "needs_ground_truth", None)
     if declared is not None:
         return bool(declared)
+    if is_batched(fn):  # reads the columns it names; a missing ground truth is a None in its list
+        return False
     try:
         parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -145,3 +147,61 @@ def call_one(fn: Callable, name: str, index: int, row: Row) -> CallOutcome:
     except Exception as err:  # user code: any exception costs this sample only
         return RewardFailure("exception", f"{where(name, index, row)} raised {type(err).__name__}: {err}\n"
                                           f"{traceback.format_exc()}")
+
+
+def is_batched(fn: Callable) -> bool:
+    """Whether ``fn`` scores a whole batch in one call, as TRL's reward functions do
+    (``fn(prompts=[...], completions=[...], **columns) -> list``): its ``batched`` attribute where it declares one,
+    else whether it has a ``completions`` parameter."""
+    declared = getattr(fn, "batched", None)
+    if declared is not None:
+        return bool(declared)
+    try:
+        return "completions" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def batch_arguments(rows: Sequence[Row], messages: bool = True) -> dict[str, list]:
+    """TRL's reward-function arguments for ``rows``: ``prompts`` and ``completions`` (chat messages when
+    ``messages``, TRL's conversational form: each completion ``[{"role": "assistant", "content": text}]``; else
+    text), then one list per column: ``ground_truth``, ``data_source`` and each ``extra_info`` field (a row
+    without it gives None)."""
+    def prompt_text(prompt: Any) -> Any:
+        if messages or not isinstance(prompt, (list, tuple)):
+            return prompt
+        return "".join(str(turn.get("content", "")) for turn in prompt)
+
+    extras = [row[3] if isinstance(row[3], dict) else {} for row in rows]
+    fields = [name for name in dict.fromkeys(key for extra in extras for key in extra)
+              if name not in ("prompts", "completions", "ground_truth", "data_source")]
+    arguments = {
+        "prompts": [prompt_text(row[4]) for row in rows],
+        "completions": [[{"role": "assistant", "content": row[1]}] if messages else row[1] for row in rows],
+        "ground_truth": [row[2] for row in rows], "data_source": [row[0] for row in rows],
+    }
+    arguments.update({name: [extra.get(name) for extra in extras] for name in fields})
+    return arguments
+
+
+def call_batch(fn: Callable, name: str, rows: Sequence[Row]) -> list[CallOutcome]:
+    """One call of a batched reward function (:func:`is_batched`) on ``rows``: one outcome per row. A returned
+    None (TRL: the function does not apply to that sample) scores 0; an exception, a list of the wrong length or
+    a bad value fails the rows it concerns."""
+    try:
+        values = fn(**batch_arguments(rows, getattr(fn, "completions_as_messages", True)))
+        values = list(values)
+    except Exception as err:  # user code: the batch's samples each get the failure
+        message = (f"reward function {name!r} on a batch of {len(rows)} samples raised {type(err).__name__}: {err}\n"
+                   f"{traceback.format_exc()}")
+        return [RewardFailure("exception", message)] * len(rows)
+    if len(values) != len(rows):
+        return [RewardFailure("bad_value", f"reward function {name!r} returned {len(values)} values for a batch of "
+                                           f"{len(rows)} samples; expected one per sample")] * len(rows)
+    outcomes: list[CallOutcome] = []
+    for index, (value, row) in enumerate(zip(values, rows)):
+        try:
+            outcomes.append(RewardValue(0.0) if value is None else check_result(value, name, index, row))
+        except BadRewardValue as err:
+            outcomes.append(RewardFailure("bad_value", str(err)))
+    return outcomes

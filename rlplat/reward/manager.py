@@ -21,6 +21,7 @@ import copy
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,8 @@ import torch
 from rlplat.algorithms.reward_shaping import OverlongShaping
 from rlplat.config.validate import reward_weights_problem
 from rlplat.registry import UnknownNameError
-from rlplat.reward.calls import ModelOutcomes, RewardFailure, RewardValue, function_name, needs_ground_truth
+from rlplat.reward.calls import (ModelOutcomes, RewardFailure, RewardValue, call_batch, function_name, is_batched,
+                                 needs_ground_truth)
 from rlplat.reward.errors import RewardConfigError
 from rlplat.reward.isolation import InProcessExecutor, ProcessPool, RewardExecutor, StopRule
 from rlplat.reward.scorers import REWARD_FUNCTIONS, ModelRewardFunction, load_custom_function
@@ -75,7 +77,8 @@ class RewardManager:
     value, times out or crashes the worker process contributes 0 to that sample and is counted in
     ``num_errors``; the first such message of this manager is printed to stderr, later ones are only
     counted. ``UnknownDataSourceError`` propagates. ``isolation="process"`` runs the functions in a worker
-    process with ``timeout_s`` per call; ``"inprocess"`` calls them directly (no timeout).
+    process with ``timeout_s`` per call; ``"inprocess"`` calls them directly (no timeout). A batched function
+    (TRL's signature, :func:`~rlplat.reward.calls.is_batched`) is called once per batch, in this process.
 
     ``only_when_correct`` holds indices into ``functions`` whose value counts only on samples that the
     other functions judge correct (:meth:`ScoreReport.correct` over them: their ``acc``, else their
@@ -101,13 +104,17 @@ class RewardManager:
                 k += 1
                 name = f"{_name(fn)}_{k}"
             self.names.append(name)
-        fns = [fn for fn, _ in self.functions]
+        # the per-sample functions' index in the executor; a batched one is called here, once per batch
+        per_sample = [k for k, (fn, _) in enumerate(self.functions) if not is_batched(fn)]
+        self.pooled = {k: j for j, k in enumerate(per_sample)}
+        fns = [self.functions[k][0] for k in self.pooled]
+        names = [self.names[k] for k in self.pooled]
         self.fail_fraction_to_stop = float(fail_fraction_to_stop)
         self.executor: RewardExecutor
-        if isolation == "process":
-            self.executor = ProcessPool(fns, self.names, timeout_s, max(1, int(num_workers)))
-        elif isolation == "inprocess":
-            self.executor = InProcessExecutor(fns, self.names)
+        if isolation == "process" and fns:
+            self.executor = ProcessPool(fns, names, timeout_s, max(1, int(num_workers)))
+        elif isolation in ("process", "inprocess"):
+            self.executor = InProcessExecutor(fns, names)
         else:
             raise RewardConfigError(f"reward.isolation={isolation!r}: expected process or inprocess")
         self._reported = False
@@ -166,6 +173,10 @@ class RewardManager:
                 given = self._model_outcomes(k, model_outcomes, len(rows))
                 outcomes = given.outcomes
                 timings = [(given.seconds / max(len(rows), 1), False)] * len(rows)  # the batch's time, per sample
+            elif k not in self.pooled:
+                start = time.perf_counter()
+                outcomes = call_batch(self.functions[k][0], name, rows)
+                timings = [((time.perf_counter() - start) / max(len(rows), 1), False)] * len(rows)
             else:
                 outcomes = self._run(k, rows, result.num_errors, timings)
             for i, outcome in enumerate(outcomes):
@@ -205,9 +216,10 @@ class RewardManager:
         (a process pool) gives up early (:class:`RewardsFailing`) once the batch has as many failed calls as
         ``fail_fraction_to_stop`` allows (1 = all calls, > 1 = never), or when a reward hangs on everything."""
         if self.fail_fraction_to_stop > 1:
-            return self.executor.run(k, rows, timings=timings)
+            return self.executor.run(self.pooled[k], rows, timings=timings)
         allowed = math.ceil(self.fail_fraction_to_stop * len(rows) * len(self.functions)) - errors_so_far
-        return self.executor.run(k, rows, stop=StopRule(errors=max(1, allowed), hung=True), timings=timings)
+        return self.executor.run(self.pooled[k], rows, stop=StopRule(errors=max(1, allowed), hung=True),
+                                 timings=timings)
 
     def close(self) -> None:
         """Stop the reward worker processes (if any)."""
