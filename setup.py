@@ -42,5 +42,7 @@ setup(
         "vllm": ["vllm>=0.11"],
         "sglang": ["sglang>=0.5"],
         "megatron": ["megatron-core>=0.16,<0.17"],  # the layout rlplat.engines.megatron.convert is tested against
+        # reward.functions=[ifeval]: IFEval's instruction checks as lm-evaluation-harness implements them
+        "ifeval": ["lm-eval>=0.4.9", "nltk>=3.9.1", "langdetect>=1.0.9", "immutabledict>=4.0"],
     },
 )

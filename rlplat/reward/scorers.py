@@ -33,6 +33,7 @@ from rlplat.registry import Registry
 from rlplat.utils.files import import_file
 from rlplat.reward.code import CodeScorer
 from rlplat.reward.errors import UnknownDataSourceError
+from rlplat.reward.ifeval import ifeval
 from rlplat.reward.equivalence import braced, exact_number, math_equal
 
 RewardFn = Callable[[str, str, str, "dict | None"], float]
@@ -260,6 +261,13 @@ CODE = CodeScorer()  # reward.code's defaults; build_reward_manager configures i
 REWARD_FUNCTIONS.add("code", CODE)
 
 
+# ------------------------------------------------------------------------------------------------- ifeval
+# IFEval's instruction checks from lm-evaluation-harness (rlplat.reward.ifeval); its packages are an extra
+REWARD_FUNCTIONS.add_lazy("ifeval", "rlplat.reward.ifeval:ifeval", requires=("lm_eval", "nltk", "langdetect",
+                                                                           "immutabledict"),
+                          install="pip install -e '.[ifeval]'")
+
+
 # ---------------------------------------------------------------------------------------------------- auto
 AUTO_SOURCES: dict[str, RewardFn] = {  # exact data_source names
     "rlplat/arithmetic": arithmetic,
@@ -272,6 +280,7 @@ AUTO_SOURCES: dict[str, RewardFn] = {  # exact data_source names
                      "math_dapo", "BytedTsinghua-SIA/DAPO-Math-17k", "AI-MO/NuminaMath-CoT", "hiyouga/geometry3k",
                      "AI-MO/aimo-validation-aime", "AI-MO/aimo-validation-amc"), math_boxed),
     **dict.fromkeys(("code", "rlplat/code", "codecontests", "apps", "taco", "codeforces"), CODE),
+    **dict.fromkeys(("ifeval", "google/IFEval", "allenai/RLVR-IFeval"), ifeval),  # open-instruct's RLVR-IF rows
 }
 #: documented name patterns (:mod:`fnmatch`, case-sensitive), tried in order after the exact names
 AUTO_PATTERNS: tuple[tuple[str, RewardFn], ...] = (

@@ -38,8 +38,9 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def score_all(rows: list[dict], references: list[str]) -> list[float]:
-    return [scorer_for(r["data_source"])(r["data_source"], ref, r["ground_truth"], r["extra_info"])
-            for r, ref in zip(rows, references)]
+    scores = [scorer_for(r["data_source"])(r["data_source"], ref, r["ground_truth"], r["extra_info"])
+              for r, ref in zip(rows, references)]
+    return [score["score"] if isinstance(score, dict) else score for score in scores]
 
 
 def jsonl(name: str) -> list[dict]:
@@ -57,6 +58,11 @@ CASES = {
     "countdown": ("countdown.py", "countdown_train.jsonl", "countdown_test.json", (),
                   ["<answer>4 * 6 * 1</answer>", "<think>2*5=10</think> <answer>2 * 5 + 3</answer>",
                    "<answer>9 - 2</answer>"], ["<answer>(3 * 6) * 2 * 1</answer>"]),
+    # open-instruct's RLVR-IF rows: responses that follow every instruction of their row
+    "rlvr_if": ("rlvr_if.py", "rlvr_if_train.jsonl", "rlvr_if_test.jsonl", (),
+                ["<think>Rain, RAIN.</think>soft rain falls on the quiet town and the streets shine",
+                 "<<Rain>>\nIt falls.", "An apple and another apple."],
+                ['"It rains."', "It rains today. Any other questions?"]),
     "generic": ("generic.py", "qa.jsonl", "qa.jsonl",
                 ("--question-key", "input", "--answer-key", "target", "--data-source", "gsm8k"),
                 ["3 + 4 = 7\n#### 7", "#### 4"], ["#### 7", "#### 4"]),

@@ -246,8 +246,8 @@ OPEN_INSTRUCT = [
 
     # --- rewards / verifiers ---
     Knob(("--apply_verifiable_reward",), ("reward.functions=[auto]",),
-         "on in both: rlplat's auto picks gsm8k, math or code by data_source; no ifeval/string_f1/max_length "
-         "verifiers"),
+         "on in both: rlplat's auto picks gsm8k, math, code or ifeval (IFEval's checks) by data_source; no "
+         "string_f1/max_length verifiers"),
     Knob(("--verification_reward",), ("reward.weights",),
          "a correct answer scores 10 in open-instruct, 1 x weight in rlplat: reward.weights=[10.0] reproduces the "
          "scale"),
