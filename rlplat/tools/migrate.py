@@ -238,10 +238,12 @@ def migrate(settings: dict[str, object], framework: str) -> Migration:
             converted.append((knob, value, shown))
         elif literal(value) is False and all("=" in entry for entry in knob.ours) and name in knob.names:
             continue  # a switch that is off: its rlplat settings are for when it is on
-        else:
-            entries = [entry if "=" in entry else f"{entry}={hydra_value(value)}" for entry in knob.ours]
-            # a row for this value (filter_overlong_prompts=True) is more specific than a plain row
-            (result.set(entries) if name in knob.names else by_value.append(entries))
+        elif name in knob.names:
+            result.set([entry if "=" in entry else f"{entry}={_value_for(entry, value)}" for entry in knob.ours])
+        else:  # the row of this value (filter_overlong_prompts=True): more specific than a plain row
+            by_value.append([entry for entry in knob.ours if "=" in entry])
+            if given := [entry for entry in knob.ours if "=" not in entry]:  # their value named the mode only
+                result.by_hand.append(f"{shown}: give {', '.join(given)} ({knob.note})")
     for entries in by_value:
         result.set(entries)
     for knob, value, shown in converted:
@@ -253,6 +255,30 @@ def migrate(settings: dict[str, object], framework: str) -> Migration:
         except (TypeError, ValueError, ZeroDivisionError):
             result.by_hand.append(f"{shown}: the value does not convert; {knob.hint()}")
     return result
+
+
+def _is_list(key: str) -> bool:
+    """Whether rlplat's ``key`` is declared a list in the schema (not an ``Any`` that takes one or several)."""
+    import dataclasses
+    import typing
+
+    from rlplat.config import RLPlatConfig
+
+    cls: object = RLPlatConfig
+    for part in key.split("."):
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if part not in fields:
+            return False
+        cls = typing.get_type_hints(cls)[part]
+    return typing.get_origin(cls) is list or cls is list
+
+
+def _value_for(key: str, value: object) -> str:
+    """``value`` as rlplat's ``key`` takes it: a single value given to a list setting becomes a one-item list
+    (verl's ``external_lib=pkg`` is ``trainer.imports=[pkg]``)."""
+    if _is_list(key) and not isinstance(literal(value), (list, tuple)):
+        return hydra_value([value])
+    return hydra_value(value)
 
 
 def report(result: Migration, framework: str, total: int) -> str:

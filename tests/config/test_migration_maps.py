@@ -197,3 +197,27 @@ def test_the_metric_tables_name_rlplats_metric_families():
         for row in table:
             for ours in row.ours:
                 assert family.match(ours), f"{framework} {row.names[0]}: {ours!r} is no rlplat metric name"
+
+
+@pytest.mark.parametrize("framework", list(TABLES))
+def test_the_converter_carries_each_rows_value_to_rlplats_keys(framework):
+    """``python -m rlplat.tools.migrate`` on each row that carries their value over (no conversion): given the
+    value of rlplat's key in rlplat's type (its default), every key of the row gets that value, as Hydra reads the
+    override back (the entries' keys and fixed values load: the tests above)."""
+    from rlplat.tools.migrate import migrate
+
+    parser, schema, checked = OverridesParser.create(), OmegaConf.structured(RLPlatConfig), 0
+    for knob in TABLES[framework]:
+        plain = [entry for entry in knob.ours if "=" not in entry and entry.split("=")[0] not in GROUPS]
+        if knob.convert or not plain:
+            continue
+        value = OmegaConf.select(schema, plain[0])
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        for name in (name for name in knob.names if "=" not in name):
+            result = migrate({name: value}, framework)
+            assert not result.by_hand and not result.unknown, (name, result)
+            assert set(plain) <= set(result.overrides), (name, plain, result.overrides)
+            for key in plain:
+                assert parser.parse_override(f"{key}={result.overrides[key]}").value() == value, (name, key)
+            checked += 1
+    assert checked >= 40

@@ -159,3 +159,13 @@ def test_every_conversion_the_tables_name_exists_and_every_default_loads():
     assert named <= set(CONVERSIONS), sorted(named - set(CONVERSIONS))
     for framework, defaults in DEFAULTS.items():
         load_run_config(["algorithm=grpo", *defaults], require_installed=False)
+
+
+def test_a_mode_named_by_its_value_and_a_single_value_for_a_list(capsys):
+    got, out = _migrated(["--from", "verl", "--no-defaults", "--", "trainer.v1.trainer_mode=separate_async",
+                          "actor_rollout_ref.model.external_lib=json", "trainer.logger=console",
+                          "actor_rollout_ref.actor.veomni.router_replay.mode=none"], capsys)
+    assert got["rollout.mode"] == "separate" and "trainer.async_steps" not in got  # the mode names no step count
+    assert "trainer.v1.trainer_mode=separate_async: give trainer.async_steps" in out
+    assert got["trainer.imports"] == "[json]" and got["trainer.logger"] == "[console]"
+    assert got["actor.moe.router_replay"] == "none"  # a word, not Hydra's null

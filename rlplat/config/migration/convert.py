@@ -52,13 +52,13 @@ class Theirs:
 
 def literal(value: object) -> object:
     """A command-line string as the Python value it spells (``'True'`` -> True, ``'1e-6'`` -> 1e-06, ``'null'``
-    -> None); other strings stay strings."""
+    and ``'None'`` -> None); other strings, ``'none'`` among them, stay strings."""
     if not isinstance(value, str):
         return value
     lowered = value.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
-    if lowered in ("none", "null", "~"):
+    if lowered in ("null", "~") or value == "None":  # Hydra's null, Python's None; "none" is a word (a mode)
         return None
     try:
         return ast.literal_eval(value)
