@@ -87,7 +87,8 @@ TRL_METRICS = [
     Knob(("clip_ratio/high_mean",), ("actor/clip_frac_upper",), ""),
     Knob(("clip_ratio/region_mean",), ("actor/clip_frac_upper", "actor/clip_frac_lower"), "their sum"),
     Knob(("clip_ratio/low_min", "clip_ratio/high_max"), (),
-         "no equivalent: no per-completion clip fractions, only the tokens' (actor/clip_frac_lower, _upper)"),
+         "no equivalent: TRL's are the lowest / highest of its processes' clip fractions; rlplat logs the "
+         "fraction over all workers' tokens only (actor/clip_frac_lower, _upper)"),
     Knob(("aux_loss",), ("moe/aux_loss",), "a mixture of experts' load-balancing loss"),
     Knob(("cispo_clip_ratio", "clip_ratio"), ("actor/clip_frac_upper", "actor/clip_frac_lower"),
          "the loss's clipped shares, per bound"),
