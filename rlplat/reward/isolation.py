@@ -254,8 +254,11 @@ class ProcessExecutor(RewardExecutor):
     def run(self, fn_index: int, rows: Sequence[Row], first_index: int = 0, stop: StopRule | None = None,
             timings: list[Timing | None] | None = None) -> list[CallOutcome]:
         """A call's seconds in ``timings`` run from the request (or the previous answer) to its answer, from a
-        running worker process: starting or restarting one, ~2 s, is not the function's time."""
+        running worker process: starting or restarting one, ~2 s, is not the function's time. A call whose
+        process died (killed from outside, say) is made once more in a fresh process; dying again, it is a
+        failed call."""
         out: list[CallOutcome] = []
+        retried = -1  # the row whose call is being made again
         while len(out) < len(rows):
             self.ensure_started()
             start = len(out)
@@ -267,9 +270,12 @@ class ProcessExecutor(RewardExecutor):
                 if timings is not None:
                     timings[i] = (now - clock, failure is not None and failure.kind == "timeout")
                 clock = now
-                if failure is not None:  # the process is gone: count this sample, restart for the rest
-                    out.append(failure)
+                if failure is not None:  # the process is gone: restart it for the rest
                     self._stop()
+                    if failure.kind == "crash" and retried != i:
+                        retried = i  # once more, in the fresh process
+                    else:
+                        out.append(failure)
                     break
         for outcome in out:
             if isinstance(outcome, RewardFailure) and outcome.kind == "config_error":
@@ -288,7 +294,7 @@ class ProcessExecutor(RewardExecutor):
             out.append(self._conn.recv())
         except (EOFError, ConnectionError):
             return RewardFailure("crash", f"{where(name, index, row)} killed the reward worker process (exit code "
-                                          f"{self._exit_code()}); it was restarted")
+                                          f"{self._exit_code()}), and again when made once more in a fresh one")
         return None
 
     def close(self) -> None:

@@ -92,7 +92,35 @@ def test_worker_process_survives_hangs_crashes_and_bad_values(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "reward.timeout_s" in err and err.count("[rlplat.reward]") == 2  # the first error only
         again = manager.score(["crash"], ["s"], ["7"], [{}], [1])  # a crash is counted, never fatal
-        assert again.num_errors == 1 and "killed the reward worker process (exit code 3)" in again.first_error
+        assert again.num_errors == 1 and "killed the reward worker process (exit code 3), and again when made " \
+            "once more in a fresh one" in again.first_error
+    finally:
+        manager.close()
+
+
+DIES_ONCE = '''
+import os
+from pathlib import Path
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    marker = Path(MARKERS) / solution_str
+    if not marker.exists():  # the first call of each sample: its process is killed, as the OOM killer would
+        marker.touch()
+        os.kill(os.getpid(), 9)
+    return float(solution_str == ground_truth)
+'''
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_call_whose_process_is_killed_is_made_again_in_a_fresh_one(tmp_path, workers):
+    path = tmp_path / "reward.py"
+    (tmp_path / "markers").mkdir()
+    path.write_text(f"MARKERS = {str(tmp_path / 'markers')!r}\n" + DIES_ONCE)
+    manager = build_reward_manager({"custom_fn": {"path": str(path)}, "num_workers": workers})
+    try:
+        result = manager.score(["7", "8", "7x"], ["s"] * 3, ["7", "8", "9"], [{}] * 3, [1] * 3)
+        assert result.scores == [1.0, 1.0, 0.0] and result.num_errors == 0  # each killed once, then scored
+        assert sorted(p.name for p in (tmp_path / "markers").iterdir()) == ["7", "7x", "8"]
     finally:
         manager.close()
 
