@@ -499,6 +499,7 @@ class TrainerConfig:
     resume_allow_config_change: bool = False  # resume although algorithm/model/data/batch/schedule keys changed
     max_checkpoints: int = 3  # keep the newest N checkpoints; <= 0 = keep all
     nonfinite: str = "stop"  # a NaN/inf loss or grad norm: stop (one line, last checkpoint kept) | skip (warn, go on)
+    max_skipped_steps: int = 3  # nonfinite=skip stops after this many skipped steps in a row; <= 0 = never
     save_on_signal: bool = True  # on SIGINT/SIGTERM, save a checkpoint after the current step before exiting
     # also write hf_export/ at every checkpoint; by default it is written once, at the end of the run (any
     # checkpoint becomes a model with python -m rlplat.tools.export)

@@ -165,17 +165,33 @@ def validation_metrics(
     return out
 
 
-def check_finite(metrics: dict[str, float], step: int, nonfinite: str, newest: Path | None) -> None:
-    """A NaN/inf loss or gradient norm: stop (``trainer.nonfinite=stop``, before this step is saved; ``newest``:
-    the last checkpoint) or warn and go on (``skip``: the engine does not apply an update whose gradient norm
-    is not finite)."""
-    bad = {k: v for k, v in metrics.items() if ("loss" in k or "grad_norm" in k) and not math.isfinite(v)}
-    if not bad:
-        return
-    shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
-    if nonfinite == "skip":
-        print(f"[step {step}] warning: {shown}; the update was skipped (trainer.nonfinite=skip)", flush=True)
-        return
-    kept = f"the last checkpoint {newest.name} is intact" if newest else "nothing was saved"
-    raise RunError(f"step {step}: {shown}; stopping (trainer.nonfinite=stop; {kept}). Lower the learning "
-                   f"rate or check the rewards, or set trainer.nonfinite=skip to skip such steps")
+class NonFiniteGuard:
+    """A NaN/inf loss or gradient norm (``trainer.nonfinite``): ``stop`` the run before the step is saved (the last
+    checkpoint is intact), or ``skip`` it — the engines apply no update whose gradient norm is not finite — and
+    count it (``actor/skipped_steps``: the steps skipped since the run started), stopping once
+    ``trainer.max_skipped_steps`` steps in a row were skipped (<= 0: never)."""
+
+    def __init__(self, mode: str, max_in_a_row: int):
+        self.mode, self.max_in_a_row = mode, int(max_in_a_row)
+        self.skipped, self.in_a_row, self.last = 0, 0, None  # steps skipped, the latest run of them, its last
+
+    def __call__(self, metrics: dict[str, float], step: int, newest: Path | None, logged: dict[str, float]) -> None:
+        """Check one update's ``metrics`` (the critic's, the actor's) of ``step``; the count goes into ``logged``."""
+        bad = {k: v for k, v in metrics.items() if ("loss" in k or "grad_norm" in k) and not math.isfinite(v)}
+        if bad and step != self.last:
+            self.skipped += 1
+            self.in_a_row = self.in_a_row + 1 if self.last == step - 1 else 1
+            self.last = step
+        logged["actor/skipped_steps"] = float(self.skipped)
+        if not bad:
+            return
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+        kept = f"the last checkpoint {newest.name} is intact" if newest else "nothing was saved"
+        if self.mode != "skip":
+            raise RunError(f"step {step}: {shown}; stopping (trainer.nonfinite=stop; {kept}). Lower the learning "
+                           f"rate or check the rewards, or set trainer.nonfinite=skip to skip such steps")
+        if 0 < self.max_in_a_row <= self.in_a_row:
+            raise RunError(f"step {step}: {shown}; {self.in_a_row} steps in a row skipped (trainer.max_skipped_steps="
+                           f"{self.max_in_a_row}), stopping ({kept}). Lower the learning rate or check the rewards")
+        print(f"[step {step}] warning: {shown}; the update was skipped (trainer.nonfinite=skip; {self.in_a_row} in "
+              "a row)", flush=True)

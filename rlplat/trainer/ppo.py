@@ -59,7 +59,7 @@ from rlplat.trainer.checkpoint import Checkpointer
 from rlplat.trainer.components import Components
 from rlplat.trainer.group_stages import GroupStages
 from rlplat.trainer.metrics import (
-    agent_metrics, check_finite, data_metrics, explained_variance, throughput_metrics, timed,
+    NonFiniteGuard, agent_metrics, data_metrics, explained_variance, throughput_metrics, timed,
 )
 from rlplat.trainer.prompt_hook import PromptHook
 from rlplat.trainer.prompt_source import PromptSource
@@ -123,6 +123,7 @@ class PPOTrainer(GroupStages):
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kl.type, kl.coef, kl.target, kl.horizon)
         self.checkpoints = Checkpointer(cfg, plan)
+        self.check_finite = NonFiniteGuard(cfg.trainer.nonfinite, cfg.trainer.max_skipped_steps)
         self.validator = Validator(cfg, components)
         self.completions = CompletionLog(cfg.trainer.output_dir)  # trainer.log_completions
         self.step = 0
@@ -402,14 +403,14 @@ class PPOTrainer(GroupStages):
         # the optimizer's grad_norm and lr come unprefixed, as the actor's do
         critic_metrics = {k if "/" in k else f"critic/{k}": v for k, v in critic_metrics.items()}
         metrics.update(critic_metrics)
-        check_finite(critic_metrics, self.step, self.cfg.trainer.nonfinite, self.checkpoints.newest())
+        self.check_finite(critic_metrics, self.step, self.checkpoints.newest(), metrics)
         return batch
 
     def update_actor(self, batch: Batch, metrics: dict) -> Batch:
         actor_metrics = self.components.actor.update_actor(model_inputs(batch))[0]
         actor_metrics = {k if "/" in k else f"actor/{k}": v for k, v in actor_metrics.items()}
         metrics.update(actor_metrics)
-        check_finite(actor_metrics, self.step, self.cfg.trainer.nonfinite, self.checkpoints.newest())
+        self.check_finite(actor_metrics, self.step, self.checkpoints.newest(), metrics)
         return batch
 
     def sync_rollout(self, batch: Batch, metrics: dict) -> Batch:

@@ -329,7 +329,20 @@ def test_a_nan_loss_stops_or_skips_naming_step_and_quantity(embedded_cache, smal
         assert (out / "checkpoints" / "latest").read_text() == "step_000001"
         assert verify(out / "checkpoints" / "step_000001") is None
     else:
-        assert code == 0 and "[step 2] warning: actor/" in captured.out and "(trainer.nonfinite=skip)" in captured.out
+        assert code == 0 and "[step 2] warning: actor/" in captured.out
+        assert "(trainer.nonfinite=skip; 1 in a row)" in captured.out
+        assert "(trainer.nonfinite=skip; 2 in a row)" in captured.out
+        logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [m["actor/skipped_steps"] for m in logged if "actor/skipped_steps" in m] == [0.0, 1.0, 2.0]
+
+
+def test_skipped_steps_in_a_row_stop_the_run(embedded_cache, small_val, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main([*SMALL, f"data.val_files={small_val}", "trainer.total_steps=4", "trainer.nonfinite=skip",
+                 "trainer.max_skipped_steps=2", f"trainer.output_dir={out}"], trainer_cls=PoisonedAdvantages)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1 and re.match(r"rlplat: step 3: actor/\w*(grad_norm|loss)=nan", err), err
+    assert "2 steps in a row skipped (trainer.max_skipped_steps=2), stopping" in err
 
 
 def _last_per_step(out):
