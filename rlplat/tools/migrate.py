@@ -60,7 +60,9 @@ class Migration:
         self.defaults = [entry for entry in defaults if entry.split("=", 1)[0] not in self.overrides]
 
     def command(self) -> str:
-        head = [] if "algorithm" in self.overrides else ["algorithm=grpo"]
+        # GRPO, their documentation's subject, unless the command estimates advantages with a critic (PPO's GAE)
+        preset = "ppo" if self.overrides.get("algorithm.adv_estimator") == "gae" else "grpo"
+        head = [] if "algorithm" in self.overrides else [f"algorithm={preset}"]
         if "trainer.device" not in self.overrides:
             head.append("trainer.device=cuda")  # their runs are GPU runs (verl's default device is cuda)
         entries = head + self.defaults + [f"{key}={value}" for key, value in self.overrides.items()]

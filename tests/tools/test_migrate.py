@@ -169,3 +169,6 @@ def test_a_mode_named_by_its_value_and_a_single_value_for_a_list(capsys):
     assert "trainer.v1.trainer_mode=separate_async: give trainer.async_steps" in out
     assert got["trainer.imports"] == "[json]" and got["trainer.logger"] == "[console]"
     assert got["actor.moe.router_replay"] == "none"  # a word, not Hydra's null
+    assert got["algorithm"] == "grpo"
+    ppo, _ = _migrated(["--from", "verl", "--", "algorithm.adv_estimator=gae"], capsys)
+    assert ppo["algorithm"] == "ppo"  # a critic's GAE: the ppo preset
