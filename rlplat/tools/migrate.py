@@ -84,6 +84,13 @@ def shell_command(text: str, framework: str) -> list[str]:
     """The launch line of a shell script, its continuation lines joined and the script's own variables (and the
     environment's) expanded; ``$@`` and unknown variables are left out."""
     text = text.replace("\\\n", " ")
+    try:
+        return _launch_words(text, framework)
+    except ValueError as err:  # shlex: an unclosed quote
+        raise SystemExit(f"rlplat migrate: the script's launch line does not parse as shell words: {err}") from None
+
+
+def _launch_words(text: str, framework: str) -> list[str]:
     variables: dict[str, str] = {}
     launch = None
     for line in text.splitlines():
@@ -148,21 +155,21 @@ def python_settings(source: str, path: str) -> dict[str, object]:
     except SyntaxError as err:
         raise SystemExit(f"rlplat migrate: {path}: line {err.lineno}: {err.msg}") from None
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
-                "GRPOConfig", "GRPOTrainer", "LoraConfig"):
-            for keyword in node.keywords:
-                if keyword.arg in (None, "args"):
-                    continue
-                if isinstance(keyword.value, ast.Call) and getattr(keyword.value.func, "id", "") == "LoraConfig":
-                    settings[keyword.arg] = {k.arg: _python_value(k.value) for k in keyword.value.keywords}
-                elif getattr(node.func, "id", getattr(node.func, "attr", None)) != "LoraConfig":
-                    settings[keyword.arg] = _python_value(keyword.value)
-            if node.args and getattr(node.func, "id", "") == "GRPOTrainer":
-                settings.setdefault("model", _python_value(node.args[0]))
+        called = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
+        if called not in ("GRPOConfig", "GRPOTrainer"):
+            continue
+        for keyword in node.keywords:
+            if keyword.arg not in (None, "args"):
+                settings[keyword.arg] = _python_value(keyword.value)
+        if node.args and called == "GRPOTrainer":
+            settings.setdefault("model", _python_value(node.args[0]))
     return settings
 
 
 def _python_value(node: ast.AST) -> object:
+    """A literal's value; a ``LoraConfig(...)`` call's literal arguments as a dict; else the source, as :class:`Code`."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "LoraConfig":
+        return {keyword.arg: _python_value(keyword.value) for keyword in node.keywords if keyword.arg}
     try:
         return ast.literal_eval(node)
     except ValueError:

@@ -172,3 +172,15 @@ def test_a_mode_named_by_its_value_and_a_single_value_for_a_list(capsys):
     assert got["algorithm"] == "grpo"
     ppo, _ = _migrated(["--from", "verl", "--", "algorithm.adv_estimator=gae"], capsys)
     assert ppo["algorithm"] == "ppo"  # a critic's GAE: the ppo preset
+
+
+def test_a_lora_config_and_a_script_that_does_not_parse(tmp_path, capsys):
+    script = tmp_path / "train_lora.py"
+    script.write_text('trainer = GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=[f], train_dataset=ds,\n'
+                      '                      peft_config=LoraConfig(r=32, lora_alpha=64, target_modules="all-linear"))\n')
+    got, _ = _migrated(["--from", "trl", str(script)], capsys)
+    assert (got["model.lora.rank"], got["model.lora.alpha"], got["model.lora.target_modules"]) == ("32", "64", "[]")
+    broken = tmp_path / "run.sh"
+    broken.write_text('python3 -m verl.trainer.main_ppo data.train_files="unclosed\n')
+    with pytest.raises(SystemExit, match="the script's launch line does not parse as shell words: No closing"):
+        migrate.main(["--from", "verl", str(broken)])
