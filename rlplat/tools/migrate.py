@@ -167,7 +167,8 @@ def python_settings(source: str, path: str) -> dict[str, object]:
 
 
 def _python_value(node: ast.AST) -> object:
-    """A literal's value; a ``LoraConfig(...)`` call's literal arguments as a dict; else the source, as :class:`Code`."""
+    """A literal's value; a ``LoraConfig(...)`` call's literal arguments as a dict; else its source
+    (:class:`Code`)."""
     if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "LoraConfig":
         return {keyword.arg: _python_value(keyword.value) for keyword in node.keywords if keyword.arg}
     try:

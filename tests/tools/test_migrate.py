@@ -176,8 +176,8 @@ def test_a_mode_named_by_its_value_and_a_single_value_for_a_list(capsys):
 
 def test_a_lora_config_and_a_script_that_does_not_parse(tmp_path, capsys):
     script = tmp_path / "train_lora.py"
-    script.write_text('trainer = GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=[f], train_dataset=ds,\n'
-                      '                      peft_config=LoraConfig(r=32, lora_alpha=64, target_modules="all-linear"))\n')
+    script.write_text('trainer = GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=[f], train_dataset=ds,'
+                      ' peft_config=LoraConfig(r=32, lora_alpha=64, target_modules="all-linear"))\n')
     got, _ = _migrated(["--from", "trl", str(script)], capsys)
     assert (got["model.lora.rank"], got["model.lora.alpha"], got["model.lora.target_modules"]) == ("32", "64", "[]")
     broken = tmp_path / "run.sh"
