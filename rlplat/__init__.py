@@ -15,12 +15,3 @@ except ModuleNotFoundError as _missing:
     raise ModuleNotFoundError(_hint, name=_missing.name) from None
 del omegaconf
 
-
-def __getattr__(name: str):
-    """``from rlplat import GRPOTrainer``: the Python API (rlplat.trainer.python_api), imported when first asked
-    for, so that ``import rlplat`` stays light."""
-    if name == "GRPOTrainer":
-        from rlplat.trainer.python_api import GRPOTrainer
-
-        return GRPOTrainer
-    raise AttributeError(f"module 'rlplat' has no attribute {name!r}")

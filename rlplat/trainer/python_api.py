@@ -1,6 +1,6 @@
 """rlplat from Python, in TRL's shape: ``GRPOTrainer(model=..., reward_funcs=[...], train_dataset=...).train()``.
 
-    from rlplat import GRPOTrainer
+    from rlplat.trainer import GRPOTrainer
 
     def exact(completions, ground_truth, **kwargs):          # TRL's signature: one call per batch
         return [float(c[0]["content"].strip() == answer) for c, answer in zip(completions, ground_truth)]

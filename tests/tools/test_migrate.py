@@ -129,7 +129,7 @@ def test_trls_script_with_a_grpoconfig_becomes_an_rlplat_command(tmp_path, capsy
     assert got["algorithm.kl_loss_coef"] == "0.04" and got["algorithm.clip_ratio_high"] == "0.28"
     assert got["algorithm.truncated_responses"] == "mask" and got["model.path"] == "Qwen/Qwen2.5-0.5B-Instruct"
     assert got["actor.optim.lr_schedule"] == "linear" and got["algorithm.loss_agg_mode"] == "token-mean"
-    assert "reward_funcs=accuracy_reward: pass the reward functions to rlplat.GRPOTrainer" in out
+    assert "reward_funcs=accuracy_reward: pass the reward functions to rlplat.trainer.GRPOTrainer" in out
     assert "train_dataset=dataset: write the dataset as parquet rows" in out
 
 

@@ -1,6 +1,6 @@
-"""``from rlplat import GRPOTrainer``: docs/python_api.md's script trains the Quickstart task (with fewer, smaller
-steps), TRL's batched reward functions get the batch and the dataset's columns, and rows in TRL's shape (text
-prompts, any columns) train; a batched function's failures are the batch's, counted like any reward call's."""
+"""``from rlplat.trainer import GRPOTrainer``: docs/python_api.md's script trains the Quickstart task (with fewer,
+smaller steps), TRL's batched reward functions get the batch and the dataset's columns, and rows in TRL's shape
+(text prompts, any columns) train; a batched function's failures are the batch's, counted like any reward call's."""
 
 import re
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig
 
-import rlplat
+import rlplat.trainer
 from rlplat.reward.calls import RewardFailure, RewardValue, call_batch, is_batched, needs_ground_truth
 from rlplat.reward.scorers import REWARD_FUNCTIONS
 from rlplat.trainer.python_api import GRPOTrainer
@@ -38,7 +38,7 @@ def registered():
 
 def test_the_documented_script_trains_the_quickstart_task(embedded_cache, small_val, tmp_path, monkeypatch,
                                                           capsys, registered):
-    (script,) = re.findall(r"^```python\n(from rlplat import GRPOTrainer.*?)^```", DOC, flags=re.DOTALL | re.M)
+    (script,) = re.findall(r"^```python\n(from rlplat.trainer import GRPOTrainer.*?)^```", DOC, flags=re.DOTALL | re.M)
     calls = []
 
     class Smaller(GRPOTrainer):  # the script as printed; its run smaller and in this process
@@ -53,7 +53,7 @@ def test_the_documented_script_trains_the_quickstart_task(embedded_cache, small_
                 return exact(completions, **kw)
             self.reward_funcs = [exact_answer]
 
-    monkeypatch.setattr(rlplat, "GRPOTrainer", Smaller, raising=False)
+    monkeypatch.setattr(rlplat.trainer, "GRPOTrainer", Smaller, raising=False)
     exec(script, {"__name__": "__main__"})
     model_dir = capsys.readouterr().out.strip().splitlines()[-1].split()[0]
     assert model_dir == str((tmp_path / "run" / "hf_export").resolve())

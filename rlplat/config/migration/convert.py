@@ -277,7 +277,7 @@ def cispo_cap_minus_one(knob, value, theirs):
 
 
 def batch_reward_fn_to_compute_score(knob, value, theirs):
-    raise ByHand("pass the reward functions to rlplat.GRPOTrainer(reward_funcs=[...]) as they are "
+    raise ByHand("pass the reward functions to rlplat.trainer.GRPOTrainer(reward_funcs=[...]) as they are "
                  "(docs/python_api.md), or register them by name in a module trainer.imports loads and list the names "
                  "in reward.functions")
 

@@ -276,11 +276,11 @@ TRL = [
     Knob(("ref_model_mixup_alpha",), ("ref.sync_alpha",), "TRL's default 0.6, rlplat's 1 (copy)"),
 
     # --- rewards ---
-    # batch_reward_fn_to_compute_score: a Python callable is not a command-line value: rlplat.GRPOTrainer takes
+    # batch_reward_fn_to_compute_score: a Python callable is not a command-line value: rlplat.trainer.GRPOTrainer takes
     # it as it is, the command line by its registered name
     Knob(("reward_funcs=<callable>",), ("reward.functions", "reward.custom_fn.path"),
          "TRL's batched functions work as they are (one call per batch, the dataset's columns by name): pass them "
-         "to rlplat.GRPOTrainer, or register them by name with trainer.imports",
+         "to rlplat.trainer.GRPOTrainer, or register them by name with trainer.imports",
          convert="batch_reward_fn_to_compute_score"),
     Knob(("reward_funcs=<reward model id>",), ("reward.model.path",),
          "a sequence classifier (num_labels=1) as in TRL; listed as reward_model in reward.functions with others "
