@@ -184,3 +184,14 @@ def test_a_lora_config_and_a_script_that_does_not_parse(tmp_path, capsys):
     broken.write_text('python3 -m verl.trainer.main_ppo data.train_files="unclosed\n')
     with pytest.raises(SystemExit, match="the script's launch line does not parse as shell words: No closing"):
         migrate.main(["--from", "verl", str(broken)])
+
+
+def test_the_documented_conversion_prints_what_the_page_shows(capsys):
+    """docs/migrating.md's example: its command, run as written, prints the lines the page shows under it."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "migrating.md").read_text(encoding="utf-8")
+    block = page.split("$ python -m rlplat.tools.migrate ", 1)[1].split("```", 1)[0]
+    command, shown = block.split("\n# from ", 1)
+    assert migrate.main(shlex.split(command.replace("\\\n", " "))) == 0
+    assert capsys.readouterr().out == "# from " + shown
