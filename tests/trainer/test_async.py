@@ -193,15 +193,11 @@ def test_a_separate_rollout_pool_without_generating_ahead_is_the_colocated_run(e
     # just before: the same samples, rewards and validation, and the same losses to float error (the two
     # layouts put other processes on the cores, so a threaded reduction may round differently: alone on
     # 2 cores the runs agree bit for bit); plus where the samples came from.
-    # The weights reach the rollout worker over a torch.distributed group (the default) or Ray's object store:
-    # the same bits, so the same run.
+    # The weights reach the rollout worker over a torch.distributed group here (the default); Ray's object store
+    # carries them in the streaming test below, whose every update is checked bit for bit on both rollout workers.
     _train(tmp_path / "colocated", 2, small_val)
     _train(tmp_path / "separate", 2, small_val, SEPARATE)
-    _train(tmp_path / "object_store", 2, small_val, SEPARATE, "rollout.weight_transport=object_store")
     colocated, separate = metrics(tmp_path / "colocated"), metrics(tmp_path / "separate")
-    through_store = metrics(tmp_path / "object_store")
-    for step in (0, 1, 2):
-        assert comparable(through_store[step]) == comparable(separate[step]), step
     for step in (0, 1, 2):
         extra = {k: v for k, v in separate[step].items() if k not in colocated[step]}
         same = {k: v for k, v in comparable(separate[step]).items() if k not in extra}
@@ -271,9 +267,12 @@ def test_an_async_vision_language_run_keeps_each_rows_images_and_syncs_no_frozen
 def test_streaming_by_prompt_group_on_two_rollout_workers_trains_every_group_once(embedded_cache, small_val, tmp_path, ray_cluster):
     # calls of 2 prompt groups, each on one of 2 rollout workers, a step taking the first 8 groups scored.
     # Which groups a step gets depends on timing; what may not: staleness within K, each group trained at most
-    # once, and every drawn group either trained or still in flight at the end (never skipped)
+    # once, and every drawn group either trained or still in flight at the end (never skipped). The weights go
+    # through Ray's object store (rollout.weight_transport=object_store), every update's tensors checked against
+    # the actor's checksums on both workers (rollout.verify_weights=every, the default): a bit lost stops the run
     out = tmp_path / "stream"
-    _train(out, 4, small_val, SEPARATE, "trainer.async_steps=1", "rollout.stream_groups=2", "rollout.workers_per_node=2")
+    _train(out, 4, small_val, SEPARATE, "trainer.async_steps=1", "rollout.stream_groups=2", "rollout.workers_per_node=2",
+           "rollout.weight_transport=object_store")
     steps = metrics(out)
     assert [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
     dropped = [steps[s]["rollout/dropped_groups"] for s in (1, 2, 3, 4)]
