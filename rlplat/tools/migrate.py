@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import os
 import re
 import shlex
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from rlplat.config.migration import DEFAULTS, Knob, hint, knobs_named
 from rlplat.config.migration.convert import CONVERSIONS, ByHand, Theirs, hydra_value, literal
+from rlplat.utils.tracking import flatten
 
 FRAMEWORKS = {"verl": "verl", "trl": "TRL", "open-instruct": "open-instruct", "open_instruct": "open-instruct"}
 # the word that marks each system's launch line in a shell script
@@ -60,9 +62,7 @@ class Migration:
         self.defaults = [entry for entry in defaults if entry.split("=", 1)[0] not in self.overrides]
 
     def command(self) -> str:
-        # GRPO, their documentation's subject, unless the command estimates advantages with a critic (PPO's GAE)
-        preset = "ppo" if self.overrides.get("algorithm.adv_estimator") == "gae" else "grpo"
-        head = [] if "algorithm" in self.overrides else [f"algorithm={preset}"]
+        head = [] if "algorithm" in self.overrides else ["algorithm=grpo"]  # their GRPO documentation's preset
         if "trainer.device" not in self.overrides:
             head.append("trainer.device=cuda")  # their runs are GPU runs (verl's default device is cuda)
         entries = head + self.defaults + [f"{key}={value}" for key, value in self.overrides.items()]
@@ -190,19 +190,9 @@ def file_settings(path: Path, framework: str) -> dict[str, object]:
             raise SystemExit(f"rlplat migrate: {path}: not YAML: {str(err).splitlines()[0]}") from None
         if not isinstance(loaded, dict):
             raise SystemExit(f"rlplat migrate: {path}: expected a mapping of settings, got {type(loaded).__name__}")
-        flat = _flatten(loaded) if framework == "verl" else loaded
+        flat = flatten(loaded) if framework == "verl" else loaded
         return {f"--{key}" if framework == "open-instruct" else key: value for key, value in flat.items()}
     return command_settings(shell_command(text, framework), framework)
-
-
-def _flatten(mapping: dict, prefix: str = "") -> dict[str, object]:
-    flat = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def command_settings(tokens: list[str], framework: str) -> dict[str, object]:
@@ -267,26 +257,18 @@ def migrate(settings: dict[str, object], framework: str) -> Migration:
     return result
 
 
-def _is_list(key: str) -> bool:
-    """Whether rlplat's ``key`` is declared a list in the schema (not an ``Any`` that takes one or several)."""
-    import dataclasses
-    import typing
+@functools.cache
+def _list_keys() -> frozenset[str]:
+    """rlplat's keys the schema declares lists (not an ``Any`` that takes one value or several)."""
+    from rlplat.config.reference import rows
 
-    from rlplat.config import RLPlatConfig
-
-    cls: object = RLPlatConfig
-    for part in key.split("."):
-        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
-        if part not in fields:
-            return False
-        cls = typing.get_type_hints(cls)[part]
-    return typing.get_origin(cls) is list or cls is list
+    return frozenset(key for key, kind, *_ in rows() if kind.startswith("list"))
 
 
 def _value_for(key: str, value: object) -> str:
     """``value`` as rlplat's ``key`` takes it: a single value given to a list setting becomes a one-item list
     (verl's ``external_lib=pkg`` is ``trainer.imports=[pkg]``)."""
-    if _is_list(key) and not isinstance(literal(value), (list, tuple)):
+    if key in _list_keys() and not isinstance(literal(value), (list, tuple)):
         return hydra_value([value])
     return hydra_value(value)
 

@@ -460,6 +460,9 @@ VERL = [
     # --- algorithm: advantages and KL ---
     Knob(("algorithm.adv_estimator",), ("algorithm.adv_estimator",),
          "same names otherwise (renamed ones below); verl's default gae; a preset (algorithm=grpo) also sets the loss"),
+    Knob(("algorithm.adv_estimator=gae",), ("algorithm=ppo",),
+         "a critic with GAE: the ppo preset, which also puts the KL in the reward (verl's "
+         "algorithm.use_kl_in_reward=True)"),
     Knob(("algorithm.adv_estimator=reinforce_plus_plus",), ("algorithm.adv_estimator=reinforce_pp",),
          "or the preset algorithm=reinforce_pp (KL in the reward)"),
     Knob(("algorithm.adv_estimator=reinforce_plus_plus_baseline",), ("algorithm.adv_estimator=reinforce_pp_baseline",),
