@@ -79,7 +79,7 @@ RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inproces
 # Knobs passed only when set (unset: rlplat's own default):
 #   MICRO_BATCH_SEQS    actor.micro_batch_size_seqs_per_worker and critic.micro_batch_size_seqs_per_worker:
 #                       sequences per forward/backward per worker (unset: the whole per-worker mini-batch, up to 128)
-#   LOG_PROB_MICRO_BATCH_SEQS  actor. and ref.log_prob_micro_batch_size_seqs_per_worker (log-prob passes)
+#   LOG_PROB_MICRO_BATCH_SEQS  actor., ref. and teacher.log_prob_micro_batch_size_seqs_per_worker (log-prob passes)
 #   VAL_N               rollout.val_n: responses per validation prompt (> 1 with VAL_TEMPERATURE > 0)
 #   TRUNCATION          data.truncation: error | left | right | filter (drop prompts over MAX_PROMPT_LEN)
 #   VAL_BATCH_PROMPTS   data.val_batch_size_prompts: prompts per validation call
@@ -101,6 +101,10 @@ RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inproces
 #   ULYSSES             actor.fsdp.ulysses_size and ref.fsdp.ulysses_size: workers each sequence is split over
 #                       (Ulysses sequence parallelism, FSDP; docs/long_context.md)
 #   IMAGE_MAX_PIXELS    data.image_max_pixels: a vision-language model's largest image, in pixels (docs/vision.md)
+#   TEACHER             teacher.model_path: on-policy distillation's teacher (ALGO=opd, or algorithm.distill.coef > 0;
+#                       docs/distillation.md), a model with the student's tokenizer
+#   TEACHER_PLACEMENT   teacher.placement: colocated (in the actor's workers) | separate (a pool of its own)
+#   TEACHER_WORKERS     teacher.workers_per_node: the separate teacher pool's workers (devices)
 if [ -z "${PYTHON:-}" ]; then            # the checkout's venv (scripts/setup.sh) when there is one
     if [ -x "$REPO_DIR/.venv/bin/python" ]; then PYTHON="$REPO_DIR/.venv/bin/python"; else PYTHON=python; fi
 fi
@@ -122,7 +126,7 @@ run_rlplat() {
     fi
     optional MICRO_BATCH_SEQS actor.micro_batch_size_seqs_per_worker critic.micro_batch_size_seqs_per_worker
     optional LOG_PROB_MICRO_BATCH_SEQS actor.log_prob_micro_batch_size_seqs_per_worker \
-        ref.log_prob_micro_batch_size_seqs_per_worker
+        ref.log_prob_micro_batch_size_seqs_per_worker teacher.log_prob_micro_batch_size_seqs_per_worker
     optional TRUNCATION data.truncation
     optional VAL_BATCH_PROMPTS data.val_batch_size_prompts
     optional VAL_N rollout.val_n
@@ -142,6 +146,9 @@ run_rlplat() {
     optional LORA_RANK model.lora.rank
     optional ULYSSES actor.fsdp.ulysses_size ref.fsdp.ulysses_size
     optional IMAGE_MAX_PIXELS data.image_max_pixels
+    optional TEACHER teacher.model_path
+    optional TEACHER_PLACEMENT teacher.placement
+    optional TEACHER_WORKERS teacher.workers_per_node
     set -x
     "$PYTHON" -m rlplat.trainer.main \
         "algorithm=$ALGO" \

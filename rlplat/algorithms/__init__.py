@@ -68,6 +68,7 @@ from rlplat.algorithms.policy_losses import (
     value_loss,
 )
 from rlplat.algorithms import divergence_losses, token_baselines  # noqa: F401  (register their plug-ins)
+from rlplat.algorithms.distillation import distill_metrics, reverse_kl_advantage
 from rlplat.algorithms.reward_shaping import OverlongShaping
 from rlplat.algorithms.reweight import PF_PPO_METHODS, pf_ppo_resample, pf_ppo_weights
 
@@ -78,7 +79,9 @@ __all__ = [
     "FixedKLController", "KLController", "KLInput", "LossDenominators", "OffPolicyInput", "OverlongShaping",
     "PolicyLossConfig",
     "PolicyLossInput", "PolicyLossOptions", "PolicyLossOutput",
-    "aggregate_loss", "compute_advantages", "entropy_from_logits", "estimator_spec", "get_advantage_estimator",
+    "aggregate_loss", "compute_advantages", "distill_metrics", "entropy_from_logits", "estimator_spec",
+    "get_advantage_estimator",
     "get_aggregation", "get_kl_estimator", "get_policy_loss", "kl_estimator_names", "kl_penalized_rewards",
-    "kl_penalty", "make_kl_controller", "pf_ppo_resample", "pf_ppo_weights", "policy_loss_config", "value_loss",
+    "kl_penalty", "make_kl_controller", "pf_ppo_resample", "pf_ppo_weights", "policy_loss_config",
+    "reverse_kl_advantage", "value_loss",
 ]

@@ -110,6 +110,8 @@ class EstimatorSpec:
     needs_baseline: bool = False  # the score of a greedy response to each prompt (remax)
     needs_sum_pi_squared: bool = False  # the policy's Σ_v π(v)² per token, from the actor's log-prob pass
     uses_reward_terms: bool = False  # reads each reward function's term, not the (KL-shaped) token rewards
+    # its advantage is on-policy distillation's term alone (algorithm.distill), none from the task reward
+    distills: bool = False
 
 
 def estimator(name: str, **spec):

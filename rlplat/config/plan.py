@@ -61,6 +61,8 @@ class RunPlan:
     # where the reference policy lives: "none" | "colocated" (a copy in the actor's worker) | "separate" |
     # "adapters" (LoRA: the actor's own model with its adapters off, or with a synced copy of them)
     reference: str
+    # where on-policy distillation's teacher lives: "none" | "colocated" (in the actor's workers) | "separate"
+    teacher: str
     # where the PPO ratio's pi_old comes from: "update" (the update's own forward: it starts on the policy
     # that sampled) | "rollout" (the rollout engine's log-probs) | "recompute" (the old_log_probs stage)
     old_policy: str
@@ -86,6 +88,10 @@ class RunPlan:
     def needs_ref(self) -> bool:
         return self.reference != "none"
 
+    @property
+    def needs_teacher(self) -> bool:
+        return self.teacher != "none"
+
 
 def reference_placement(cfg: DictConfig) -> str:
     """Where the reference policy lives: none unless a KL term needs it (or ``ref.enable=true``), else
@@ -109,8 +115,9 @@ def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines:
     """Where the PPO ratio's π_old comes from (:attr:`RunPlan.old_policy`).
 
     "update": one epoch over one mini-batch starts from the policy that sampled, so the update's own
-    forward gives π_old exactly; unless a KL in the reward or the estimator (``needs_sum_pi_squared``)
-    reads the actor's log-probs before the update, or ``trainer.async_steps`` > 0 (an older policy sampled). "rollout": the rollout engine's log-probs, which skips
+    forward gives π_old exactly; unless a KL in the reward, on-policy distillation (``algorithm.distill``) or
+    the estimator (``needs_sum_pi_squared``) reads the actor's log-probs before the update, or
+    ``trainer.async_steps`` > 0 (an older policy sampled). "rollout": the rollout engine's log-probs, which skips
     the actor's log-prob pass over the batch (verl's rollout-correction bypass mode). The PPO ratio is
     then taken against the policy that actually sampled. ``auto`` picks it only where those log-probs are
     the actor's own to float error: the rollout engine declares that it samples with the actor's model
@@ -123,7 +130,8 @@ def old_policy(cfg: DictConfig, spec: EstimatorSpec, mini_batches: int, engines:
     reads_sum_sq = spec.needs_sum_pi_squared
     # with trainer.async_steps > 0 the batch was sampled by weights up to K updates older than the actor's
     stale = cfg.trainer.async_steps > 0
-    if cfg.actor.ppo_epochs == 1 and mini_batches == 1 and not algo.use_kl_in_reward and not reads_sum_sq and not stale:
+    reads_early = algo.use_kl_in_reward or reads_sum_sq or algo.distill.coef > 0  # before the update
+    if cfg.actor.ppo_epochs == 1 and mini_batches == 1 and not reads_early and not stale:
         return "update"
     if algo.old_log_probs == "rollout":
         check(algo.off_policy.correction == "none",
@@ -168,6 +176,7 @@ def make_plan(cfg: DictConfig, device: str, engines: EngineDeclarations) -> RunP
         mini_batches_per_step=mini_batches,
         estimator=spec,
         reference=reference_placement(cfg),
+        teacher=cfg.teacher.placement if cfg.algorithm.distill.coef > 0 else "none",
         old_policy=old_policy(cfg, spec, mini_batches, engines, rollout_dtype),
         actor_dtype=engines.actor_dtype,
         rollout_dtype=rollout_dtype,

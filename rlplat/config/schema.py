@@ -329,6 +329,13 @@ class OffPolicyConfig:
 
 
 @dataclass
+class DistillConfig:
+    # on-policy distillation (docs/distillation.md): coef x -(log pi_student - log pi_teacher) is added to each
+    # sampled token's advantage (teacher.model_path scores them); 0 = off; algorithm=opd sets 1 and no task advantage
+    coef: float = 0.0
+
+
+@dataclass
 class AlgorithmConfig:
     preset: Optional[str] = None  # the algorithm=<preset> applied (each preset file names itself); None = none
     adv_estimator: str = "grpo"  # advantage estimator (registry)
@@ -372,6 +379,7 @@ class AlgorithmConfig:
     # open-instruct non_stop_penalty)
     truncated_responses: str = "keep"
     truncated_penalty: float = -1.0  # the score of a truncated response with truncated_responses=penalize
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 @dataclass
@@ -392,6 +400,23 @@ class RefConfig:
     # (1 - alpha) * reference (alpha = 1 copies the actor; < 1 is Polyak mixing, TRL's sync_ref_model)
     sync_steps: int = 0
     sync_alpha: float = 1.0  # alpha of the sync: 1 = copy the actor, < 1 = Polyak mixing (TRL ref_model_mixup_alpha)
+
+
+@dataclass
+class TeacherConfig:
+    # the teacher of on-policy distillation (algorithm=opd, algorithm.distill.coef): any causal LM the engines load
+    # (a directory, a hub id or an embedded model's name), with the student's tokenizer; None = no teacher
+    model_path: Optional[str] = None
+    strategy: str = "${actor.strategy}"  # training engine (registry) holding the frozen teacher
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # the teacher's engine section when strategy=fsdp
+    # ... when strategy=megatron; a colocated teacher shares the actor's parallel layout
+    megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(
+        tensor_model_parallel_size="${actor.megatron.tensor_model_parallel_size}",
+        pipeline_model_parallel_size="${actor.megatron.pipeline_model_parallel_size}"))
+    placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
+    workers_per_node: int = count(1)  # only for placement=separate
+    log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per teacher forward on one worker
+    log_prob_micro_batch_max_tokens_per_worker: Optional[int] = None  # token budget instead (as the actor's key)
 
 
 @dataclass
@@ -539,6 +564,7 @@ class RLPlatConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     ref: RefConfig = field(default_factory=RefConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

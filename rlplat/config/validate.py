@@ -30,7 +30,7 @@ from rlplat.utils.tracking import LOGGERS
 MAX_CALLS_IN_FLIGHT = 64  # rollout.stream_groups: generation calls in flight (the controller waits for each in a thread)
 #: micro-batch token budgets: None (count sequences) or a number of tokens
 TOKEN_BUDGETS = ("actor.micro_batch_max_tokens_per_worker", "critic.micro_batch_max_tokens_per_worker",
-                 "ref.log_prob_micro_batch_max_tokens_per_worker")
+                 "ref.log_prob_micro_batch_max_tokens_per_worker", "teacher.log_prob_micro_batch_max_tokens_per_worker")
 
 ENUMS: dict[str, tuple[str, ...]] = {
     "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -43,6 +43,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "data.truncation": ("error", "left", "right", "filter"),
     "algorithm.norm_adv_scale": ADV_SCALES,
     "ref.placement": tuple(p for p in REFERENCE_PLACEMENTS if p != "none"),
+    "teacher.placement": ("colocated", "separate"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "reward.isolation": ("process", "inprocess"),
     "reward.code.scoring": ("fraction", "all"),
@@ -239,6 +240,24 @@ def _check_algorithm(cfg: DictConfig) -> None:
             raise ConfigError(str(err)) from None
     if algo.loss_scale_factor is not None:
         check(algo.loss_scale_factor > 0, f"algorithm.loss_scale_factor must be > 0, got {algo.loss_scale_factor}")
+    _check_distillation(cfg)
+
+
+def _check_distillation(cfg: DictConfig) -> None:
+    """A distillation term needs a teacher, a teacher needs a distillation term, and an estimator whose advantage
+    is the term alone (``opd``) needs the term."""
+    algo, teacher = cfg.algorithm, cfg.teacher.model_path
+    coef = algo.distill.coef
+    check(coef >= 0, f"algorithm.distill.coef must be >= 0 (0 = no distillation), got {coef}")
+    check(coef > 0 or not estimator_spec(algo.adv_estimator).distills,
+          f"algorithm.adv_estimator={algo.adv_estimator!r} trains on the distillation term alone, and "
+          f"algorithm.distill.coef=0 turns it off; set algorithm.distill.coef > 0 (algorithm=opd sets 1.0)")
+    check(coef == 0 or teacher, f"algorithm.distill.coef={coef} distills from a teacher, and teacher.model_path is "
+                                f"not set; set teacher.model_path=<a model directory or hub id with the student's "
+                                f"tokenizer> (docs/distillation.md)")
+    check(coef > 0 or not teacher, f"teacher.model_path={teacher!r} loads a teacher that nothing reads "
+                                   f"(algorithm.distill.coef=0); use algorithm=opd, or set algorithm.distill.coef > 0 "
+                                   f"to add distillation to {algo.adv_estimator}'s advantage")
 
 
 def _check_policy_loss_options(cfg: DictConfig) -> None:
@@ -254,6 +273,8 @@ def _check_placement(cfg: DictConfig, world: int) -> None:
     if cfg.trainer.ray_address == "inprocess":
         check(world == 1, f"trainer.ray_address=inprocess runs one worker; got {world} (nnodes x workers_per_node)")
         check(cfg.ref.placement == "colocated", "ref.placement=separate needs Ray (trainer.ray_address=inprocess)")
+        check(cfg.teacher.placement == "colocated",
+              "teacher.placement=separate needs Ray (trainer.ray_address=inprocess runs one worker in this process)")
         check(cfg.rollout.mode != "separate", "rollout.mode=separate starts a pool of rollout workers, which needs "
                                               "Ray (trainer.ray_address=inprocess runs one worker in this process)")
         check(cfg.trainer.async_steps == 0, f"trainer.async_steps={cfg.trainer.async_steps} generates while the actor "

@@ -41,7 +41,13 @@ MOE_WARM_START = {**WARM_START, "steps": 500}
 EMBEDDED_VL = "embedded-vl"
 VISION_SPEC = TinyVisionSpec()
 VISION_WARM_START = {"data": "builtin:shapes", "steps": 150, "batch_size": 64, "lr": 3e-3, "seed": 0}
-VARIANTS = (EMBEDDED, EMBEDDED_TOOLS, EMBEDDED_MOE, EMBEDDED_VL)
+# The teacher variant (teacher.model_path=embedded-teacher; docs/distillation.md): the embedded model fine-tuned further
+# on the arithmetic task, a stronger model with its architecture and tokenizer for on-policy distillation to teach
+# (greedy validation accuracy 0.96, the embedded model's 0.30).
+EMBEDDED_TEACHER = "embedded-teacher"
+TEACHER_WARM_START = {"data": "builtin:arithmetic", "steps": 500, "batch_size": 64, "lr": 1e-3, "seed": 1}
+FURTHER = {EMBEDDED_TOOLS: TOOL_WARM_START, EMBEDDED_TEACHER: TEACHER_WARM_START}  # fine-tuned from the embedded model
+VARIANTS = (EMBEDDED, EMBEDDED_TOOLS, EMBEDDED_MOE, EMBEDDED_VL, EMBEDDED_TEACHER)
 TASK_OF = {EMBEDDED_VL: "shapes"}  # the built-in task a variant is warm-started on (default: arithmetic)
 
 
@@ -75,8 +81,8 @@ def spec_of(name: str) -> TinyModelSpec | TinyMoESpec | TinyVisionSpec:
 
 
 def warm_start_of(name: str) -> dict:
-    """The supervised warm start of the embedded model ``name`` from its random initialisation (the tool
-    variant's further fine-tuning is :data:`TOOL_WARM_START`)."""
+    """The supervised warm start of the embedded model ``name`` from its random initialisation (the tool and
+    teacher variants' further fine-tuning is :data:`FURTHER`'s)."""
     return {EMBEDDED_MOE: MOE_WARM_START, EMBEDDED_VL: VISION_WARM_START}.get(name, WARM_START)
 
 
@@ -91,5 +97,7 @@ def embedded_model_dir(name: str = EMBEDDED) -> Path:
         what.append(VISION_CHAT_TEMPLATE)
     if name == EMBEDDED_TOOLS:
         what += [TOOL_WARM_START, DEMONSTRATION_CALL, task_digest("tool_arithmetic")]
+    elif name in FURTHER:
+        what.append(FURTHER[name])
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
     return cache_root() / "models" / f"{name}-{key}"

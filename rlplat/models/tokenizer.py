@@ -18,3 +18,16 @@ def load_tokenizer(model_cfg: DictConfig, model_path: str):
     if model_cfg.get("chat_template"):
         tokenizer.chat_template = resolve_chat_template(model_cfg.chat_template)
     return tokenizer
+
+
+def vocabulary_mismatch(student: dict[str, int], teacher: dict[str, int]) -> str | None:
+    """How many of the student's tokens have another id (or none) in the teacher's vocabulary, with the first
+    one; None when every one maps to the same id (the teacher may have more tokens)."""
+    differ = [(token, sid) for token, sid in sorted(student.items(), key=lambda item: item[1])
+              if teacher.get(token) != sid]
+    if not differ:
+        return None
+    token, sid = differ[0]
+    where = f"{teacher[token]} in the teacher's" if token in teacher else "absent from the teacher's"
+    return f"{len(differ)} of the student's {len(student)} tokens differ (the first, {token!r}: {sid} in the " \
+           f"student's, {where})"

@@ -133,8 +133,28 @@ def rollout_parts(shape: ModelShape, cfg: DictConfig, plan, lent: bool, sequence
                          sequences_per_worker, length, device_memory, lent)
 
 
-def phases(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory: int) -> list[Phase]:
-    """Rollout, log-prob passes and the update, on one actor device."""
+def teacher_parts(teacher: ModelShape, cfg: DictConfig, plan, led: Ledger) -> tuple[dict[str, float], dict[str, float]]:
+    """On-policy distillation's teacher on one of its devices (an actor's when colocated, a teacher worker's when
+    separate): its frozen weights, and what its log-prob pass over one micro-batch holds (``teacher.*`` sizes)."""
+    world = plan.world_size if plan.teacher == "colocated" else cfg.teacher.workers_per_node
+    lay = layout(cfg, "teacher", world)
+    compute = getattr(torch, plan.actor_dtype).itemsize
+    weights = actor_state(teacher, lay, compute, cfg, trained=False, role="teacher")
+    section = cfg.teacher
+    seqs = min(section.log_prob_micro_batch_size_seqs_per_worker,
+               -(-led.sequences // data_parallel_replicas(cfg, "teacher", world)))
+    budget = section.log_prob_micro_batch_max_tokens_per_worker
+    tokens = min(budget, seqs * led.length) if budget else seqs * led.length
+    response_tokens = int(tokens * led.max_response / led.length)
+    passing = activation_bytes(teacher, cfg, lay, tokens, response_tokens, compute, grad=False, seq=led.length,
+                               role="teacher")
+    return weights, {f"teacher's {name}": nbytes for name, nbytes in passing.items()}
+
+
+def phases(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory: int,
+           teacher: ModelShape | None = None) -> list[Phase]:
+    """Rollout, log-prob passes and the update, on one actor device; and a separate teacher's pass on one of its
+    devices (``teacher``: the teacher's shape when the run distills)."""
     lay = layout(cfg, "actor", plan.world_size)
     actor = engine_of(cfg, "actor")
     compute = getattr(torch, plan.actor_dtype).itemsize
@@ -167,6 +187,11 @@ def phases(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory:
                                int(led.logprob_micro_tokens * response_share), compute, grad=False, seq=led.length)
     update = activation_bytes(shape, cfg, lay, led.micro_tokens, int(led.micro_tokens * response_share),
                               compute, grad=True, seq=led.length)
+    taught, teaching = teacher_parts(teacher, cfg, plan, led) if teacher is not None else ({}, {})
+    if plan.teacher == "colocated":  # its weights stay beside the actor's; its pass follows the actor's
+        ref = {**ref, **taught}
+        if sum(teaching.values()) > sum(logprob.values()):
+            logprob = teaching
     out = [
         Phase("rollout, on each rollout worker's device (rollout.mode=separate)", rollout, rollout_knob) if separate
         else Phase("rollout", {**between, **ref, **critic, **rollout}, rollout_knob),
@@ -178,7 +203,22 @@ def phases(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory:
         critic_update = {**between, **ref, **critic_state, **between_rollouts, **update}
         out.append(Phase("critic update", critic_update, "critic.micro_batch_size_seqs_per_worker or "
                                                           "model.gradient_checkpointing=true"))
-    return out
+    return out + teacher_phases(out[1 if separate else 0:], plan, taught, teaching)
+
+
+def teacher_phases(actor_phases: list[Phase], plan, taught: dict[str, float],
+                   teaching: dict[str, float]) -> list[Phase]:
+    """A colocated teacher (``taught``: its weights, counted in ``actor_phases``) adds its way out to their knobs;
+    a separate one's weights and pass (``teaching``) are a phase of its own, returned."""
+    if plan.teacher == "colocated":
+        for phase in actor_phases:
+            phase.knob += (f"; or teacher.placement=separate (the teacher's {fmt(sum(taught.values()))} on a pool of "
+                           f"its own)")
+    if plan.teacher != "separate":
+        return []
+    return [Phase("teacher log-prob pass, on each teacher worker's device (teacher.placement=separate)",
+                  {**taught, **teaching}, "teacher.log_prob_micro_batch_size_seqs_per_worker (or a token budget), or "
+                                          "more teacher.workers_per_node with a sharding engine")]
 
 
 def validation_cost(cfg: DictConfig, val_rows: int, length: int) -> dict[str, float]:

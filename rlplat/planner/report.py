@@ -105,11 +105,12 @@ def say(line: str = "") -> None:
     print(line, flush=True)
 
 
-def report(cfg: DictConfig, plan, device_memory: int, model_path: Callable[[], str]) -> bool:
+def report(cfg: DictConfig, plan, device_memory: int, model_path: Callable[[], str],
+           teacher_path: Callable[[], str] | None = None) -> bool:
     """Run the checks and print the plan; True when every phase fits ``device_memory``. ``model_path`` checks
     ``model.path`` and gives the model's directory (the embedded model is built then if it is not cached), after
-    the rewards were checked. Raises the run's own errors (ConfigError, DataError, RewardConfigError,
-    RegistryError, RunError) for what would stop it."""
+    the rewards were checked; ``teacher_path`` gives ``teacher.model_path``'s (a run that distills). Raises the
+    run's own errors (ConfigError, DataError, RewardConfigError, RegistryError, RunError) for what would stop it."""
     shape, tokenizer, images = check_inputs(cfg, plan, model_path)
     scans = report_data(cfg, plan, tokenizer, images)
     kept = {split: len(s.lengths) - (s.over(cfg.data.max_prompt_length) if cfg.data.truncation == "filter" else 0)
@@ -120,7 +121,8 @@ def report(cfg: DictConfig, plan, device_memory: int, model_path: Callable[[], s
         raise DataError(f"every train prompt is longer than data.max_prompt_length={cfg.data.max_prompt_length} and "
                         f"data.truncation=filter drops them all: raise data.max_prompt_length")
     led = report_ledger(cfg, plan, scans["train"], kept["train"])
-    fits = report_memory(shape, cfg, plan, led, device_memory)
+    teacher = teacher_shape(cfg, teacher_path(), tokenizer) if plan.needs_teacher else None
+    fits = report_memory(shape, cfg, plan, led, device_memory, teacher)
     report_validation_and_disk(shape, cfg, plan, scans["test"], kept["test"])
     say("\nplan: every phase fits" if fits else "\nplan: a phase does not fit the device (see above)")
     return fits
@@ -192,12 +194,30 @@ def report_ledger(cfg: DictConfig, plan, train: PromptLengths, kept: int) -> Led
     return led
 
 
-def report_memory(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory: int) -> bool:
+def teacher_shape(cfg: DictConfig, path: str, tokenizer) -> ModelShape:
+    """On-policy distillation's teacher (in the directory ``path``): its shape, once its tokenizer gives the
+    student's tokens (``tokenizer``'s) their ids; a RunError otherwise, as at the run's start."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from rlplat.models.tokenizer import vocabulary_mismatch
+    from rlplat.utils.errors import RunError
+
+    shape = ModelShape.from_config(AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code))
+    teacher_vocab = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code).get_vocab()
+    if problem := vocabulary_mismatch(tokenizer.get_vocab(), teacher_vocab):
+        raise RunError(f"teacher.model_path={cfg.teacher.model_path!r}: its tokenizer is not the student's: {problem}")
+    say(f"teacher {cfg.teacher.model_path} ({shape.params / 1e6:.1f}M parameters, {shape.layers} layers, "
+        f"{cfg.teacher.placement}): tokenizer matches the student's")
+    return shape
+
+
+def report_memory(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory: int,
+                  teacher: ModelShape | None = None) -> bool:
     """Print each phase's memory estimate; True when every phase fits ``device_memory``."""
     say(f"\nmemory per {'device' if plan.device == 'cuda' else 'worker (CPU)'} (estimate, docs/plan.md) against "
         f"{device_memory / GB:.0f} GB")
     fits = True
-    for phase in phases(shape, cfg, plan, led, device_memory):
+    for phase in phases(shape, cfg, plan, led, device_memory, teacher):
         over = phase.total > device_memory
         fits &= not over
         say(f"  {phase.name}: {fmt(phase.total)}{'  DOES NOT FIT: ' + phase.knob if over else ''}")

@@ -1,7 +1,8 @@
 """Build rlplat's embedded models ahead of a run (each is built on first use otherwise).
 
     python -m rlplat.tools.embedded                  # the embedded model (model.path=embedded)
-    python -m rlplat.tools.embedded embedded-tools   # any of: embedded, embedded-tools, embedded-moe, embedded-vl
+    python -m rlplat.tools.embedded embedded-tools   # any of: embedded, embedded-tools, embedded-moe, embedded-vl,
+                                                     # embedded-teacher
     python -m rlplat.tools.embedded --list           # which are built, and where
 
 Each is a tiny model built locally and warm-started with a short supervised phase
@@ -16,7 +17,7 @@ import sys
 import time
 
 from rlplat.models.embedded import (
-    EMBEDDED, EMBEDDED_TOOLS, TOOL_WARM_START, VARIANTS, embedded_model_dir, warm_start_of,
+    EMBEDDED, FURTHER, VARIANTS, embedded_model_dir, warm_start_of,
 )
 
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for name in VARIANTS:
             path = embedded_model_dir(name)
-            steps = warm_start_of(name)["steps"] + (TOOL_WARM_START["steps"] if name == EMBEDDED_TOOLS else 0)
+            steps = warm_start_of(name)["steps"] + (FURTHER[name]["steps"] if name in FURTHER else 0)
             state = "built" if (path / "config.json").exists() else f"not built ({steps} supervised steps)"
             print(f"{name}: {state}: {path}")
         return 0

@@ -29,12 +29,13 @@ from rlplat.reward import RewardManager, ScoreReport, build_reward_manager
 from rlplat.reward.batch import ModelScorers, TrainingScores, score_batch, training_scores
 from rlplat.reward.errors import RewardConfigError
 from rlplat.reward.judge import ServerJudge
+from rlplat.trainer.preflight import checked_teacher
 from rlplat.trainer.sft import ensure_embedded_model
 from rlplat.trainer.weight_push import WeightPush
 from rlplat.utils.tracking import Tracker
 from rlplat.rollout.agent_loop import prompt_tools
 from rlplat.workers.reward_model import JudgeWorker, RewardModelWorker
-from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker, RolloutWorker
+from rlplat.workers.roles import ActorRolloutRefWorker, CriticWorker, RefWorker, RolloutWorker, TeacherWorker
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Components:
     judge: Any = None  # JudgeWorker group (reward.judge.model_path) or ServerJudge (reward.judge.url)
     rollout: WorkerGroup | None = None  # RolloutWorker group on its own pool (rollout.mode=separate)
     weights: WeightPush | None = None  # the weight syncs to a separate rollout pool and to the reference
+    teacher: WorkerGroup | None = None  # TeacherWorker group on its own pool (teacher.placement=separate)
 
     @property
     def generator(self) -> WorkerGroup:
@@ -110,6 +112,12 @@ class Components:
         without a reference."""
         return {"colocated": self.actor, "adapters": self.actor, "separate": self.ref}.get(self.plan.reference)
 
+    @property
+    def teacher_workers(self) -> WorkerGroup | None:
+        """The group that computes on-policy distillation's teacher log-probs (:attr:`RunPlan.teacher`): the actor's
+        workers when the teacher is colocated, its own group when separate, None without a teacher."""
+        return {"colocated": self.actor, "separate": self.teacher}.get(self.plan.teacher)
+
     def checkpointed(self) -> list[WorkerGroup]:
         """The groups a checkpoint saves: the actor (with a colocated reference once it is synced), the
         critic, and a separate reference when ``ref.sync_steps`` makes it change."""
@@ -153,7 +161,7 @@ class Components:
 
     def shutdown(self) -> None:
         groups = (self.judge if isinstance(self.judge, WorkerGroup) else None, self.reward_model, self.rollout,
-                  self.critic, self.ref, self.actor)
+                  self.critic, self.teacher, self.ref, self.actor)
         for group in groups:  # the actor's group last: it owns an in-process process group
             if group is not None:
                 group.shutdown()
@@ -172,14 +180,15 @@ def _in_process_groups(cfg: DictConfig, plan: RunPlan):
     critic = InProcessWorkerGroup(CriticWorker, plan.device, **kwargs) if plan.needs_critic else None
     reward_model = InProcessWorkerGroup(RewardModelWorker, plan.device, **kwargs) if cfg.reward.model.path else None
     judge = InProcessWorkerGroup(JudgeWorker, plan.device, **kwargs) if cfg.reward.judge.model_path else None
-    return actor, None, critic, None, (reward_model, judge), []
+    return actor, None, None, critic, None, (reward_model, judge), []
 
 
 def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
-    """The Ray worker groups: colocated actor+rollout(+ref), then optional critic, separate ref, separate
-    rollout workers (``rollout.mode=separate``), and reward model and judge (on the actor's pool, or their own: ``reward.model.placement``,
-    ``reward.judge.placement``). Nothing here waits for the workers: their processes start (and import torch) while the controller reads the
-    data; the models are loaded by :func:`_load_models` afterwards."""
+    """The Ray worker groups: colocated actor+rollout(+ref, +teacher), then optional critic, separate ref, separate
+    teacher, separate rollout workers (``rollout.mode=separate``), and reward model and judge (on the actor's pool,
+    or their own: ``reward.model.placement``, ``reward.judge.placement``). Nothing here waits for the workers: their
+    processes start (and import torch) while the controller reads the data; the models are loaded by
+    :func:`_load_models` afterwards."""
     kwargs = {"cfg": cfg, "plan": plan, "imports": import_user_modules(cfg.trainer.imports)}
     # a separate rollout pool computes at the same time as the training workers: on CPU they split the cores
     computing = cfg.trainer.workers_per_node + (cfg.rollout.workers_per_node if cfg.rollout.mode == "separate" else 0)
@@ -196,6 +205,11 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
         ref_pool = ResourcePool(1, cfg.ref.workers_per_node, plan.device, section="ref").create()
         pools.append(ref_pool)
         ref = RayWorkerGroup(RefWorker, ref_pool, **kwargs)
+    teacher = None
+    if plan.teacher == "separate":
+        teacher_pool = ResourcePool(1, cfg.teacher.workers_per_node, plan.device, section="teacher").create()
+        pools.append(teacher_pool)
+        teacher = RayWorkerGroup(TeacherWorker, teacher_pool, **kwargs)
     rollout = None
     if cfg.rollout.mode == "separate":
         rollout_pool = ResourcePool(cfg.rollout.nnodes, cfg.rollout.workers_per_node, plan.device,
@@ -213,15 +227,19 @@ def _launch_ray_groups(cfg: DictConfig, plan: RunPlan):
             own = ResourcePool(1, scorer[1].workers_per_node, plan.device, section=section).create()
             pools.append(own)
             model_groups.append(RayWorkerGroup(scorer[0], own, **kwargs))
-    return actor, ref, critic, rollout, tuple(model_groups), pools
+    return actor, ref, teacher, critic, rollout, tuple(model_groups), pools
 
 
-def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, actor, ref, critic, rollout, scorers) -> None:
+def _load_models(cfg: DictConfig, plan: RunPlan, model_path: str, teacher_path: str | None, actor, ref, teacher,
+                 critic, rollout, scorers) -> None:
     """Each group loads its model (in-process or Ray), once the data has been checked."""
-    actor.init_model(model_path, with_ref=plan.reference == "colocated", with_rollout=rollout is None)
+    actor.init_model(model_path, with_ref=plan.reference == "colocated", with_rollout=rollout is None,
+                     teacher_path=teacher_path if plan.teacher == "colocated" else None)
     for group in (critic, ref, rollout):
         if group is not None:
             group.init_model(model_path)
+    if teacher is not None:
+        teacher.init_model(teacher_path)
     for group in scorers:  # the reward model and the judge: their own model paths
         if group is not None:
             group.init_model()
@@ -249,6 +267,7 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
     from rlplat.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model, model_path)
+    teacher_path = checked_teacher(cfg, plan, tokenizer)
     data = cfg.data
     images = image_inputs_of(model_path, tokenizer, data, cfg.model.trust_remote_code)  # a VLM's (else None)
 
@@ -272,8 +291,8 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
                                       or any((Path(cfg.trainer.output_dir) / "checkpoints").glob("step_*")))
     tracker = Tracker(cfg.trainer.logger, cfg.trainer.output_dir, OmegaConf.to_container(cfg),
                       project=cfg.trainer.project_name, run_name=cfg.trainer.experiment_name, resume=resuming)
-    actor, ref, critic, rollout, scorers, pools = _in_process_groups(cfg, plan) if in_process else launched
-    _load_models(cfg, plan, model_path, actor, ref, critic, rollout, scorers)
+    actor, ref, teacher, critic, rollout, scorers, pools = _in_process_groups(cfg, plan) if in_process else launched
+    _load_models(cfg, plan, model_path, teacher_path, actor, ref, teacher, critic, rollout, scorers)
     weights = WeightPush(cfg, plan, actor, rollout, ref, val_data.probe_ids())
     weights.open_channels()
     reward_model, judge = scorers
@@ -283,4 +302,5 @@ def build_components(cfg: DictConfig, plan: RunPlan, model_path: str) -> Compone
         cfg=cfg, plan=plan, tokenizer=tokenizer, actor=actor, ref=ref, critic=critic, train_data=train_data,
         val_data=val_data, sampler=sampler, reward_train=reward_train, reward_val=reward_val, tracker=tracker,
         model_path=model_path, pools=pools, reward_model=reward_model, judge=judge, rollout=rollout, weights=weights,
+        teacher=teacher,
     )

@@ -11,8 +11,10 @@
                   old_policy is "recompute"; the update takes pi_old from its own forward when it
                   starts on-policy, or from the rollout engine: algorithm.old_log_probs)
     reference     reference policy's log-probs (when a KL term is used)
+    teacher       (on-policy distillation only) the teacher's log-probs of the sampled tokens
     values        critic's values (when the estimator needs them, e.g. gae)
-    advantages    controller: KL in reward (optional), advantage estimator (registry)
+    advantages    controller: KL in reward (optional), advantage estimator (registry), plus
+                  algorithm.distill.coef x the distillation term (rlplat.algorithms.distillation)
     mask_truncated (algorithm.truncated_responses=mask only) no loss on truncated responses
     pf_ppo        (algorithm.pf_ppo.enable only) resample the batch by reward (PF-PPO)
     update_critic critic group: clipped value loss
@@ -41,11 +43,13 @@ from omegaconf import DictConfig
 
 from rlplat.algorithms import (
     KLInput,
+    distill_metrics,
     get_advantage_estimator,
     kl_penalized_rewards,
     kl_penalty,
     make_kl_controller,
     pf_ppo_resample,
+    reverse_kl_advantage,
 )
 from rlplat.config.plan import RunPlan
 from rlplat.controller.dispatch import balanced_order
@@ -75,7 +79,7 @@ from rlplat.workers.actor_loss import old_log_probs_key
 
 
 #: stages that neither read nor reorder the scores: rewards are computed while they run
-SCORE_FREE_STAGES = frozenset({"old_log_probs", "reference", "values"})
+SCORE_FREE_STAGES = frozenset({"old_log_probs", "reference", "teacher", "values"})
 
 
 def overlap_scoring(stages: list[str]) -> list[str]:
@@ -101,6 +105,16 @@ def kl_in_reward(batch: Batch, estimator: str, kl_ctrl, old_log_probs: torch.Ten
     metrics.update({"actor/reward_kl": mean_kl, "actor/kl_coef": kl_ctrl.value})
     kl_ctrl.update(mean_kl, len(batch))
     return rewards
+
+
+def distillation_term(batch: Batch, old_policy: str, metrics: dict) -> torch.Tensor:
+    """On-policy distillation's per-token advantage ``[batch, response_len]``, -(log pi_student - log pi_teacher)
+    (:func:`~rlplat.algorithms.reverse_kl_advantage`), with pi_student the PPO ratio's pi_old: the sampling
+    policy's log-probs where they come from the rollout engine, the actor's before this update where recomputed."""
+    t = batch.tensors
+    student, teacher = t[old_log_probs_key(t, old_policy)], t["teacher_log_probs"]
+    metrics.update(distill_metrics(student, teacher, t["response_mask"]))
+    return reverse_kl_advantage(student, teacher, t["response_mask"])
 
 
 def score_in_background(score: Callable[[Batch], TrainingScores], batch: Batch) -> Future:
@@ -178,7 +192,7 @@ class PPOTrainer(GroupStages):
     # (or replaces the tuple); optional stages drop out at start-up when the config does not need them.
     stage_order: tuple[str, ...] = (
         "generate", "reward", "filter_groups", "drop_zero_gradient_groups", "balance_batch", "old_log_probs",
-        "reference", "values", "advantages", "log_completions", "mask_truncated", "pf_ppo", "update_critic",
+        "reference", "teacher", "values", "advantages", "log_completions", "mask_truncated", "pf_ppo", "update_critic",
         "update_actor", "sync_rollout", "sync_reference", "dynamic_prompts",
     )
 
@@ -205,6 +219,7 @@ class PPOTrainer(GroupStages):
             "dynamic_prompts": cfg.data.dynamic_prompts_fn is not None,
             "old_log_probs": plan.old_policy == "recompute",
             "reference": plan.needs_ref,
+            "teacher": plan.needs_teacher,
             "values": plan.needs_critic,
             "update_critic": plan.needs_critic,
         }
@@ -357,6 +372,9 @@ class PPOTrainer(GroupStages):
     def reference(self, batch: Batch, metrics: dict) -> Batch:
         return batch.union(self.components.reference.compute_ref_log_probs(model_inputs(batch)))
 
+    def teacher(self, batch: Batch, metrics: dict) -> Batch:
+        return batch.union(self.components.teacher_workers.compute_teacher_log_probs(model_inputs(batch)))
+
     def values(self, batch: Batch, metrics: dict) -> Batch:
         return batch.union(self.components.critic.compute_values(model_inputs(batch)))
 
@@ -371,7 +389,10 @@ class PPOTrainer(GroupStages):
             metrics["critic/vf_explained_var"] = explained_variance(out.returns, t["values"], t["response_mask"])
         if out.zero_variance is not None and "batch/real_batch_size_ratio" not in metrics:
             metrics["batch/real_batch_size_ratio"] = 1.0 - float(out.zero_variance.float().mean())
-        fields = {"token_level_rewards": rewards, "advantages": out.advantages, "returns": out.returns}
+        advantages = out.advantages
+        if cfg.distill.coef > 0:  # on-policy distillation's per-token term (rlplat.algorithms.distillation)
+            advantages = advantages + cfg.distill.coef * distillation_term(batch, self.plan.old_policy, metrics)
+        fields = {"token_level_rewards": rewards, "advantages": advantages, "returns": out.returns}
         return batch.union(Batch.from_dict(fields))
 
     def log_completions(self, batch: Batch, metrics: dict) -> Batch:

@@ -18,6 +18,7 @@ from rlplat.config.errors import ConfigError
 from rlplat.config.plan import RunPlan
 from rlplat.models.chat_template import resolve_chat_template
 from rlplat.models.embedded import is_embedded
+from rlplat.models.tokenizer import vocabulary_mismatch
 from rlplat.models.vision import is_vision
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import missing_logger_package
@@ -92,7 +93,8 @@ def check_other_model_paths(cfg: DictConfig, plan: RunPlan) -> None:
     """The critic's, the reward model's and the judge's paths, each as ``model.path`` is checked (their workers
     would otherwise fail minutes later, with a hub message for a missing directory), and the tokenizer's."""
     paths = {"critic.model_path": cfg.critic.model_path if plan.needs_critic else None,
-             "reward.model.path": cfg.reward.model.path, "reward.judge.model_path": cfg.reward.judge.model_path}
+             "reward.model.path": cfg.reward.model.path, "reward.judge.model_path": cfg.reward.judge.model_path,
+             "teacher.model_path": cfg.teacher.model_path if plan.needs_teacher else None}
     for key, path in paths.items():
         if path and not is_embedded(path):  # an embedded model (a judge's) is built when it is first needed
             check_model_path(path, key)
@@ -114,3 +116,31 @@ def check_tokenizer_path(path: str, key: str = "model.tokenizer_path") -> None:
     elif not ((local / "tokenizer_config.json").is_file() or (local / "tokenizer.json").is_file()):
         raise RunError(f"{key}={path!r} has no tokenizer_config.json or tokenizer.json; expected a tokenizer's "
                        f"save_pretrained output or a hub id")
+
+
+def checked_teacher(cfg: DictConfig, plan: RunPlan, tokenizer) -> str | None:
+    """On-policy distillation's teacher directory (an embedded model's is built here when needed), once its
+    tokenizer gives each of the student's tokens (``tokenizer``'s) the same id: the teacher scores the student's
+    token ids as they are. None without a teacher."""
+    if not plan.needs_teacher:
+        return None
+    path = cfg.teacher.model_path
+    if is_embedded(path):
+        from rlplat.trainer.sft import ensure_embedded_model
+
+        path = str(ensure_embedded_model(path))
+    from transformers import AutoTokenizer
+
+    key = f"teacher.model_path={cfg.teacher.model_path!r}"
+    try:
+        teacher = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunError(f"{key}: its tokenizer does not load ({reason}); the teacher needs the student's "
+                       f"tokenizer saved beside its weights") from None
+    if problem := vocabulary_mismatch(tokenizer.get_vocab(), teacher.get_vocab()):
+        raise RunError(f"{key}: its tokenizer is not the student's: {problem}; on-policy distillation scores the "
+                       f"student's token ids with the teacher, so both need one vocabulary (distillation across "
+                       f"tokenizers is not supported: docs/distillation.md)")
+    return path
+

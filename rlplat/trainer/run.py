@@ -102,9 +102,15 @@ def run_plan(cfg: DictConfig, plan: RunPlan, device_memory: int | None = None) -
 
         return str(embedded_model_files(cfg.model.path))
 
+    def teacher_path() -> str:  # checked with the other model paths above
+        from rlplat.trainer.sft import embedded_model_files
+
+        path = cfg.teacher.model_path
+        return str(embedded_model_files(path)) if is_embedded(path) else path
+
     quiet_third_party(cfg.trainer.verbose)
     memory = device_memory or default_device_memory(plan.device)
-    return exit_status(lambda: 0 if report(cfg, plan, memory, model_path) else 1)
+    return exit_status(lambda: 0 if report(cfg, plan, memory, model_path, teacher_path) else 1)
 
 
 def record_run(cfg: DictConfig) -> None:

@@ -34,7 +34,7 @@ from rlplat.data import TASKS, PromptSampler, RLDataset, collate, resolve_files,
 from rlplat.data.synthetic import with_tool_demonstrations
 from rlplat.data.dataset import ToolsOf
 from rlplat.data.vision import ImageInputs
-from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, TOOL_WARM_START, embedded_model_dir, spec_of, warm_start_of
+from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, FURTHER, embedded_model_dir, spec_of, warm_start_of
 from rlplat.models.tiny import build_tiny_model
 from rlplat.models.vision import image_inputs_of
 from rlplat.protocol import Batch
@@ -142,11 +142,12 @@ def ensure_embedded_model(name: str = EMBEDDED) -> Path:
     :data:`rlplat.models.embedded.SPEC` (``embedded-moe``: the mixture of experts of
     :data:`~rlplat.models.embedded.MOE_SPEC`; ``embedded-vl``: the vision-language model of
     :data:`~rlplat.models.embedded.VISION_SPEC`), fine-tuned per :func:`~rlplat.models.embedded.warm_start_of`; for
-    ``embedded-tools``, the embedded model fine-tuned further per :data:`~rlplat.models.embedded.TOOL_WARM_START`."""
+    ``embedded-tools`` and ``embedded-teacher``, the embedded model fine-tuned further per
+    :data:`~rlplat.models.embedded.FURTHER`."""
     target = embedded_model_dir(name)
     if (target / "config.json").exists():
         return target
-    base = ensure_embedded_model() if name == EMBEDDED_TOOLS else None
+    base = ensure_embedded_model() if name in FURTHER else None
     return _built_once(target, lambda tmp: _build_embedded_model(name, target, base, tmp))
 
 
@@ -188,21 +189,21 @@ def _build_embedded_model(name: str, target: Path, base: Path | None, tmp: Path)
 
 
 def _warm_start(name: str, target: Path, base: Path | None, tmp: Path) -> Path:
-    warm = TOOL_WARM_START if base else warm_start_of(name)
+    warm = FURTHER[name] if base else warm_start_of(name)
     print(f"[embedded] building {name} (once, cached; {warm['steps']} supervised steps, their progress below; "
           f"ahead of a run: python -m rlplat.tools.embedded {name}) -> {target}", flush=True)
     out = tmp / "sft"
-    if base is None:
-        init = build_tiny_model(tmp / "init", spec_of(name), seed=warm["seed"])
-        run_sft(str(init), [warm["data"]], str(out), warm["steps"], warm["batch_size"], warm["lr"],
-                micro_batch_size=warm["batch_size"], seed=warm["seed"])
-    else:
+    if name == EMBEDDED_TOOLS:
         rows = with_tool_demonstrations(TASKS.get("tool_arithmetic")(warm["rows"], warm["seed"]),
                                         warm["demonstrations"], warm["seed"])
         data = write_parquet(rows, tmp / "tool_demonstrations.parquet")
         run_sft(str(base), [str(data)], str(out), warm["steps"], warm["batch_size"], warm["lr"],
                 micro_batch_size=warm["batch_size"], max_response_length=warm["max_response_length"],
                 seed=warm["seed"])
+    else:  # from its random initialisation, or from the embedded model (the teacher): supervised steps on its task
+        start = base if base is not None else build_tiny_model(tmp / "init", spec_of(name), seed=warm["seed"])
+        run_sft(str(start), [warm["data"]], str(out), warm["steps"], warm["batch_size"], warm["lr"],
+                micro_batch_size=warm["batch_size"], seed=warm["seed"])
     return out
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from rlplat.utils.tracking import rewind_jsonl
 
 #: the stages whose whole time the training workers compute (the controller waits for them)
-TRAINING_POOL_STAGES = frozenset({"old_log_probs", "reference", "values", "update_critic", "update_actor",
+TRAINING_POOL_STAGES = frozenset({"old_log_probs", "reference", "teacher", "values", "update_critic", "update_actor",
                                   "sync_rollout", "sync_reference"})
 POOLS = ("trainer", "rollout", "controller")
 

@@ -35,6 +35,8 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("response_length", "Response length",
      ("response_length/mean", "response_length/max", "response_length/truncation_ratio")),
     ("kl", "KL", ("actor/kl_loss", "actor/reward_kl", "actor/kl_coef", "actor/approx_kl")),
+    ("distillation", "On-policy distillation: reverse KL to the teacher and its log-prob, per token",
+     ("distill/reverse_kl", "distill/teacher_log_prob", "distill/")),
     ("entropy", "Entropy", ("actor/entropy",)),
     ("grad_norm", "Gradient norm", ("actor/grad_norm",)),
     ("throughput", "Throughput",

@@ -177,7 +177,8 @@ def build_training_engine(cfg: DictConfig, role: str, model_path: str, ctx, opti
     trainable with ``optim`` over ``total_steps`` optimizer steps, or frozen (the reference) without."""
     strategy = cfg[role].strategy
     engine_cls, engine_cfg = TRAINING_ENGINES.get(strategy), cfg[role].get(strategy)
-    moe = {"moe": cfg.actor.moe} if role in ("actor", "ref") and engine_cls.trains_experts else {}  # read by an MoE
+    # read by a mixture of experts
+    moe = {"moe": cfg.actor.moe} if role in ("actor", "ref", "teacher") and engine_cls.trains_experts else {}
     if optim is None:
         return engine_cls(model_path, cfg.model, engine_cfg, ctx, **moe)
     # the actor's LoRA adapters, initialised alike on every rank

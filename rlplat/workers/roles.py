@@ -4,6 +4,7 @@
   reference policy is colocated, a frozen reference engine, all on one device.
 * :class:`RolloutWorker`: a rollout engine alone, for ``rollout.mode=separate`` (its own pool).
 * :class:`RefWorker`: the reference policy alone, for ``ref.placement=separate`` (its own pool).
+* :class:`TeacherWorker`: on-policy distillation's teacher alone, for ``teacher.placement=separate``.
 * :class:`CriticWorker`: the value model for PPO.
 * :class:`SFTWorker`: the training engine alone, for supervised fine-tuning (the embedded warm start).
 
@@ -42,6 +43,14 @@ def reference_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -
                           cfg.ref.log_prob_micro_batch_max_tokens_per_worker)
     return Batch.from_dict({"ref_log_probs": engine.infer(batch, split=split,
                                                           temperature=batch.meta["temperature"])["log_probs"]})
+
+
+def teacher_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -> Batch:
+    """The teacher's log-probs ``[B, R]`` of the sampled tokens (at the temperature the student's are taken at)."""
+    split = MicroBatching(cfg.teacher.log_prob_micro_batch_size_seqs_per_worker,
+                          cfg.teacher.log_prob_micro_batch_max_tokens_per_worker)
+    log_probs = engine.infer(batch, split=split, temperature=batch.meta["temperature"])["log_probs"]
+    return Batch.from_dict({"teacher_log_probs": log_probs})
 
 
 class _Role(Worker):
@@ -187,13 +196,15 @@ class ActorRolloutRefWorker(_Generates):
 
     def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
         super().__init__(rank, world_size, device, cfg, plan)
-        self.actor = self.rollout = self.ref = self.agent = None
+        self.actor = self.rollout = self.ref = self.teacher = self.agent = None
         self.weights_stale = False  # the actor changed since the rollout engine last received its weights
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self, model_path: str, with_ref: bool, with_rollout: bool = True) -> None:
-        """Build the actor, the colocated reference (``with_ref``) and the rollout engine (``with_rollout``;
-        False when the rollout workers have a pool of their own: ``rollout.mode=separate``)."""
+    def init_model(self, model_path: str, with_ref: bool, with_rollout: bool = True,
+                   teacher_path: str | None = None) -> None:
+        """Build the actor, the colocated reference (``with_ref``), the colocated teacher (``teacher_path``) and
+        the rollout engine (``with_rollout``; False when the rollout workers have a pool of their own:
+        ``rollout.mode=separate``)."""
         from rlplat.models.tokenizer import load_tokenizer
 
         cfg, ctx = self.cfg, self.dist
@@ -202,6 +213,8 @@ class ActorRolloutRefWorker(_Generates):
         self.actor = build_training_engine(cfg, "actor", model_path, ctx, cfg.actor.optim, total)
         if with_ref:
             self.ref = build_training_engine(cfg, "ref", model_path, ctx)
+        if teacher_path:
+            self.teacher = build_training_engine(cfg, "teacher", teacher_path, ctx)
         if self.plan.reference == "adapters" and cfg.ref.sync_steps > 0:
             self.actor.lora.keep_reference()  # the synced reference's adapters; the base weights are shared
         if not with_rollout:
@@ -256,6 +269,11 @@ class ActorRolloutRefWorker(_Generates):
             with self.actor.lora.reference():
                 return reference_log_probs(self.actor, batch, self.cfg)
         return reference_log_probs(self.ref, batch, self.cfg)
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_teacher_log_probs(self, batch: Batch) -> Batch:
+        """The colocated teacher's log-probs of the sampled tokens (on-policy distillation)."""
+        return teacher_log_probs(self.teacher, batch, self.cfg)
 
     @register(Dispatch.DP_SPLIT_EXACT)
     def update_actor(self, batch: Batch) -> dict[str, float]:
@@ -488,6 +506,20 @@ class RefWorker(_Role):
         finally:  # the sender must not wait forever for a receiver that stopped reading
             for _ in arriving:
                 pass
+
+
+class TeacherWorker(_Role):
+    """On-policy distillation's teacher on its own pool (``teacher.placement=separate``): frozen, never synced."""
+
+    teacher: TrainingEngine
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, model_path: str) -> None:
+        self.teacher = build_training_engine(self.cfg, "teacher", model_path, self.dist)
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_teacher_log_probs(self, batch: Batch) -> Batch:
+        return teacher_log_probs(self.teacher, batch, self.cfg)
 
 
 class CriticWorker(_Role):

@@ -15,11 +15,14 @@ def test_all_presets_are_there():
     assert expected <= set(PRESETS)
 
 
+NEEDS = {"opd": ["teacher.model_path=embedded-teacher"]}  # what a preset needs besides itself (its teacher)
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_validates_and_prints(preset, capsys):
-    assert main([f"algorithm={preset}", "--cfg", "job"]) == 0
+    assert main([f"algorithm={preset}", *NEEDS.get(preset, []), "--cfg", "job"]) == 0
     printed = OmegaConf.create(capsys.readouterr().out)
-    cfg, plan = load_run_config([f"algorithm={preset}"])
+    cfg, plan = load_run_config([f"algorithm={preset}", *NEEDS.get(preset, [])])
     assert printed == cfg  # the printed YAML is the resolved, validated config
     assert plan.world_size == 1
 

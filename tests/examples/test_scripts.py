@@ -323,8 +323,9 @@ def gpu_plans(tmp_path_factory):
     tokenizer, vision_tokenizer = tmp / "tokenizer", tmp / "tokenizer-vl"
     build_tokenizer().save_pretrained(tokenizer)
     build_tokenizer(VISION_TOKENS, VISION_CHAT_TEMPLATE).save_pretrained(vision_tokenizer)
-    for size, spec in QWEN25.items():
+    for size, spec in QWEN25.items():  # with the tiny tokenizer: a distilling script's teacher is checked against it
         Qwen2Config(max_position_embeddings=32768, rope_theta=1e6, **spec).save_pretrained(tmp / size)
+        build_tokenizer().save_pretrained(tmp / size)
     for size, spec in QWEN25_VL.items():  # with Qwen2.5-VL's image processor (its preprocessor_config.json)
         Qwen2_5_VLConfig(**spec).save_pretrained(tmp / size)
         Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056).save_pretrained(tmp / size)
@@ -333,11 +334,14 @@ def gpu_plans(tmp_path_factory):
     recorder.chmod(0o755)
     commands = {}
     for script in GPU_SCRIPTS:
-        size = re.search(r"Qwen2\.5-((?:VL-)?[\d.]+B)", bash(script, script_env(DEVICE="cpu", PYTHON=str(recorder),
-                                                                        RLPLAT_RECORD=str(tmp / "a")), "--cfg", "job")
-                         and (tmp / "a").read_text()).group(1)
+        assert bash(script, script_env(DEVICE="cpu", PYTHON=str(recorder), RLPLAT_RECORD=str(tmp / "a")), "--cfg",
+                    "job").returncode == 0
+        job = (tmp / "a").read_text()
+        size = re.search(r"Qwen2\.5-((?:VL-)?[\d.]+B)", job).group(1)
+        teacher = re.search(r"teacher\.model_path=[^\0]*?Qwen2\.5-([\d.]+B)", job)  # on-policy distillation's
         record = tmp / f"{script.stem}.args"
-        env = {**script_env(DEVICE="cuda", MODEL=str(tmp / size)), "PYTHON": str(recorder), "RLPLAT_RECORD": str(record)}
+        knobs = {"MODEL": str(tmp / size), **({"TEACHER": str(tmp / teacher.group(1))} if teacher else {})}
+        env = {**script_env(DEVICE="cuda", **knobs), "PYTHON": str(recorder), "RLPLAT_RECORD": str(record)}
         assert bash(script, env).returncode == 0
         args = record.read_text().split("\0")[:-1][2:]
         limit = int(next(a for a in args if a.startswith("data.max_prompt_length=")).split("=")[1])

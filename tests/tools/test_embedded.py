@@ -22,7 +22,8 @@ def test_an_unknown_name_is_one_line(capsys):
         embedded_tool.main(["embeded"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(
-        "no embedded model 'embeded'; the embedded models are embedded, embedded-tools, embedded-moe, embedded-vl")
+        "no embedded model 'embeded'; the embedded models are embedded, embedded-tools, embedded-moe, embedded-vl, "
+        "embedded-teacher")
 
 
 def test_the_plan_of_an_embedded_model_runs_no_warm_start(tmp_path, monkeypatch, capsys):

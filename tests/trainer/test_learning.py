@@ -53,6 +53,8 @@ RUNS = {
     # the tiny mixture of experts (docs/moe.md), the routers' load-balancing loss at the model's coefficient
     "grpo_moe": LearningRun(["algorithm=grpo"], 40, 0.045, model="embedded-moe"),
     "grpo_vl": LearningRun(["algorithm=grpo"], 10, 0.02, model="embedded-vl", task="shapes"),
+    # on-policy distillation from embedded-teacher (docs/distillation.md): the task reward is not trained on
+    "opd": LearningRun(["algorithm=opd", "teacher.model_path=embedded-teacher"], 20, 0.02),
 }
 # ppo's critic at its default learning rate. The raw value loss is not a fair yardstick: its floor,
 # about ½·Var(return) = ½·p(1 − p) for a 0/1 reward, *grows* as the policy's accuracy p rises from 0.12.
@@ -240,3 +242,13 @@ def test_grpo_trains_the_vision_language_model(embedded_cache, tmp_path):
     tower = [name for name in start if ".visual." in f".{name}"]
     assert tower and all(torch.equal(start[name], end[name]) for name in tower)
     assert any(not torch.equal(start[name], end[name]) for name in start if name not in tower)
+
+
+@pytest.mark.slow
+def test_distillation_from_a_stronger_teacher_raises_expected_reward(held_out, small_val, tmp_path):
+    """algorithm=opd, trained on the teacher's per-token signal alone, raises the task's expected reward, and the
+    reverse KL to the teacher falls over the run."""
+    summary = assert_gain("opd", held_out, small_val, tmp_path)
+    first, last = metric_ends(Path(summary["output_dir"]) / "metrics.jsonl", "distill/reverse_kl")
+    print(f"opd: distill/reverse_kl, mean of the first / last 5 steps: {first:.4f} -> {last:.4f}")
+    assert last < first

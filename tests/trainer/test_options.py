@@ -47,13 +47,18 @@ def test_reference_sync_copies_or_mixes_the_actor(embedded_cache, small_val, tmp
 
 @pytest.mark.slow
 def test_reference_sync_to_a_separate_reference_pool(embedded_cache, small_val, tmp_path, ray_cluster):
-    # ref.placement=separate: the actor's weights travel over a weight channel of their own to the reference workers
+    # ref.placement=separate: the actor's weights travel over a weight channel of their own to the reference workers;
+    # on-policy distillation's teacher has a pool of its own too (teacher.placement=separate), never synced
     out = tmp_path / "separate"
     cfg, plan = load_run_config(overrides(out, 2, small_val, "algorithm.use_kl_loss=true", "ref.placement=separate",
-                                      "ref.sync_steps=1"))
+                                      "ref.sync_steps=1", "algorithm.distill.coef=0.5",
+                                      "teacher.model_path=embedded-teacher", "teacher.placement=separate"))
     run(cfg, plan)
     assert metrics(out)[2]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)
     assert (out / "checkpoints" / "step_000002" / "ref").is_dir()
+    assert not (out / "checkpoints" / "step_000002" / "teacher").exists()
+    for step in (1, 2):  # the embedded model is far from its teacher: a clearly positive reverse KL
+        assert metrics(out)[step]["distill/reverse_kl"] > 0.05 and metrics(out)[step]["distill/teacher_log_prob"] < 0
 
 
 def test_a_resumed_run_keeps_the_synced_reference(embedded_cache, small_val, tmp_path):
