@@ -2,6 +2,7 @@
 
     python benchmarks/distill_seeds.py                              # 5 seeds x (opd, grpo), 200 steps, every 10
     python benchmarks/distill_seeds.py --seeds 2 --steps 60 --jobs 2
+    python benchmarks/distill_seeds.py --runs grpo --steps 450      # GRPO alone on the Quickstart's 450 steps
     python benchmarks/distill_seeds.py --table                      # the table of the results kept
 
 The student is the embedded model (``model.path=embedded``, the Quickstart's), the teacher the embedded model
@@ -78,6 +79,7 @@ def table(results: Path, steps: int, every: int) -> None:
     print(f"teacher (embedded-teacher) greedy validation accuracy: {teacher:.3f}")
     curves = {name: [{int(s): a for s, a in json.loads(path.read_text())["curve"].items()}
                      for path in sorted(results.glob(f"{name}-seed*-{steps}x{every}.json"))] for name in RUNS}
+    curves = {name: runs for name, runs in curves.items() if runs}
     marks = sorted(set().union(*(c.keys() for runs in curves.values() for c in runs)))
     print(f"\n| step | {' | '.join(f'{name} mean (std), {len(runs)} seeds' for name, runs in curves.items())} |")
     print(f"|---:|{'---:|' * len(curves)}")
@@ -101,6 +103,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="validate every N steps")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each computing with its share of the cores")
     parser.add_argument("--results", type=Path, default=Path("outputs/distill_seeds"))
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="which (default: both)")
     parser.add_argument("--table", action="store_true", help="only print the table of the results kept")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
@@ -108,7 +111,7 @@ def main() -> None:
         teacher_accuracy(args.results)
         with ThreadPoolExecutor(args.jobs) as pool:
             for done in [pool.submit(run_one, name, seed, args, args.results)
-                         for seed in range(1, args.seeds + 1) for name in RUNS]:
+                         for seed in range(1, args.seeds + 1) for name in args.runs]:
                 done.result()
     table(args.results, args.steps, args.every)
 

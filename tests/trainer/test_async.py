@@ -215,9 +215,13 @@ def test_a_separate_rollout_pool_without_generating_ahead_is_the_colocated_run(e
 def test_generating_two_steps_ahead_never_trains_on_older_samples(embedded_cache, small_val, tmp_path, ray_cluster,
                                                                   capsys):
     out = tmp_path / "ahead"
-    _train(out, 4, small_val, SEPARATE, "trainer.async_steps=2", "trainer.test_freq=2")
+    # with on-policy distillation added: the teacher scores what the (stale) sampler drew, against the sampler's
+    # own log-probs (pi_old from the rollout engine: docs/distillation.md)
+    distill = ["algorithm.distill.coef=0.5", "teacher.model_path=embedded-teacher"]
+    _train(out, 4, small_val, SEPARATE, "trainer.async_steps=2", "trainer.test_freq=2", *distill)
     steps = metrics(out)
     assert [steps[s]["off_policy/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 2, 2]  # K = 2 reached, never passed
+    assert all(steps[s]["distill/reverse_kl"] > 0.05 for s in (1, 2, 3, 4))
     step_lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[step 3] ")]
     assert len(step_lines) == 1 and " off_policy/staleness_max=2 " in step_lines[0]  # the console line shows it
     assert [steps[s]["val/policy_version"] for s in (0, 2, 4)] == [0, 2, 4]  # validation on the newest weights

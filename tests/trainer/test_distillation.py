@@ -151,3 +151,33 @@ def test_grpo_plus_distillation_trains_and_reports_both_terms(embedded_cache, sm
         assert {"score/mean", "actor/pg_loss"} <= steps[step].keys()
         assert steps[step]["distill/reverse_kl"] > 0.05 and steps[step]["distill/teacher_log_prob"] < 0
     assert (tmp_path / "report" / "distillation.svg").is_file()
+
+
+def test_an_agents_observation_tokens_get_no_distillation_term(embedded_cache, tmp_path):
+    """Tool-use trajectories (the embedded tool model calls a calculator): the teacher's term reaches the tokens the
+    policy sampled, never the tool results' tokens between its turns (attended, not trained)."""
+    from rlplat.trainer.ppo import PPOTrainer
+    from trainer.test_learning import small_val_file
+
+    seen = []
+
+    class Watching(PPOTrainer):
+        stage_order = PPOTrainer.insert_stage("watch", after="advantages")
+
+        def watch(self, batch, metrics):
+            seen.append(batch)
+            return batch
+
+    cfg, plan = load_run_config([
+        "trainer.ray_address=inprocess", "model.path=embedded-tools", "algorithm=opd",
+        "teacher.model_path=embedded-teacher", "data.train_files=builtin:tool_arithmetic",
+        f"data.val_files={small_val_file('tool_arithmetic', tmp_path)}", "data.max_response_length=88", "rollout.agent.name=tool",
+        "rollout.agent.max_turns=3", "rollout.agent.max_total_tokens=128", "data.train_batch_size_prompts=8",
+        "actor.mini_batch_size_prompts=8", "rollout.n=2", "trainer.total_steps=1", "trainer.test_freq=0",
+        "rollout.val_n=1", f"trainer.output_dir={tmp_path / 'run'}"])
+    run(cfg, plan, Watching)
+    t = seen[0].tensors
+    response = t["attention_mask"][:, -t["responses"].shape[1]:].bool()
+    observed = response & ~t["response_mask"].bool()  # in the sequence, not sampled: a tool's result
+    assert observed.sum() > 0 and bool((t["advantages"][observed] == 0).all())
+    assert bool((t["advantages"][t["response_mask"].bool()] != 0).any())

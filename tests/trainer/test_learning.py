@@ -54,7 +54,7 @@ RUNS = {
     "grpo_moe": LearningRun(["algorithm=grpo"], 40, 0.045, model="embedded-moe"),
     "grpo_vl": LearningRun(["algorithm=grpo"], 10, 0.02, model="embedded-vl", task="shapes"),
     # on-policy distillation from embedded-teacher (docs/distillation.md): the task reward is not trained on
-    "opd": LearningRun(["algorithm=opd", "teacher.model_path=embedded-teacher"], 20, 0.02),
+    "opd": LearningRun(["algorithm=opd", "teacher.model_path=embedded-teacher"], 40, 0.025),
 }
 # ppo's critic at its default learning rate. The raw value loss is not a fair yardstick: its floor,
 # about ½·Var(return) = ½·p(1 − p) for a 0/1 reward, *grows* as the policy's accuracy p rises from 0.12.
