@@ -98,7 +98,7 @@ RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inproces
 #   STREAM_GROUPS       rollout.stream_groups: prompt groups per generation call of the separate pool (0 = whole batches)
 #   PARTIAL             rollout.partial: finish | resume (load weight updates between two tokens; hf engine)
 #   LORA_RANK           model.lora.rank: LoRA adapters of this rank on the actor (docs/lora.md; 0 = off)
-#   ULYSSES             actor.fsdp.ulysses_size and ref.fsdp.ulysses_size: workers each sequence is split over
+#   ULYSSES             actor., ref. and teacher.fsdp.ulysses_size: workers each sequence is split over
 #                       (Ulysses sequence parallelism, FSDP; docs/long_context.md)
 #   IMAGE_MAX_PIXELS    data.image_max_pixels: a vision-language model's largest image, in pixels (docs/vision.md)
 #   TEACHER             teacher.model_path: on-policy distillation's teacher (ALGO=opd, or algorithm.distill.coef > 0;
@@ -144,7 +144,7 @@ run_rlplat() {
     optional STREAM_GROUPS rollout.stream_groups
     optional PARTIAL rollout.partial
     optional LORA_RANK model.lora.rank
-    optional ULYSSES actor.fsdp.ulysses_size ref.fsdp.ulysses_size
+    optional ULYSSES actor.fsdp.ulysses_size ref.fsdp.ulysses_size teacher.fsdp.ulysses_size
     optional IMAGE_MAX_PIXELS data.image_max_pixels
     optional TEACHER teacher.model_path
     optional TEACHER_PLACEMENT teacher.placement

@@ -39,6 +39,16 @@ def replica_size(cfg: DictConfig, role: str) -> int:
     return declared(section) if declared is not None else 1
 
 
+def model_of(cfg: DictConfig, role: str) -> DictConfig:
+    """The ``model`` section as ``role``'s engine loads it: ``model`` itself, or for on-policy distillation's teacher
+    the same settings (remote code, attention) on ``teacher.model_path``."""
+    if role != "teacher":
+        return cfg.model
+    section = OmegaConf.create(OmegaConf.to_container(cfg.model))
+    section.path, section.tokenizer_path = cfg.teacher.model_path, None
+    return section
+
+
 def data_parallel_replicas(cfg: DictConfig, role: str, world: int) -> int:
     """The model replicas ``role``'s training engine forms on ``world`` workers, each taking its share of a
     batch (:func:`replica_size` workers each, at least 1)."""

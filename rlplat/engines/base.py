@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlplat.config.derive import model_of
 from rlplat.config.errors import ConfigError
 from rlplat.engines.memory import MemoryLayout, hf_activations, model_state
 from rlplat.engines.optim import LR_SCHEDULES, Optimizer
@@ -99,18 +100,19 @@ class TrainingEngine(ABC):
     @classmethod
     def check_config(cls, cfg, role: str, world_size: int, device: str) -> None:
         """Raise ConfigError, naming the key, for a setting this engine cannot run with as ``role``
-        ("actor", "critic", "ref") on ``world_size`` workers of ``device``: its own section
+        ("actor", "critic", "ref", "teacher") on ``world_size`` workers of ``device``: its own section
         ``<role>.<strategy>`` and, for a trained role, ``<role>.optim``. Called at start-up."""
-        if role != "ref" and cfg[role].optim.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"{role}.optim.lr_schedule={cfg[role].optim.lr_schedule!r} is not one of: "
-                              f"{', '.join(LR_SCHEDULES)}")
-        known = known_config(cfg.model)
+        optim = cfg[role].get("optim")
+        if optim is not None and optim.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"{role}.optim.lr_schedule={optim.lr_schedule!r} is not one of: {', '.join(LR_SCHEDULES)}")
+        model = model_of(cfg, role)
+        known, path = known_config(model), f"{'teacher.model_path' if role == 'teacher' else 'model.path'}={model.path}"
         if not cls.trains_experts and is_moe(known):
-            raise ConfigError(f"{role}.strategy={cfg[role].strategy}: model.path={cfg.model.path} is a mixture of "
-                              f"experts, which this engine does not train yet; use {role}.strategy=fsdp")
+            raise ConfigError(f"{role}.strategy={cfg[role].strategy}: {path} is a mixture of experts, which this "
+                              f"engine does not train yet; use {role}.strategy=fsdp")
         if not cls.trains_vision and is_vision(known):
-            raise ConfigError(f"{role}.strategy={cfg[role].strategy}: model.path={cfg.model.path} is a vision-language "
-                              f"model, which this engine does not train (docs/vision.md); use {role}.strategy=fsdp")
+            raise ConfigError(f"{role}.strategy={cfg[role].strategy}: {path} is a vision-language model, which this "
+                              f"engine does not train (docs/vision.md); use {role}.strategy=fsdp")
 
     @classmethod
     def computes_in(cls, engine_cfg, device: str) -> str:

@@ -25,6 +25,7 @@ import math
 import torch
 from omegaconf import DictConfig
 
+from rlplat.config.derive import model_of
 from rlplat.config.errors import ConfigError
 from rlplat.engines.base import (
     TRAINING_ENGINES, ForwardOutput, ParallelLayout, TrainingEngine, blend_, check_blended, check_mixed_precision,
@@ -198,12 +199,14 @@ class FSDPEngine(TrainingEngine):
         if engine_cfg.compile and sp > 1:  # None (auto) leaves them eager there
             raise ConfigError(f"{key}.compile=true with {key}.ulysses_size={sp}: compiled layers are not supported "
                               f"with Ulysses' all-to-all inside the attention yet (set one of them back)")
-        if sp > 1 and (known := known_config(cfg.model)) is not None:
-            check_ulysses(known, sp, key, cfg.model.path)
+        model = model_of(cfg, role)
+        if sp > 1 and (known := known_config(model)) is not None:
+            check_ulysses(known, sp, key, model.path)
         actor_sp = cfg.actor.fsdp.ulysses_size if cfg.actor.strategy == "fsdp" else 1
-        if role == "ref" and cfg.ref.placement == "colocated" and sp not in (1, actor_sp):
-            raise ConfigError(f"{key}.ulysses_size={sp}: a colocated reference splits its sequences over the "
-                              f"actor's groups (actor.fsdp.ulysses_size={actor_sp}) or not at all (1)")
+        if role in ("ref", "teacher") and cfg[role].placement == "colocated" and sp not in (1, actor_sp):
+            raise ConfigError(f"{key}.ulysses_size={sp}: a colocated {'reference' if role == 'ref' else role} splits "
+                              f"its sequences over the actor's groups (actor.fsdp.ulysses_size={actor_sp}) or not at "
+                              f"all (1)")
 
     def __init__(
         self,

@@ -69,11 +69,13 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
                                       rollout=rollout)
     plan = make_plan(cfg, device, declarations)
     check_vision(cfg, plan, rollout, known_config(cfg.model))
-    roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref}  # the engines this run builds
+    # the engines this run builds, and the workers each is split over (a separate reference or teacher pool: one node)
+    roles = {"actor": True, "critic": plan.needs_critic, "ref": plan.needs_ref, "teacher": plan.needs_teacher}
+    own_pool = {"ref": plan.reference == "separate", "teacher": plan.teacher == "separate"}
     for role in (role for role, built in roles.items() if built):
         engine_cls = _registered(TRAINING_ENGINES, f"{role}.strategy", cfg[role].strategy, require_installed)
-        world = cfg.ref.workers_per_node if plan.reference == "separate" and role == "ref" else plan.world_size
-        engine_cls.check_config(cfg, role, world, device)  # the separate reference pool is one node
+        world = cfg[role].workers_per_node if own_pool.get(role) else plan.world_size
+        engine_cls.check_config(cfg, role, world, device)
     if cfg.rollout.mode != "server":
         rollout_cls.check_config(rollout_section, f"rollout.{cfg.rollout.name}", device)
     separate, verify = cfg.rollout.mode == "separate", cfg.rollout.verify_weights

@@ -67,6 +67,8 @@ def test_the_per_token_advantage_is_the_reverse_kl_computed_by_hand(tiny_model_p
      "algorithm.distill.coef must be >= 0"),
     (["algorithm=opd", "teacher.model_path=embedded-teacher", "teacher.placement=separate",
       "trainer.ray_address=inprocess"], "teacher.placement=separate needs Ray"),
+    (["algorithm=opd", "teacher.model_path=embedded-teacher", "teacher.fsdp.ulysses_size=2",
+      "trainer.workers_per_node=2"], "a colocated teacher splits its sequences over the actor's groups"),
 ])
 def test_distillation_config_errors_are_one_line(overrides, message):
     with pytest.raises(ConfigError) as caught:

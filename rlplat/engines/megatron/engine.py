@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from rlplat.config.derive import model_of
 from rlplat.config.errors import ConfigError
 from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, add_metrics, check_mixed_precision,
                                  load_rank_state, micro_batches, save_rank_state)
@@ -152,7 +153,7 @@ class MegatronEngine(TrainingEngine):
                               f"yet; use actor.strategy=fsdp")
         tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
         try:  # for a hub id the model's side is checked when it loads
-            data_parallel_size(world_size, tp, pp, model_shape(cfg.model))
+            data_parallel_size(world_size, tp, pp, model_shape(model_of(cfg, role)))
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
         check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
