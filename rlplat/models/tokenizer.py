@@ -20,6 +20,27 @@ def load_tokenizer(model_cfg: DictConfig, model_path: str):
     return tokenizer
 
 
+
+def check_teacher_tokenizer(tokenizer, path: str, key: str, trust_remote_code: bool = False) -> None:
+    """On-policy distillation's teacher (the model directory ``path``, set by ``key``) scores the student's token
+    ids as they are: a RunError, one line, unless its tokenizer loads and gives each of the student's tokens
+    (``tokenizer``'s) the same id (it may have more)."""
+    from transformers import AutoTokenizer
+
+    from rlplat.utils.errors import RunError
+
+    try:
+        teacher = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunError(f"{key}: its tokenizer does not load ({reason}); the teacher needs the student's tokenizer "
+                       f"saved beside its weights") from None
+    if problem := vocabulary_mismatch(tokenizer.get_vocab(), teacher.get_vocab()):
+        raise RunError(f"{key}: its tokenizer is not the student's: {problem}; on-policy distillation scores the "
+                       f"student's token ids with the teacher, so both need one vocabulary (distillation across "
+                       f"tokenizers is not supported: docs/distillation.md)")
+
+
 def vocabulary_mismatch(student: dict[str, int], teacher: dict[str, int]) -> str | None:
     """How many of the student's tokens have another id (or none) in the teacher's vocabulary, with the first
     one; None when every one maps to the same id (the teacher may have more tokens)."""

@@ -197,15 +197,13 @@ def report_ledger(cfg: DictConfig, plan, train: PromptLengths, kept: int) -> Led
 def teacher_shape(cfg: DictConfig, path: str, tokenizer) -> ModelShape:
     """On-policy distillation's teacher (in the directory ``path``): its shape, once its tokenizer gives the
     student's tokens (``tokenizer``'s) their ids; a RunError otherwise, as at the run's start."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
-    from rlplat.models.tokenizer import vocabulary_mismatch
-    from rlplat.utils.errors import RunError
+    from rlplat.models.tokenizer import check_teacher_tokenizer
 
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code))
-    teacher_vocab = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code).get_vocab()
-    if problem := vocabulary_mismatch(tokenizer.get_vocab(), teacher_vocab):
-        raise RunError(f"teacher.model_path={cfg.teacher.model_path!r}: its tokenizer is not the student's: {problem}")
+    check_teacher_tokenizer(tokenizer, path, f"teacher.model_path={cfg.teacher.model_path!r}",
+                            cfg.model.trust_remote_code)
     say(f"teacher {cfg.teacher.model_path} ({shape.params / 1e6:.1f}M parameters, {shape.layers} layers, "
         f"{cfg.teacher.placement}): tokenizer matches the student's")
     return shape

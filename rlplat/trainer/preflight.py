@@ -18,7 +18,7 @@ from rlplat.config.errors import ConfigError
 from rlplat.config.plan import RunPlan
 from rlplat.models.chat_template import resolve_chat_template
 from rlplat.models.embedded import is_embedded
-from rlplat.models.tokenizer import vocabulary_mismatch
+from rlplat.models.tokenizer import check_teacher_tokenizer
 from rlplat.models.vision import is_vision
 from rlplat.utils.errors import RunError
 from rlplat.utils.tracking import missing_logger_package
@@ -129,18 +129,7 @@ def checked_teacher(cfg: DictConfig, plan: RunPlan, tokenizer) -> str | None:
         from rlplat.trainer.sft import ensure_embedded_model
 
         path = str(ensure_embedded_model(path))
-    from transformers import AutoTokenizer
-
-    key = f"teacher.model_path={cfg.teacher.model_path!r}"
-    try:
-        teacher = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
-    except (OSError, ValueError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise RunError(f"{key}: its tokenizer does not load ({reason}); the teacher needs the student's "
-                       f"tokenizer saved beside its weights") from None
-    if problem := vocabulary_mismatch(tokenizer.get_vocab(), teacher.get_vocab()):
-        raise RunError(f"{key}: its tokenizer is not the student's: {problem}; on-policy distillation scores the "
-                       f"student's token ids with the teacher, so both need one vocabulary (distillation across "
-                       f"tokenizers is not supported: docs/distillation.md)")
+    check_teacher_tokenizer(tokenizer, path, f"teacher.model_path={cfg.teacher.model_path!r}",
+                            cfg.model.trust_remote_code)
     return path
 
