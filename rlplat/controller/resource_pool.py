@@ -17,6 +17,21 @@ from rlplat.utils.errors import RunError
 PLACEMENT_TIMEOUT_S = 120
 
 
+def reserved_by_placement_groups() -> dict[str, dict[str, float]]:
+    """The resources the placement groups in place (every pool's, this run's or another's) hold on each node."""
+    from ray.util.placement_group import placement_group_table
+
+    reserved: dict[str, dict[str, float]] = {}
+    for group in placement_group_table().values():
+        if group["state"] != "CREATED":
+            continue
+        for index, resources in group["bundles"].items():
+            on_node = reserved.setdefault(group["bundles_to_node_id"][index], {})
+            for key, amount in resources.items():
+                on_node[key] = on_node.get(key, 0) + amount
+    return reserved
+
+
 @dataclass
 class ResourcePool:
     nnodes: int
@@ -47,23 +62,29 @@ class ResourcePool:
         return bundle
 
     def _pick_nodes(self) -> list[str]:
+        """``nnodes`` live nodes big enough for this pool's bundles: first those where the pools already placed leave
+        them free (a separate pool goes to the node with room rather than wait behind a full one), then the others
+        (their placement waits for the room)."""
         import ray
 
         need = self._bundle()
-        fits = [
-            node["NodeID"]
-            for node in ray.nodes()
-            if node["Alive"]
-            and node["NodeID"] not in self.exclude_nodes
-            and all(node["Resources"].get(k, 0) >= v * self.workers_per_node for k, v in need.items())
-        ]
+
+        def holds(resources: dict) -> bool:
+            return all(resources.get(k, 0) >= v * self.workers_per_node for k, v in need.items())
+
+        nodes = {node["NodeID"]: node["Resources"] for node in ray.nodes()
+                 if node["Alive"] and node["NodeID"] not in self.exclude_nodes}
+        fits = [node for node, total in nodes.items() if holds(total)]
         if len(fits) < self.nnodes:
             raise RunError(
                 f"{self._sizes()} needs "
                 f"{self.nnodes} Ray nodes each with {self.workers_per_node} x {need}; only {len(fits)} "
                 f"node(s) qualify (ray.nodes() lists {len(ray.nodes())})"
             )
-        return fits[: self.nnodes]
+        reserved = reserved_by_placement_groups()
+        free = [node for node in fits
+                if holds({k: v - reserved.get(node, {}).get(k, 0) for k, v in nodes[node].items()})]
+        return (free + [node for node in fits if node not in free])[: self.nnodes]
 
     def create(self) -> ResourcePool:
         """Reserve the bundles; raises a clear error if the cluster cannot hold them."""

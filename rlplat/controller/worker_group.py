@@ -18,7 +18,7 @@ from typing import Any
 
 from rlplat.controller.dispatch import collect_results, split_arguments
 from rlplat.controller.resource_pool import ResourcePool
-from rlplat.utils.errors import RunError
+from rlplat.utils.errors import RunError, WorkerDied
 from rlplat.engines import ParallelLayout
 from rlplat.workers.base import Dispatch, Worker, concurrency_group, dispatch_mode
 
@@ -215,13 +215,13 @@ class RayWorkerGroup(WorkerGroup):
                 raise self._death(err, ranks[refs.index(done[0])], what) from None
         return [values[ref] for ref in refs]
 
-    def _death(self, err: Exception, rank: int, what: str) -> RunError:
+    def _death(self, err: Exception, rank: int, what: str) -> WorkerDied:
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return RunError(f"{self.worker_cls.__name__} rank {rank} of {len(self.actors)} died during {what} ({cause}); "
+        return WorkerDied(f"{self.worker_cls.__name__} rank {rank} of {len(self.actors)} died during {what} ({cause}); "
                         f"its process exited (out of memory, a crash or a kill): see the Ray logs of that worker")
 
     def _death_among(self, pending: list, refs: list, ranks: list[int], what: str,
-                     timeout_s: float = 10.0) -> RunError | None:
+                     timeout_s: float = 10.0) -> WorkerDied | None:
         """The death of a rank whose call is in ``pending``, if one shows within ``timeout_s``."""
         import ray
 

@@ -199,14 +199,12 @@ class FSDPEngine(TrainingEngine):
         if engine_cfg.compile and sp > 1:  # None (auto) leaves them eager there
             raise ConfigError(f"{key}.compile=true with {key}.ulysses_size={sp}: compiled layers are not supported "
                               f"with Ulysses' all-to-all inside the attention yet (set one of them back)")
-        model = model_of(cfg, role)
-        if sp > 1 and (known := known_config(model)) is not None:
-            check_ulysses(known, sp, key, model.path)
+        if sp > 1 and (known := known_config(model_of(cfg, role))) is not None:
+            check_ulysses(known, sp, key, model_of(cfg, role).path)
         actor_sp = cfg.actor.fsdp.ulysses_size if cfg.actor.strategy == "fsdp" else 1
         if role in ("ref", "teacher") and cfg[role].placement == "colocated" and sp not in (1, actor_sp):
-            raise ConfigError(f"{key}.ulysses_size={sp}: a colocated {'reference' if role == 'ref' else role} splits "
-                              f"its sequences over the actor's groups (actor.fsdp.ulysses_size={actor_sp}) or not at "
-                              f"all (1)")
+            raise ConfigError(f"{key}.ulysses_size={sp}: a colocated {role.replace('ref', 'reference')} splits its "
+                              f"sequences over the actor's groups (actor.fsdp.ulysses_size={actor_sp}) or none (1)")
 
     def __init__(
         self,

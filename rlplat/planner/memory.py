@@ -188,15 +188,15 @@ def phases(shape: ModelShape, cfg: DictConfig, plan, led: Ledger, device_memory:
     update = activation_bytes(shape, cfg, lay, led.micro_tokens, int(led.micro_tokens * response_share),
                               compute, grad=True, seq=led.length)
     taught, teaching = teacher_parts(teacher, cfg, plan, led) if teacher is not None else ({}, {})
+    logprob_knob = "actor.log_prob_micro_batch_size_seqs_per_worker (or a token budget)"
     if plan.teacher == "colocated":  # its weights stay beside the actor's; its pass follows the actor's
         ref = {**ref, **taught}
         if sum(teaching.values()) > sum(logprob.values()):
-            logprob = teaching
+            logprob, logprob_knob = teaching, logprob_knob.replace("actor.", "teacher.")
     out = [
         Phase("rollout, on each rollout worker's device (rollout.mode=separate)", rollout, rollout_knob) if separate
         else Phase("rollout", {**between, **ref, **critic, **rollout}, rollout_knob),
-        Phase("log-prob passes", {**between, **ref, **critic, **between_rollouts, **logprob},
-              "actor.log_prob_micro_batch_size_seqs_per_worker (or a token budget)"),
+        Phase("log-prob passes", {**between, **ref, **critic, **between_rollouts, **logprob}, logprob_knob),
         Phase("update", {**resident, **ref, **critic, **between_rollouts, **update}, actor.update_knob),
     ]
     if plan.needs_critic:  # the critic's update: its gradients and activations beside the actor's state

@@ -74,6 +74,7 @@ from rlplat.trainer.summary import WallClock, write_summary
 from rlplat.trainer.timeline import TRAINING_POOL_STAGES, Timeline
 from rlplat.trainer.validation import Validator
 from rlplat.trainer.samples import CompletionLog
+from rlplat.utils.errors import WorkerDied
 from rlplat.utils.progress import Progress
 from rlplat.workers.actor_loss import old_log_probs_key
 
@@ -276,6 +277,8 @@ class PPOTrainer(GroupStages):
             try:
                 with self.progress:
                     last_val, saved = self.train_loop(stop)
+            except WorkerDied as died:  # the line says which checkpoint the run resumes from
+                raise died.resumable(self.checkpoints.newest()) from None
             finally:
                 self.rollouts.close()
             if stop.requested and cfg.trainer.save_on_signal and self.step > max(saved, resumed):

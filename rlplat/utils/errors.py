@@ -2,7 +2,7 @@
 
 :class:`RunError` is a failure found while running (not in the config or the data files) whose message says
 everything a user needs: the entry point prints ``rlplat: <message>`` and exits with ``exit_code`` (1),
-without a traceback (``RLPLAT_DEBUG=1`` shows it). :class:`Interrupted` is a run stopped by SIGINT/SIGTERM
+without a traceback (``RLPLAT_DEBUG=1`` shows it). :class:`WorkerDied` is a worker process that died. :class:`Interrupted` is a run stopped by SIGINT/SIGTERM
 (exit status 128 + the signal number, as a shell reports it). :func:`debug_traceback` prints the traceback
 behind such a line when ``RLPLAT_DEBUG=1``.
 """
@@ -15,6 +15,17 @@ class RunError(RuntimeError):
     """A run-time failure with a complete, one-line message."""
 
     exit_code = 1
+
+
+class WorkerDied(RunError):
+    """A worker process died (out of memory, a crash, a kill): what it held is lost, so the run stops."""
+
+    def resumable(self, newest) -> "WorkerDied":
+        """The same error, saying where the run resumes from: the newest complete checkpoint (a path; None when
+        none was saved). The step under way is lost whole: a checkpoint is only ever of a finished step."""
+        where = (f"the step under way is lost; rerun the same command to resume from {newest} "
+                 f"(trainer.resume_mode=auto)" if newest else "no checkpoint was saved yet (trainer.save_freq)")
+        return WorkerDied(f"{self}; {where}")
 
 
 class Interrupted(RunError):

@@ -198,6 +198,13 @@ def test_two_node_cluster_places_one_worker_per_node(by_value):
         pool.release()
         with pytest.raises(RuntimeError, match="trainer.nnodes=3 .* only 2 node"):
             ResourcePool(nnodes=3, workers_per_node=1, device="cpu").create()
+        # pools of one node each: the second goes to the node the first left free, not behind the full one (where
+        # its placement would wait until the first is released)
+        first = ResourcePool(nnodes=1, workers_per_node=1, device="cpu").create()
+        second = ResourcePool(nnodes=1, workers_per_node=1, device="cpu", section="teacher").create()
+        assert first.node_ids != second.node_ids and {*first.node_ids, *second.node_ids} == set(pool.node_ids)
+        for one in (first, second):
+            one.release()
     finally:
         ray.shutdown()
         cluster.shutdown()

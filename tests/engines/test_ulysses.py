@@ -23,7 +23,7 @@ LENGTH = 23  # no multiple of 2 or 4: the last rank's slice ends in padding
      r"heads"),
     (["trainer.workers_per_node=4", "actor.fsdp.ulysses_size=2", "ref.fsdp.ulysses_size=4", "algorithm.use_kl_loss=true"],
      r"ref.fsdp.ulysses_size=4: a colocated reference splits its sequences over the actor's groups "
-     r"\(actor.fsdp.ulysses_size=2\) or not at all"),
+     r"\(actor.fsdp.ulysses_size=2\) or none"),
     (["actor.fsdp.ulysses_size=0"], r"actor.fsdp.ulysses_size must be >= 1"),
 ])
 def test_ulysses_sizes_are_checked(extra, message):

@@ -130,7 +130,8 @@ def test_a_teacher_too_large_for_the_device_is_named_by_the_plan(tiny_model_path
     assert run_plan(cfg, plan, device_memory=60 * 2**20) == 1
     out = capsys.readouterr().out
     assert "teacher weights (fp32)" in out and "tokenizer matches the student's" in out
-    assert "DOES NOT FIT: actor.log_prob_micro_batch_size_seqs_per_worker (or a token budget); or " \
+    # its pass holds more than the student's: the log-prob phase's knob is the teacher's micro-batch
+    assert "DOES NOT FIT: teacher.log_prob_micro_batch_size_seqs_per_worker (or a token budget); or " \
            "teacher.placement=separate (the teacher's" in out
     cfg, plan = load_run_config([*common, "teacher.placement=separate"])
     assert run_plan(cfg, plan, device_memory=60 * 2**20) == 1

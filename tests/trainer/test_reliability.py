@@ -423,3 +423,36 @@ def test_prompt_only_rows_need_reward_functions_that_need_no_answer(tmp_path, ca
     assert code == 2 and "\n" not in err and "Traceback" not in err
     assert err.startswith(f"rlplat: RewardConfigError: {data} row 0 has no reward_model.ground_truth (8 train row(s) "
                           f"have none), and reward function(s) 'auto' need one")
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_mid_step_stops_the_run_naming_the_checkpoint_to_resume_from(embedded_cache, small_val,
+                                                                                     tmp_path, ray_cluster):
+    """Colocated on Ray: the actor's worker process is killed in step 2, after step 1's checkpoint. The run stops with
+    one line naming the worker, the call and the checkpoint; the same command resumes from it and trains step 2 once."""
+    import ray
+
+    from rlplat.trainer.run import load_run_config, run
+    from rlplat.utils.errors import WorkerDied
+
+    class KillsItsWorker(PPOTrainer):
+        stage_order = PPOTrainer.insert_stage("kill", after="advantages")
+
+        def kill(self, batch, metrics):
+            if self.step == 2:
+                ray.kill(self.components.actor.actors[0])  # as the out-of-memory killer would
+            return batch
+
+    small = [arg for arg in SMALL if not arg.startswith("trainer.ray_address=")]
+    cfg, plan = load_run_config([*small, f"data.val_files={small_val}", "trainer.total_steps=2", "trainer.save_freq=1",
+                                 f"trainer.output_dir={tmp_path}"])
+    with pytest.raises(WorkerDied) as died:
+        run(cfg, plan, KillsItsWorker)
+    message = str(died.value)
+    assert message.startswith("ActorRolloutRefWorker rank 0 of 1 died during update_actor()") and "\n" not in message
+    assert message.endswith(f"the step under way is lost; rerun the same command to resume from "
+                            f"{tmp_path}/checkpoints/step_000001 (trainer.resume_mode=auto)")
+    assert run(cfg, plan)["steps"] == 2
+    trained = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+               if "actor/pg_loss" in line]
+    assert trained == [1, 2]  # each step logged once: the lost step 2 left no row
