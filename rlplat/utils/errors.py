@@ -2,9 +2,9 @@
 
 :class:`RunError` is a failure found while running (not in the config or the data files) whose message says
 everything a user needs: the entry point prints ``rlplat: <message>`` and exits with ``exit_code`` (1),
-without a traceback (``RLPLAT_DEBUG=1`` shows it). :class:`WorkerDied` is a worker process that died. :class:`Interrupted` is a run stopped by SIGINT/SIGTERM
-(exit status 128 + the signal number, as a shell reports it). :func:`debug_traceback` prints the traceback
-behind such a line when ``RLPLAT_DEBUG=1``.
+without a traceback (``RLPLAT_DEBUG=1`` shows it). :class:`WorkerDied` is a worker process that died.
+:class:`Interrupted` is a run stopped by SIGINT/SIGTERM (exit status 128 + the signal number, as a shell reports
+it). :func:`debug_traceback` prints the traceback behind such a line when ``RLPLAT_DEBUG=1``.
 """
 
 import os
