@@ -1,0 +1,205 @@
+"""Faults injected into short runs, each resumed where it stopped, against the same run uninterrupted.
+
+    python benchmarks/faults.py                     # every fault below
+    python benchmarks/faults.py --only update checkpoint_write
+
+Each run is 6 steps of the Quickstart's task on 8 training prompts (4 prompts x 2 responses per step, a
+checkpoint every 2 steps), colocated in one process (``trainer.ray_address=inprocess``, the HF engine, float32,
+a fixed seed). A fault stops the run or not; a stopped run is started again with the same command
+(``trainer.resume_mode=auto``), and the result is compared with the uninterrupted run:
+
+* ``survived``: the faulted command finished (``yes``), or it stopped and the same command resumed it to the end
+  (``resumed``), or neither (``no``).
+* ``lost`` / ``twice``: prompt groups the final checkpoint's ledger misses against the uninterrupted run's / trained
+  twice (the ledger stops a run that would train a group again, so a run that survived trained none twice).
+* ``logged twice``: steps with more than one row in ``metrics.jsonl``.
+* ``recover s``: from the restart to the resumed run's row of the step the fault hit (``-``: nothing to recover).
+* ``weights``: the final Hugging Face export against the uninterrupted run's: ``bit-identical`` or the largest
+  difference.
+
+The trainer is killed with SIGKILL by a trainer subclass right after the named stage of step 3 (its state then
+changed and not yet saved), or, for ``checkpoint_write``, while the checkpoint of step 4 is written (after the
+actor's shards, before the rename that completes it). Faults that need Ray or a separate rollout pool (a rollout or
+training worker's death, a node leaving) are in the tests of docs/reliability.md, not here yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, SAVE_FREQ, FAULT_STEP = 6, 2, 3
+# the reward call (counted over the run: 16 validation prompts, then 8 responses a step) whose process is killed:
+# the third of step 3's
+KILLED_REWARD_CALL = 16 + 8 * (FAULT_STEP - 1) + 3
+# fault -> (where it is injected, the child's overrides)
+FAULTS = {
+    "generate": ("trainer SIGKILL after the generation of step 3", []),
+    "reward": ("trainer SIGKILL after the reward of step 3", []),
+    "update": ("trainer SIGKILL after the actor's update of step 3", []),
+    "checkpoint_write": ("trainer SIGKILL while the checkpoint of step 4 is written", []),
+    "reward_worker": ("the reward worker process SIGKILLed in a call of step 3", []),
+    "nan_loss_stop": ("a NaN loss at step 3, trainer.nonfinite=stop", ["trainer.nonfinite=stop"]),
+    # its weights differ from the uninterrupted run's by design: step 3's update is skipped, not made again
+    "nan_loss_skip": ("a NaN loss at step 3, trainer.nonfinite=skip (step 3's update skipped)",
+                      ["trainer.nonfinite=skip"]),
+}
+# every run's reward: the arithmetic task's own, whose process kills itself once at the call RLPLAT_FAULT_CALL counts to
+REWARD = '''import os
+
+from rlplat.reward.scorers import arithmetic
+
+CALLS = {calls!r}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    kill_at = int(os.environ.get("RLPLAT_FAULT_CALL", "0"))
+    if kill_at:
+        with open(CALLS, "a") as counter:
+            counter.write(".")
+        if os.path.getsize(CALLS) == kill_at:
+            os.kill(os.getpid(), 9)
+    return arithmetic(data_source, solution_str, ground_truth, extra_info)
+'''
+CHILD = '''
+import os, signal, sys, json
+from rlplat.trainer.exit_status import exit_status
+from rlplat.trainer.ppo import PPOTrainer
+from rlplat.trainer.run import load_run_config, run
+fault, overrides = sys.argv[1], json.loads(sys.argv[2])
+STAGE = {"generate": "generate", "reward": "reward_wait", "update": "update_actor"}
+
+
+class Faulty(PPOTrainer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if fault in STAGE:
+            stage = getattr(self, STAGE[fault])
+
+            def killing(batch, metrics):
+                out = stage(batch, metrics)
+                if self.step == %(step)d:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return out
+            setattr(self, STAGE[fault], killing)
+        if fault == "checkpoint_write":
+            save = self.components.actor.save_checkpoint
+
+            def killing_save(path):
+                save(path)
+                if self.step == %(step)d + 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            self.components.actor.save_checkpoint = killing_save
+
+    def update_actor(self, batch, metrics):
+        if fault.startswith("nan_loss") and self.step == %(step)d:
+            batch.tensors["advantages"].fill_(float("nan"))
+        return super().update_actor(batch, metrics)
+
+
+cfg, plan = load_run_config(overrides)
+sys.exit(exit_status(lambda: run(cfg, plan, Faulty) and 0))
+''' % {"step": FAULT_STEP}
+
+
+def common(work: Path) -> list[str]:
+    from rlplat.data import TASKS, write_parquet
+
+    train, val, reward = work / "train.parquet", work / "val.parquet", work / "reward.py"
+    if not train.exists():
+        write_parquet(TASKS.get("arithmetic")(8, seed=3, split="train"), train)
+        write_parquet(TASKS.get("arithmetic")(16, seed=1, split="test"), val)
+        reward.write_text(REWARD.format(calls=str(work / "reward_calls")))
+    return ["data.train_batch_size_prompts=4", "actor.mini_batch_size_prompts=4", "rollout.n=2", "rollout.val_n=1",
+            "trainer.test_freq=0", "trainer.ray_address=inprocess", f"data.train_files={train}",
+            f"data.val_files={val}", f"trainer.total_steps={STEPS}", f"trainer.save_freq={SAVE_FREQ}",
+            "trainer.progress=off", "trainer.logger=[jsonl]", f"reward.custom_fn.path={reward}"]
+
+
+def child(fault: str, overrides: list[str]) -> subprocess.CompletedProcess:
+    kill = {"RLPLAT_FAULT_CALL": str(KILLED_REWARD_CALL)} if fault == "reward_worker" else {}
+    return subprocess.run([sys.executable, "-c", CHILD, fault, json.dumps(overrides)], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **kill})
+
+
+def rows(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def ledger(out: Path) -> set[int]:
+    """The prompt groups the newest checkpoint's ledger holds."""
+    newest = (out / "checkpoints" / "latest").read_text().strip()
+    state = json.loads((out / "checkpoints" / newest / "trainer.json").read_text())
+    return {n for start, end in state["ledger"] for n in range(start, end)}
+
+
+def weights(out: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "hf_export" / "model.safetensors"))
+
+
+def compare(out: Path, reference: Path) -> str:
+    import torch
+
+    mine, theirs = weights(out), weights(reference)
+    if mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine):
+        return "bit-identical"
+    return f"differ: max abs {max(float((mine[k] - theirs[k]).abs().max()) for k in mine):.2e}"
+
+
+def inject(fault: str, work: Path, reference: Path) -> dict:
+    out = work / fault
+    overrides = [*common(work), *FAULTS[fault][1], f"trainer.output_dir={out}"]
+    first = child(fault, overrides)
+    survived, recover = "yes", "-"
+    if first.returncode != 0:
+        restart = time.time()
+        again = child("none", overrides)
+        if again.returncode != 0:
+            return {"fault": fault, "survived": "no", "why": (again.stderr.strip().splitlines() or ["?"])[-1]}
+        survived = "resumed"
+        hit = [row["time"] for row in rows(out) if row["step"] == FAULT_STEP and row["time"] >= restart]
+        recover = f"{hit[0] - restart:.1f}" if hit else "-"
+    logged = [row["step"] for row in rows(out)]
+    expected = ledger(reference)
+    got = ledger(out)
+    # a second training of any group stops the run (the ledger), so a run that survived trained none twice
+    return {"fault": fault, "survived": survived, "lost": len(expected - got), "twice": "0 (ledger)",
+            "logged_twice": len(logged) - len(set(logged)), "recover_s": recover, "weights": compare(out, reference),
+            "stop": (first.stderr.strip().splitlines() or [""])[-1][:100] if first.returncode else ""}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=list(FAULTS), default=list(FAULTS))
+    args = parser.parse_args()
+    os.environ.setdefault("RLPLAT_CACHE", str(Path.home() / ".cache" / "rlplat"))
+    work = Path(tempfile.mkdtemp(prefix="rlplat-faults-"))
+    reference = work / "uninterrupted"
+    done = child("none", [*common(work), f"trainer.output_dir={reference}"])
+    if done.returncode:
+        raise SystemExit(f"the uninterrupted run failed: {done.stderr[-2000:]}")
+    results = [inject(fault, work, reference) for fault in args.only]
+    print("\n| fault | injected | survived | prompts lost | trained twice | steps logged twice | recover s | "
+          "final weights vs uninterrupted | the faulted run's last line |")
+    print("|---|---|---|---:|---:|---:|---:|---|---|")
+    for r in results:
+        if r["survived"] == "no":
+            print(f"| {r['fault']} | {FAULTS[r['fault']][0]} | no | | | | | | {r['why']} |")
+            continue
+        print(f"| {r['fault']} | {FAULTS[r['fault']][0]} | {r['survived']} | {r['lost']} | {r['twice']} | "
+              f"{r['logged_twice']} | {r['recover_s']} | {r['weights']} | {r['stop']} |")
+    print(f"\n(work directory: {work})")
+
+
+if __name__ == "__main__":
+    main()
