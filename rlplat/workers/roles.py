@@ -38,19 +38,15 @@ from rlplat.workers.weight_channel import BucketLayout
 from rlplat.workers.weight_sync import WeightSync, WeightUpdate, probe_mismatch, weight_mismatch
 
 
-def reference_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -> Batch:
-    split = MicroBatching(cfg.ref.log_prob_micro_batch_size_seqs_per_worker,
-                          cfg.ref.log_prob_micro_batch_max_tokens_per_worker)
-    return Batch.from_dict({"ref_log_probs": engine.infer(batch, split=split,
-                                                          temperature=batch.meta["temperature"])["log_probs"]})
-
-
-def teacher_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig) -> Batch:
-    """The teacher's log-probs ``[B, R]`` of the sampled tokens (at the temperature the student's are taken at)."""
-    split = MicroBatching(cfg.teacher.log_prob_micro_batch_size_seqs_per_worker,
-                          cfg.teacher.log_prob_micro_batch_max_tokens_per_worker)
+def frozen_log_probs(engine: TrainingEngine, batch: Batch, cfg: DictConfig, role: str) -> Batch:
+    """``<role>_log_probs`` ``[B, R]``: a frozen policy's (the reference's, the teacher's) log-probs of the sampled
+    tokens, at the temperature the actor's are taken at, in the micro-batches of its section's
+    ``log_prob_micro_batch_*`` keys."""
+    section = cfg[role]
+    split = MicroBatching(section.log_prob_micro_batch_size_seqs_per_worker,
+                          section.log_prob_micro_batch_max_tokens_per_worker)
     log_probs = engine.infer(batch, split=split, temperature=batch.meta["temperature"])["log_probs"]
-    return Batch.from_dict({"teacher_log_probs": log_probs})
+    return Batch.from_dict({f"{role}_log_probs": log_probs})
 
 
 class _Role(Worker):
@@ -267,13 +263,13 @@ class ActorRolloutRefWorker(_Generates):
         its adapters, or with the synced reference's adapters (``ref.sync_steps``): no copy of the model."""
         if self.plan.reference == "adapters":
             with self.actor.lora.reference():
-                return reference_log_probs(self.actor, batch, self.cfg)
-        return reference_log_probs(self.ref, batch, self.cfg)
+                return frozen_log_probs(self.actor, batch, self.cfg, "ref")
+        return frozen_log_probs(self.ref, batch, self.cfg, "ref")
 
     @register(Dispatch.DP_SPLIT)
     def compute_teacher_log_probs(self, batch: Batch) -> Batch:
         """The colocated teacher's log-probs of the sampled tokens (on-policy distillation)."""
-        return teacher_log_probs(self.teacher, batch, self.cfg)
+        return frozen_log_probs(self.teacher, batch, self.cfg, "teacher")
 
     @register(Dispatch.DP_SPLIT_EXACT)
     def update_actor(self, batch: Batch) -> dict[str, float]:
@@ -494,7 +490,7 @@ class RefWorker(_Role):
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
-        return reference_log_probs(self.ref, batch, self.cfg)
+        return frozen_log_probs(self.ref, batch, self.cfg, "ref")
 
     @register(Dispatch.ONE_TO_ALL)
     def blend_reference(self, layouts: list[BucketLayout], alpha: float) -> None:
@@ -519,7 +515,7 @@ class TeacherWorker(_Role):
 
     @register(Dispatch.DP_SPLIT)
     def compute_teacher_log_probs(self, batch: Batch) -> Batch:
-        return teacher_log_probs(self.teacher, batch, self.cfg)
+        return frozen_log_probs(self.teacher, batch, self.cfg, "teacher")
 
 
 class CriticWorker(_Role):
