@@ -82,24 +82,33 @@ class JudgeServer(BaseHTTPRequestHandler):
         JudgeServer.seen_keys.append(self.headers.get("Authorization"))
         answer = body["messages"][0]["content"].split("R:", 1)[1].strip()
         if answer == "slow":
-            time.sleep(3)
+            time.sleep(1.5)  # past the client's 1 s timeout: the answer below meets a closed connection
         if answer == "error":
             self.send_response(500)
             self.end_headers()
             self.wfile.write(b"overloaded")
             return
         data = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (the "slow" sample); said nowhere, or it lands in another test's output
+
+
+class JoiningServer(ThreadingHTTPServer):
+    """Closing waits for every request's thread, so none outlives the test that started it."""
+
+    daemon_threads = False
 
     def log_message(self, *args):
         pass
 
 
 def test_the_server_judge_asks_concurrently_with_the_key_from_the_environment(monkeypatch):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), JudgeServer)
+    server = JoiningServer(("127.0.0.1", 0), JudgeServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("MY_JUDGE_KEY", "sk-test")
     cfg = OmegaConf.create({"url": f"http://127.0.0.1:{server.server_port}/v1", "model": "judge", "timeout_s": 1.0,
@@ -110,6 +119,7 @@ def test_the_server_judge_asks_concurrently_with_the_key_from_the_environment(mo
         elapsed = time.monotonic() - start
     finally:
         server.shutdown()
+        server.server_close()
     assert answers[0] == "Score: 9" and answers[3] == "Score: 2" and answers[4] == "nonsense"
     assert isinstance(answers[1], BaseException) and "timeout 1 s" in str(answers[1])
     assert isinstance(answers[2], BaseException) and "answered 500 on sample 2: overloaded" in str(answers[2])
