@@ -26,7 +26,8 @@ def pytest_configure(config):
     # with a shared directory the other worker's `ray.init()` would join that cluster instead of starting its own.
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:  # each worker (and what it starts) computes with its share of the cores: two workers' threads
-        # would otherwise oversubscribe them (tests/trainer/test_learning.py keeps every core: its thresholds')
+        # would otherwise oversubscribe them (one training at 2 threads beside the other worker's took 1.7x as long
+        # as at 1 thread, and slowed that worker by a third: docs/testing.md)
         threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)

@@ -179,7 +179,7 @@ def _built_once(target: Path, build: Callable[[Path], Path]) -> Path:
 def _build_embedded_model(name: str, target: Path, base: Path | None, tmp: Path) -> Path:
     """Build ``name`` in ``tmp`` with every core of the machine, whatever the calling process computes with (a
     worker given a share of the cores): its float path, and so the model, is then the same in any process of one
-    machine."""
+    machine (the mixture of experts' warm start at 1 thread is another model: docs/testing.md)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     try:

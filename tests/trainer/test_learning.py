@@ -10,7 +10,6 @@ spread that each run's minimum gain in :data:`RUNS` is set from (docs/learning_t
 """
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -152,16 +151,6 @@ def learning_run(name: str, val_file: str, output_dir: str, extra: Sequence[str]
         f"model.path={RUNS[name].model}", f"data.train_files=builtin:{RUNS[name].task}", *RUNS[name].overrides, *extra,
     ])
     return run(cfg, plan, trainer_cls)
-
-
-@pytest.fixture(autouse=True)
-def every_core():
-    """The learning tests compute with every core, as their seeds were measured (docs/learning_thresholds.md),
-    also on a test worker that computes with its share of the cores (tests/conftest.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
