@@ -1,12 +1,14 @@
 """Faults injected into short runs, each resumed where it stopped, against the same run uninterrupted.
 
-    python benchmarks/faults.py                     # every fault below
-    python benchmarks/faults.py --only update checkpoint_write
+    python benchmarks/faults.py                     # every fault of every mode below
+    python benchmarks/faults.py --modes inprocess --only update checkpoint_write
 
 Each run is 6 steps of the Quickstart's task on 8 training prompts (4 prompts x 2 responses per step, a
-checkpoint every 2 steps), colocated in one process (``trainer.ray_address=inprocess``, the HF engine, float32,
-a fixed seed). A fault stops the run or not; a stopped run is started again with the same command
-(``trainer.resume_mode=auto``), and the result is compared with the uninterrupted run:
+checkpoint every 2 steps; the HF engine, float32, a fixed seed), in one of three modes (:data:`MODES`):
+colocated in one process (``trainer.ray_address=inprocess``), colocated on a local Ray cluster with 2 training
+workers, or asynchronous (a separate rollout worker generating one step ahead, ``trainer.async_steps=1``). A fault
+stops the run or not; a stopped run is started again with the same command (``trainer.resume_mode=auto``), and the
+result is compared with the same mode's uninterrupted run:
 
 * ``survived``: the faulted command finished (``yes``), or it stopped and the same command resumed it to the end
   (``resumed``), or neither (``no``).
@@ -19,8 +21,9 @@ a fixed seed). A fault stops the run or not; a stopped run is started again with
 
 The trainer is killed with SIGKILL by a trainer subclass right after the named stage of step 3 (its state then
 changed and not yet saved), or, for ``checkpoint_write``, while the checkpoint of step 4 is written (after the
-actor's shards, before the rename that completes it). Faults that need Ray or a separate rollout pool (a rollout or
-training worker's death, a node leaving) are in the tests of docs/reliability.md, not here yet.
+actor's shards, before the rename that completes it); on Ray, the processes of the cluster the killed trainer
+started are killed with it (its process group). A training worker's death, a rollout worker's and a node leaving
+are in the tests of docs/reliability.md, not here yet.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,11 +49,20 @@ FAULTS = {
     "reward": ("trainer SIGKILL after the reward of step 3", []),
     "update": ("trainer SIGKILL after the actor's update of step 3", []),
     "checkpoint_write": ("trainer SIGKILL while the checkpoint of step 4 is written", []),
+    "sync_rollout": ("trainer SIGKILL after sending step 3's weights to the rollout worker", []),
     "reward_worker": ("the reward worker process SIGKILLed in a call of step 3", []),
     "nan_loss_stop": ("a NaN loss at step 3, trainer.nonfinite=stop", ["trainer.nonfinite=stop"]),
     # its weights differ from the uninterrupted run's by design: step 3's update is skipped, not made again
     "nan_loss_skip": ("a NaN loss at step 3, trainer.nonfinite=skip (step 3's update skipped)",
                       ["trainer.nonfinite=skip"]),
+}
+# mode -> (its overrides, its faults)
+MODES = {
+    "inprocess": (["trainer.ray_address=inprocess"], ["generate", "reward", "update", "checkpoint_write",
+                                                      "reward_worker", "nan_loss_stop", "nan_loss_skip"]),
+    "ray": (["trainer.workers_per_node=2"], ["generate", "reward", "update", "checkpoint_write"]),
+    "async": (["rollout.mode=separate", "trainer.async_steps=1"],
+              ["generate", "reward", "update", "sync_rollout", "checkpoint_write"]),
 }
 # every run's reward: the arithmetic task's own, whose process kills itself once at the call RLPLAT_FAULT_CALL counts to
 REWARD = '''import os
@@ -74,21 +87,22 @@ from rlplat.trainer.exit_status import exit_status
 from rlplat.trainer.ppo import PPOTrainer
 from rlplat.trainer.run import load_run_config, run
 fault, overrides = sys.argv[1], json.loads(sys.argv[2])
-STAGE = {"generate": "generate", "reward": "reward_wait", "update": "update_actor"}
+STAGE = {"generate": "generate", "reward": "reward_wait", "update": "update_actor", "sync_rollout": "sync_rollout"}
 
 
 class Faulty(PPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if fault in STAGE:
-            stage = getattr(self, STAGE[fault])
+            name = STAGE[fault] if STAGE[fault] in self.stages else fault  # "reward" when scoring does not overlap
+            stage = getattr(self, name)
 
             def killing(batch, metrics):
                 out = stage(batch, metrics)
                 if self.step == %(step)d:
                     os.kill(os.getpid(), signal.SIGKILL)
                 return out
-            setattr(self, STAGE[fault], killing)
+            setattr(self, name, killing)
         if fault == "checkpoint_write":
             save = self.components.actor.save_checkpoint
 
@@ -109,7 +123,7 @@ sys.exit(exit_status(lambda: run(cfg, plan, Faulty) and 0))
 ''' % {"step": FAULT_STEP}
 
 
-def common(work: Path) -> list[str]:
+def common(work: Path, mode: str) -> list[str]:
     from rlplat.data import TASKS, write_parquet
 
     train, val, reward = work / "train.parquet", work / "val.parquet", work / "reward.py"
@@ -118,15 +132,24 @@ def common(work: Path) -> list[str]:
         write_parquet(TASKS.get("arithmetic")(16, seed=1, split="test"), val)
         reward.write_text(REWARD.format(calls=str(work / "reward_calls")))
     return ["data.train_batch_size_prompts=4", "actor.mini_batch_size_prompts=4", "rollout.n=2", "rollout.val_n=1",
-            "trainer.test_freq=0", "trainer.ray_address=inprocess", f"data.train_files={train}",
-            f"data.val_files={val}", f"trainer.total_steps={STEPS}", f"trainer.save_freq={SAVE_FREQ}",
-            "trainer.progress=off", "trainer.logger=[jsonl]", f"reward.custom_fn.path={reward}"]
+            "trainer.test_freq=0", f"data.train_files={train}", f"data.val_files={val}",
+            f"trainer.total_steps={STEPS}", f"trainer.save_freq={SAVE_FREQ}", "trainer.progress=off",
+            "trainer.logger=[jsonl]", f"reward.custom_fn.path={reward}", *MODES[mode][0]]
 
 
 def child(fault: str, overrides: list[str]) -> subprocess.CompletedProcess:
+    """The run in a process group of its own: a trainer killed on Ray takes the cluster it started with it."""
     kill = {"RLPLAT_FAULT_CALL": str(KILLED_REWARD_CALL)} if fault == "reward_worker" else {}
-    return subprocess.run([sys.executable, "-c", CHILD, fault, json.dumps(overrides)], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **kill})
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # not pipes: Ray's processes
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, fault, json.dumps(overrides)], stdout=out, stderr=err,
+                                cwd=ROOT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **kill})
+        proc.wait()  # may hold them open after the trainer's death
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
 
 
 def rows(out: Path) -> list[dict]:
@@ -156,16 +179,17 @@ def compare(out: Path, reference: Path) -> str:
     return f"differ: max abs {max(float((mine[k] - theirs[k]).abs().max()) for k in mine):.2e}"
 
 
-def inject(fault: str, work: Path, reference: Path) -> dict:
-    out = work / fault
-    overrides = [*common(work), *FAULTS[fault][1], f"trainer.output_dir={out}"]
+def inject(mode: str, fault: str, work: Path, reference: Path) -> dict:
+    out = work / mode / fault
+    overrides = [*common(work, mode), *FAULTS[fault][1], f"trainer.output_dir={out}"]
     first = child(fault, overrides)
     survived, recover = "yes", "-"
     if first.returncode != 0:
         restart = time.time()
         again = child("none", overrides)
         if again.returncode != 0:
-            return {"fault": fault, "survived": "no", "why": (again.stderr.strip().splitlines() or ["?"])[-1]}
+            return {"mode": mode, "fault": fault, "survived": "no",
+                    "why": (again.stderr.strip().splitlines() or ["?"])[-1]}
         survived = "resumed"
         hit = [row["time"] for row in rows(out) if row["step"] == FAULT_STEP and row["time"] >= restart]
         recover = f"{hit[0] - restart:.1f}" if hit else "-"
@@ -173,31 +197,35 @@ def inject(fault: str, work: Path, reference: Path) -> dict:
     expected = ledger(reference)
     got = ledger(out)
     # a second training of any group stops the run (the ledger), so a run that survived trained none twice
-    return {"fault": fault, "survived": survived, "lost": len(expected - got), "twice": "0 (ledger)",
+    return {"mode": mode, "fault": fault, "survived": survived, "lost": len(expected - got), "twice": "0 (ledger)",
             "logged_twice": len(logged) - len(set(logged)), "recover_s": recover, "weights": compare(out, reference),
             "stop": (first.stderr.strip().splitlines() or [""])[-1][:100] if first.returncode else ""}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="+", choices=list(FAULTS), default=list(FAULTS))
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--only", nargs="+", choices=list(FAULTS), default=list(FAULTS),
+                        help="of each mode's faults, these")
     args = parser.parse_args()
     os.environ.setdefault("RLPLAT_CACHE", str(Path.home() / ".cache" / "rlplat"))
     work = Path(tempfile.mkdtemp(prefix="rlplat-faults-"))
-    reference = work / "uninterrupted"
-    done = child("none", [*common(work), f"trainer.output_dir={reference}"])
-    if done.returncode:
-        raise SystemExit(f"the uninterrupted run failed: {done.stderr[-2000:]}")
-    results = [inject(fault, work, reference) for fault in args.only]
-    print("\n| fault | injected | survived | prompts lost | trained twice | steps logged twice | recover s | "
+    results = []
+    for mode in args.modes:
+        reference = work / mode / "uninterrupted"
+        done = child("none", [*common(work, mode), f"trainer.output_dir={reference}"])
+        if done.returncode:
+            raise SystemExit(f"the uninterrupted {mode} run failed: {done.stderr[-2000:]}")
+        results += [inject(mode, fault, work, reference) for fault in MODES[mode][1] if fault in args.only]
+    print("\n| mode | fault | injected | survived | prompts lost | trained twice | steps logged twice | recover s | "
           "final weights vs uninterrupted | the faulted run's last line |")
-    print("|---|---|---|---:|---:|---:|---:|---|---|")
+    print("|---|---|---|---|---:|---:|---:|---:|---|---|")
     for r in results:
         if r["survived"] == "no":
-            print(f"| {r['fault']} | {FAULTS[r['fault']][0]} | no | | | | | | {r['why']} |")
+            print(f"| {r['mode']} | {r['fault']} | {FAULTS[r['fault']][0]} | no | | | | | | {r['why']} |")
             continue
-        print(f"| {r['fault']} | {FAULTS[r['fault']][0]} | {r['survived']} | {r['lost']} | {r['twice']} | "
-              f"{r['logged_twice']} | {r['recover_s']} | {r['weights']} | {r['stop']} |")
+        print(f"| {r['mode']} | {r['fault']} | {FAULTS[r['fault']][0]} | {r['survived']} | {r['lost']} | "
+              f"{r['twice']} | {r['logged_twice']} | {r['recover_s']} | {r['weights']} | {r['stop']} |")
     print(f"\n(work directory: {work})")
 
 

@@ -11,27 +11,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 with_vllm=""
 [ $# -eq 0 ] && [ -z "${RLPLAT_SKIP_VLLM:-}" ] && with_vllm=1
-cache_made=""
-setup=""
-trap '[ -z "$setup" ] || kill "$setup" 2>/dev/null; [ -z "$cache_made" ] || rm -rf "$RLPLAT_CACHE"' EXIT
+if [ -n "$with_vllm" ]; then  # the two virtualenvs install side by side (one pip each, 2 cores)
+  bash scripts/setup_vllm.sh &
+  setup_vllm=$!
+fi
+bash scripts/setup.sh
+[ -z "$with_vllm" ] || wait "$setup_vllm"
+venv="${RLPLAT_VENV:-.venv}"
 if [ -z "${RLPLAT_CACHE:-}" ]; then
   RLPLAT_CACHE="$(mktemp -d)"
-  cache_made=1
+  trap 'rm -rf "$RLPLAT_CACHE"' EXIT
   export RLPLAT_CACHE
 fi
 if [ -n "$with_vllm" ]; then
-  # .venv installs while the vLLM session runs, which leaves ~40% of 2 cores idle (engine start-ups in one process)
-  bash scripts/setup_vllm.sh
-  bash scripts/setup.sh &
-  setup=$!
   RLPLAT_REQUIRE_VLLM=1 "${RLPLAT_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest tests/rollout tests/trainer/test_learning.py \
     tests/examples/test_scripts.py tests/tools/test_export.py tests/config/test_doc_commands.py -k vllm --durations=10
-  wait "$setup"
-  setup=""
-else
-  bash scripts/setup.sh
 fi
-venv="${RLPLAT_VENV:-.venv}"
 # The whole suite runs on RLPLAT_TEST_WORKERS pytest-xdist workers (default 2: about 1.3x faster on 2 cores, as
 # Ray start-up, process spawns and imports leave a core idle), each test module on one worker so its fixtures
 # are built once; a run of chosen tests (arguments given) stays in one process unless the variable is set.
