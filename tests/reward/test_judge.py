@@ -97,14 +97,14 @@ class JudgeServer(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (the "slow" sample); said nowhere, or it lands in another test's output
 
+    def log_message(self, *args):
+        pass
+
 
 class JoiningServer(ThreadingHTTPServer):
     """Closing waits for every request's thread, so none outlives the test that started it."""
 
     daemon_threads = False
-
-    def log_message(self, *args):
-        pass
 
 
 def test_the_server_judge_asks_concurrently_with_the_key_from_the_environment(monkeypatch):
