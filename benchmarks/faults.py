@@ -4,9 +4,10 @@
     python benchmarks/faults.py --modes inprocess --only update checkpoint_write
 
 Each run is 6 steps of the Quickstart's task on 8 training prompts (4 prompts x 2 responses per step, a
-checkpoint every 2 steps; the HF engine, float32, a fixed seed), in one of three modes (:data:`MODES`):
+checkpoint every 2 steps; the HF engine, float32, a fixed seed), in one of four modes (:data:`MODES`):
 colocated in one process (``trainer.ray_address=inprocess``), colocated on a local Ray cluster with 2 training
-workers, or asynchronous (a separate rollout worker generating one step ahead, ``trainer.async_steps=1``). A fault
+workers, asynchronous (a separate rollout worker generating one step ahead, ``trainer.async_steps=1``), or streaming
+(two rollout workers, calls of 2 prompt groups, the weights through Ray's object store). A fault
 stops the run or not; a stopped run is started again with the same command (``trainer.resume_mode=auto``), and the
 result is compared with the same mode's uninterrupted run:
 
@@ -22,8 +23,10 @@ result is compared with the same mode's uninterrupted run:
 The trainer is killed with SIGKILL by a trainer subclass right after the named stage of step 3 (its state then
 changed and not yet saved), or, for ``checkpoint_write``, while the checkpoint of step 4 is written (after the
 actor's shards, before the rename that completes it); on Ray, the processes of the cluster the killed trainer
-started are killed with it (its process group). A training worker's death, a rollout worker's and a node leaving
-are in the tests of docs/reliability.md, not here yet.
+started are killed with it (its process group). A rollout worker kills itself (a ``trainer.imports`` plug-in,
+:data:`ROLLOUT_FAULT`) as its third generation call starts, or after the first bucket of update 3 arrived; the run
+replaces it (``rollout.max_restarts``) and goes on. A training worker's death and a node leaving are in the tests of
+docs/reliability.md, not here yet.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ FAULTS = {
     "checkpoint_write": ("trainer SIGKILL while the checkpoint of step 4 is written", []),
     "sync_rollout": ("trainer SIGKILL after sending step 3's weights to the rollout worker", []),
     "reward_worker": ("the reward worker process SIGKILLed in a call of step 3", []),
+    "rollout_generate": ("a rollout worker SIGKILLs itself as its third generation call starts", []),
+    "rollout_weight_load": ("a rollout worker SIGKILLs itself loading the weights of update 3, a bucket in", []),
     "nan_loss_stop": ("a NaN loss at step 3, trainer.nonfinite=stop", ["trainer.nonfinite=stop"]),
     # its weights differ from the uninterrupted run's by design: step 3's update is skipped, not made again
     "nan_loss_skip": ("a NaN loss at step 3, trainer.nonfinite=skip (step 3's update skipped)",
@@ -62,8 +67,49 @@ MODES = {
                                                       "reward_worker", "nan_loss_stop", "nan_loss_skip"]),
     "ray": (["trainer.workers_per_node=2"], ["generate", "reward", "update", "checkpoint_write"]),
     "async": (["rollout.mode=separate", "trainer.async_steps=1"],
-              ["generate", "reward", "update", "sync_rollout", "checkpoint_write"]),
+              ["generate", "reward", "update", "sync_rollout", "checkpoint_write", "rollout_generate",
+               "rollout_weight_load"]),
+    # two rollout workers, calls of 2 prompt groups streamed to them, the weights through Ray's object store (on a
+    # local cluster of 4 logical CPUs: RAY_CPUS)
+    "stream": (["rollout.mode=separate", "trainer.async_steps=1", "rollout.workers_per_node=2",
+                "rollout.stream_groups=2", "rollout.weight_transport=object_store"],
+               ["rollout_generate", "rollout_weight_load"]),
 }
+RAY_CPUS = {"stream": 4}  # a mode's local Ray cluster, when not the machine's cores
+# the rollout faults: a plug-in (trainer.imports) with which the first rollout worker to get there kills itself, once
+ROLLOUT_FAULT = '''import os
+import signal
+
+from rlplat.workers.roles import RolloutWorker
+
+MARK, WHERE, AT = {mark!r}, {where!r}, {at!r}
+_wait, _load = RolloutWorker._wait_for_version, RolloutWorker._load
+
+
+def _die():
+    if not os.path.exists(MARK):
+        open(MARK, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def waiting(self, version, *args, **kwargs):  # each training generation call starts here
+    self.fault_calls = getattr(self, "fault_calls", 0) + 1
+    if WHERE == "generate" and self.fault_calls == AT:
+        _die()
+    return _wait(self, version, *args, **kwargs)
+
+
+def loading(self, update, buckets):
+    if WHERE == "load" and update.version == AT:
+        buckets = iter(buckets)
+        first = next(buckets)  # received: the rest are not
+        _die()
+        buckets = [first, *buckets]
+    return _load(self, update, buckets)
+
+
+RolloutWorker._wait_for_version, RolloutWorker._load = waiting, loading
+'''
 # every run's reward: the arithmetic task's own, whose process kills itself once at the call RLPLAT_FAULT_CALL counts to
 REWARD = '''import os
 
@@ -119,6 +165,9 @@ class Faulty(PPOTrainer):
 
 
 cfg, plan = load_run_config(overrides)
+if os.environ.get("FAULTS_RAY_CPUS"):  # logical CPUs for more single-CPU workers than cores (the stream mode)
+    import ray
+    ray.init(num_cpus=int(os.environ["FAULTS_RAY_CPUS"]), include_dashboard=False)
 sys.exit(exit_status(lambda: run(cfg, plan, Faulty) and 0))
 ''' % {"step": FAULT_STEP}
 
@@ -137,9 +186,23 @@ def common(work: Path, mode: str) -> list[str]:
             "trainer.logger=[jsonl]", f"reward.custom_fn.path={reward}", *MODES[mode][0]]
 
 
-def child(fault: str, overrides: list[str]) -> subprocess.CompletedProcess:
-    """The run in a process group of its own: a trainer killed on Ray takes the cluster it started with it."""
+def rollout_fault(fault: str, out: Path) -> list[str]:
+    """The overrides that import the rollout fault's plug-in (written to ``out``): the first rollout worker to start
+    its third generation call (whole batches, K = 1: step 3's batch) or to receive a bucket of update 3 dies there."""
+    out.mkdir(parents=True, exist_ok=True)
+    where, at = ("generate", FAULT_STEP) if fault == "rollout_generate" else ("load", FAULT_STEP)
+    (out / "rollout_fault.py").write_text(ROLLOUT_FAULT.format(mark=str(out / "killed"), where=where, at=at))
+    return ["trainer.imports=[rollout_fault]"]
+
+
+def child(mode: str, fault: str, overrides: list[str], path: Path | None = None) -> subprocess.CompletedProcess:
+    """The run in a process group of its own: a trainer killed on Ray takes the cluster it started with it.
+    ``path``: a directory for its ``PYTHONPATH`` (a fault's plug-in)."""
     kill = {"RLPLAT_FAULT_CALL": str(KILLED_REWARD_CALL)} if fault == "reward_worker" else {}
+    if mode in RAY_CPUS:
+        kill["FAULTS_RAY_CPUS"] = str(RAY_CPUS[mode])
+    if path is not None:
+        kill["PYTHONPATH"] = os.pathsep.join([str(path), *filter(None, [os.environ.get("PYTHONPATH")])])
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # not pipes: Ray's processes
         proc = subprocess.Popen([sys.executable, "-c", CHILD, fault, json.dumps(overrides)], stdout=out, stderr=err,
                                 cwd=ROOT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **kill})
@@ -182,11 +245,14 @@ def compare(out: Path, reference: Path) -> str:
 def inject(mode: str, fault: str, work: Path, reference: Path) -> dict:
     out = work / mode / fault
     overrides = [*common(work, mode), *FAULTS[fault][1], f"trainer.output_dir={out}"]
-    first = child(fault, overrides)
+    plugin = work / mode / f"{fault}-plugin" if fault.startswith("rollout_") else None
+    if plugin is not None:
+        overrides += rollout_fault(fault, plugin)
+    first = child(mode, fault, overrides, plugin)
     survived, recover = "yes", "-"
     if first.returncode != 0:
         restart = time.time()
-        again = child("none", overrides)
+        again = child(mode, "none", overrides, plugin)
         if again.returncode != 0:
             return {"mode": mode, "fault": fault, "survived": "no",
                     "why": (again.stderr.strip().splitlines() or ["?"])[-1]}
@@ -194,6 +260,12 @@ def inject(mode: str, fault: str, work: Path, reference: Path) -> dict:
         hit = [row["time"] for row in rows(out) if row["step"] == FAULT_STEP and row["time"] >= restart]
         recover = f"{hit[0] - restart:.1f}" if hit else "-"
     logged = [row["step"] for row in rows(out)]
+    if plugin is not None:  # a rollout worker replaced: the steps' extra seconds over the uninterrupted run's
+        def spent(path):
+            return sum(row.get("timing/step_s", 0.0) for row in rows(path))
+        recover = f"+{spent(out) - spent(reference):.1f}"
+        restarts = max(row.get("rollout/restarts", 0) for row in rows(out))
+        survived = f"yes ({restarts:.0f} replaced)" if survived == "yes" else survived
     expected = ledger(reference)
     got = ledger(out)
     # a second training of any group stops the run (the ledger), so a run that survived trained none twice
@@ -213,7 +285,7 @@ def main() -> None:
     results = []
     for mode in args.modes:
         reference = work / mode / "uninterrupted"
-        done = child("none", [*common(work, mode), f"trainer.output_dir={reference}"])
+        done = child(mode, "none", [*common(work, mode), f"trainer.output_dir={reference}"])
         if done.returncode:
             raise SystemExit(f"the uninterrupted {mode} run failed: {done.stderr[-2000:]}")
         results += [inject(mode, fault, work, reference) for fault in MODES[mode][1] if fault in args.only]

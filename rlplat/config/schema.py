@@ -267,6 +267,10 @@ class RolloutConfig:
     # the calls submitted before it | resume = is loaded between two tokens of the call under way, which goes on
     # under the new weights (single-turn; hf and vllm engines; docs/async.md)
     partial: str = "finish"
+    # rollout.mode=separate: dead rollout workers replaced in a run (each loads the actor's current weights, checked,
+    # and its calls in flight are generated again; with weight_transport=distributed the whole pool is replaced);
+    # one more death stops the run naming the checkpoint to resume from (docs/reliability.md)
+    max_restarts: int = 3
     n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)

@@ -288,6 +288,8 @@ def _check_placement(cfg: DictConfig, world: int) -> None:
           f"trainer.async_steps={async_steps} generates the next batches while the actor trains, which needs rollout "
           f"workers of their own: set rollout.mode=separate (rollout.mode={cfg.rollout.mode} generates on the "
           f"training workers)")
+    restarts = cfg.rollout.max_restarts
+    check(restarts >= 0, f"rollout.max_restarts must be >= 0 (0 = a dead rollout worker stops the run), got {restarts}")
     stream, batch = cfg.rollout.stream_groups, cfg.data.train_batch_size_prompts
     check(stream >= 0, f"rollout.stream_groups must be >= 0 (0 = whole batches), got {stream}")
     check(stream == 0 or cfg.rollout.mode == "separate",

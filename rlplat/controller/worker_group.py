@@ -146,23 +146,53 @@ class RayWorkerGroup(WorkerGroup):
 
         super().__init__(worker_cls)
         groups = worker_cls.concurrency_groups
-        remote_cls = ray.remote(concurrency_groups=groups)(worker_cls) if groups else ray.remote(worker_cls)
-        self.actors = [
-            remote_cls.options(**pool.actor_options(index, share)).remote(
-                rank=index, world_size=pool.world_size, device=pool.device, **worker_kwargs
-            )
-            for index in range(pool.world_size)
-        ]
-        # Set-up calls are queued without waiting (an actor runs its calls in order), so the worker processes
-        # start while the controller goes on; the group's first call waits for them and reports their errors.
+        self._remote_cls = ray.remote(concurrency_groups=groups)(worker_cls) if groups else ray.remote(worker_cls)
+        self.pool, self.share, self.imports, self.worker_kwargs = pool, share, imports, worker_kwargs
+        self.actors = [self._launch(index) for index in range(pool.world_size)]
+        self._setup = self._joined(list(range(pool.world_size)))
+
+    def _launch(self, index: int):
+        """A new actor for rank ``index``, on its bundle of the pool."""
+        return self._remote_cls.options(**self.pool.actor_options(index, self.share)).remote(
+            rank=index, world_size=self.pool.world_size, device=self.pool.device, **self.worker_kwargs)
+
+    def _setup_calls(self, ranks: list[int], join: Callable) -> tuple[list, list[int]]:
+        """The set-up calls of the actors of ``ranks``, queued without waiting (an actor runs its calls in order), so
+        the worker processes start while the controller goes on; the group's next call waits for them and reports
+        their errors. ``join(actor)``: the call that gives it its torch.distributed context."""
+        actors = [self.actors[rank] for rank in ranks]
         setup = []
-        if pool.device == "cpu":  # each worker computes with its share of its node's cores
-            setup += [a.use_threads.remote(pool.threads_per_worker) for a in self.actors]
-        if imports:  # before any work: plug-ins (e.g. a policy loss) are looked up inside the workers
-            setup += [a.import_modules.remote(imports) for a in self.actors]
+        if self.pool.device == "cpu":  # each worker computes with its share of its node's cores
+            setup += [a.use_threads.remote(self.pool.threads_per_worker) for a in actors]
+        if self.imports:  # before any work: plug-ins (e.g. a policy loss) are looked up inside the workers
+            setup += [a.import_modules.remote(self.imports) for a in actors]
+        setup += [join(a) for a in actors]
+        return setup, ranks * (len(setup) // len(actors))
+
+    def _joined(self, ranks: list[int]) -> tuple[list, list[int]]:
+        """The set-up calls of every rank, joining one new torch.distributed process group (at rank 0's address)."""
         master = self.actors[0].master_address.remote()
-        setup += [a.setup_distributed.remote(master) for a in self.actors]
-        self._setup = (setup, list(range(len(self.actors))) * (len(setup) // len(self.actors)))
+        return self._setup_calls(ranks, lambda actor: actor.setup_distributed.remote(master))
+
+    def replace(self, ranks: list[int]) -> None:
+        """Kill the workers of ``ranks`` (dead already, or not) and start new ones in their places, set up as at the
+        start; the caller loads their models (``init_model``) and state. Every rank: a new group, with a new
+        torch.distributed process group. Some: only for a worker class whose workers never talk to each other
+        (:attr:`~rlplat.workers.base.Worker.works_alone`, e.g. rollout workers): the new ones join no process group
+        (a torch.distributed group takes no new member)."""
+        import ray
+
+        ranks = sorted(set(ranks))
+        if len(ranks) < len(self.actors) and not self.worker_cls.works_alone:
+            raise RunError(f"{self.worker_cls.__name__} workers share a process group: they are replaced all together")
+        for rank in ranks:  # the old actors' set-up, if not waited for yet, no longer matters: replaced below
+            ray.kill(self.actors[rank], no_restart=True)
+            self.actors[rank] = self._launch(rank)
+        if len(ranks) == len(self.actors):
+            self._setup = self._joined(ranks)
+        else:
+            self._setup = self._setup_calls(ranks, lambda actor: actor.setup_alone.remote())
+        self._layouts = None
 
     @property
     def world_size(self) -> int:
@@ -218,7 +248,8 @@ class RayWorkerGroup(WorkerGroup):
     def _death(self, err: Exception, rank: int, what: str) -> WorkerDied:
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return WorkerDied(f"{self.worker_cls.__name__} rank {rank} of {len(self.actors)} died during {what} ({cause}); "
-                        f"its process exited (out of memory, a crash or a kill): see the Ray logs of that worker")
+                          f"its process exited (out of memory, a crash or a kill): see the Ray logs of that worker",
+                          self.worker_cls.__name__, rank)
 
     def _death_among(self, pending: list, refs: list, ranks: list[int], what: str,
                      timeout_s: float = 10.0) -> WorkerDied | None:

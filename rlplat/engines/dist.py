@@ -66,18 +66,19 @@ class DistContext:
         return tensor.tolist()
 
 
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> DistContext:
-    """Join the process group (idempotent for the same world) and pick this worker's device.
-
-    On GPU each worker sees the device Ray assigned to it (or the only one), so the local device is
-    ``cuda:0`` unless ``LOCAL_RANK`` says otherwise.
-    """
+def device_context(rank: int, world_size: int, device: str) -> DistContext:
+    """This worker's place and device, without joining a process group. On GPU each worker sees the device Ray
+    assigned to it (or the only one), so the local device is ``cuda:0`` unless ``LOCAL_RANK`` says otherwise."""
     if device == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", 0)) if torch.cuda.device_count() > 1 else 0
         torch.cuda.set_device(local_rank)
-        ctx = DistContext(rank, world_size, torch.device("cuda", local_rank), local_rank)
-    else:
-        ctx = DistContext(rank, world_size, torch.device("cpu"))
+        return DistContext(rank, world_size, torch.device("cuda", local_rank), local_rank)
+    return DistContext(rank, world_size, torch.device("cpu"))
+
+
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> DistContext:
+    """Join the process group (idempotent for the same world) and pick this worker's device (:func:`device_context`)."""
+    ctx = device_context(rank, world_size, device)
     if dist.is_initialized():
         if dist.get_world_size() != world_size or dist.get_rank() != rank:
             raise RuntimeError(

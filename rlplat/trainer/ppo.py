@@ -440,7 +440,7 @@ class PPOTrainer(GroupStages):
     def sync_rollout(self, batch: Batch, metrics: dict) -> Batch:
         """``rollout.mode=separate``: send the updated weights, numbered with this step, to the rollout pool;
         its workers load them after the generations already submitted to them (:mod:`rlplat.trainer.rollout_queue`)."""
-        metrics["perf/weight_sync_mb"] = self.components.weights.send(self.step)
+        metrics["perf/weight_sync_mb"] = self.rollouts.sync(self.step)
         return batch
 
     def sync_reference(self, batch: Batch, metrics: dict) -> Batch:

@@ -31,6 +31,13 @@ response holds up its own groups only. A call not taken by its last allowed step
 A checkpoint records the prompts of the calls still in flight (dataset indices or queued rows, and their
 uids); a resumed run generates them again, with the resumed weights, before drawing new prompts: no prompt
 is trained on twice or skipped.
+
+A rollout worker that dies (out of memory, a crash, a kill: Ray reports its calls failed) is replaced, up to
+``rollout.max_restarts`` times in a run: a new worker starts in its place, loads the model and the actor's
+current weights (checked: checksums and the log-prob probe), and the prompt groups of its calls in flight go
+back to be generated first, by whichever workers the next calls go to. With ``rollout.weight_transport=
+distributed`` the whole pool is replaced (its weight channel takes no new member) and every call in flight is
+generated again. Past the limit the run stops with one line naming the checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from rlplat.reward.batch import join_scores
 from rlplat.rollout.base import join_rollouts
 from rlplat.trainer.prompt_source import PromptSource
 from rlplat.trainer.rollouts import RolloutCalls, Rollouts, Started
-from rlplat.utils.errors import RunError
+from rlplat.utils.errors import ChannelBroken, RunError, WorkerDied
 
 
 @dataclass
@@ -88,6 +95,7 @@ class RolloutQueue(Rollouts):
         # or dropped as too old
         self.redo: list[tuple[Any, int]] = []
         self.next_take: int | None = None  # the groups the next take() returns (None: a batch's)
+        self.max_restarts, self.restarts = cfg.rollout.max_restarts, 0
         self._scoring = threading.Lock()
         # a thread per call in flight (the config keeps them few: rlplat.config.validate), and room for the calls
         # dynamic sampling pulls and the dropped ones still ending
@@ -111,13 +119,7 @@ class RolloutQueue(Rollouts):
         calls = -(-want // self.call_groups)
         dropped = self._drop_expired()
         remaining = max(self.total_steps - step, 0)
-        self.fill(calls + self.batch_groups // self.call_groups * min(self.ahead, remaining))
-        taken = self._first_ready(calls) if self.streams else self.in_flight[:calls]
-        for flight in taken:
-            self.in_flight.remove(flight)
-        taken.sort(key=lambda f: f.uids[0])
-        parts = [flight.ready.result() for flight in taken]  # a reward error is raised here
-        self.components.weights.check(self._weights_used(taken, [part[0] for part in parts]))
+        taken, parts = self._collect(calls, calls + self.batch_groups // self.call_groups * min(self.ahead, remaining))
         out = join_rollouts([part[0] for part in parts], self.components.tokenizer.pad_token_id)
         for key in ("weight_sync_s", "weight_sync_mb"):  # the pool's sync is the trainer's sync_rollout stage
             out.meta.pop(key, None)
@@ -131,6 +133,7 @@ class RolloutQueue(Rollouts):
         staleness = (step - 1) - out.tensors["policy_version"]
         metrics["off_policy/staleness_mean"] = float(staleness.float().mean())
         metrics["off_policy/staleness_max"] = float(staleness.max())
+        metrics["rollout/restarts"] = float(self.restarts)
         if self.streams:
             metrics["rollout/dropped_groups"] = float(dropped)
         if "policy_version_last" in out.tensors.keys():  # rollout.partial=resume
@@ -141,6 +144,61 @@ class RolloutQueue(Rollouts):
                            f"for weights of update {step - 1}: outside trainer.async_steps={self.ahead} (a bug in "
                            f"the rollout queue; please report it)")
         return out
+
+    def _collect(self, calls: int, in_flight: int) -> tuple[list[InFlight], list[tuple]]:
+        """The ``calls`` calls this step takes and what each gave (generated and scored, their weights checked),
+        keeping ``in_flight`` calls submitted; a dead rollout worker's calls are generated again by others."""
+        while True:
+            self.fill(in_flight)
+            taken = self._first_ready(calls) if self.streams else self.in_flight[:calls]
+            try:
+                parts = [flight.ready.result() for flight in taken]  # a reward error is raised here
+                self.components.weights.check(self._weights_used(taken, [part[0] for part in parts]))
+            except WorkerDied as death:
+                self._replace(death, self.step - 1)
+                continue
+            for flight in taken:
+                self.in_flight.remove(flight)
+            order = sorted(range(len(taken)), key=lambda i: taken[i].uids[0])
+            return [taken[i] for i in order], [parts[i] for i in order]
+
+    def sync(self, version: int) -> float:
+        """Send the weights of update ``version`` to the rollout workers; when their weight channel lost one, the
+        pool is replaced by workers holding them."""
+        try:
+            return self.components.weights.send(version)
+        except ChannelBroken as broken:
+            return self._replace(WorkerDied(str(broken), self.components.generator.worker_cls.__name__), version)
+
+    def _replace(self, death: WorkerDied, version: int) -> float:
+        """A rollout worker died: replace it (or the pool: :meth:`WeightPush.replaceable`) with new workers holding
+        the weights of update ``version``, and generate its calls' prompt groups again, first. Another worker's
+        death, or one past ``rollout.max_restarts``, stops the run."""
+        generator = self.components.generator
+        if death.worker != generator.worker_cls.__name__:
+            raise death
+        if self.restarts >= self.max_restarts:
+            raise WorkerDied(f"{death}; rollout.max_restarts={self.max_restarts} replacement(s) made already",
+                             death.worker, death.rank)
+        started = time.time()
+        self.restarts += 1
+        ranks = self.components.weights.replaceable(death.rank)
+        lost = [flight for flight in self.in_flight if flight.rank is None or flight.rank in ranks]
+        for flight in lost:
+            flight.dropped = True
+            self.in_flight.remove(flight)
+        self.ending = [flight for flight in self.ending if flight.rank not in ranks]
+        self.redo = sorted(self.redo + [pair for flight in lost for pair in zip(flight.entries, flight.uids)],
+                           key=lambda pair: pair[1])
+        generator.replace(ranks)
+        for pending in [generator.submit_to(rank, "init_model", self.components.model_path) for rank in ranks]:
+            pending.result()
+        sent_mb = self.components.weights.replaced(ranks, version)
+        print(f"[rollout] {death}; replaced rollout worker(s) {ranks} with new ones holding the weights of update "
+              f"{version} (checked) in {time.time() - started:.1f}s; {sum(len(f.uids) for f in lost)} prompt group(s) "
+              f"in flight are generated again (replacement {self.restarts} of rollout.max_restarts="
+              f"{self.max_restarts})", flush=True)
+        return sent_mb
 
     def fill(self, count: int) -> None:
         """Submit calls until ``count`` are in flight: the prompts to generate again first, then new ones."""
@@ -182,9 +240,12 @@ class RolloutQueue(Rollouts):
         return sum(len(flight.uids) for flight in expired)
 
     def _first_ready(self, calls: int) -> list[InFlight]:
-        """The first ``calls`` calls to be generated and scored (the oldest weights first among those ready)."""
+        """The first ``calls`` calls to be generated and scored (the oldest weights first among those ready); a call
+        whose rollout worker died, as soon as it is known (its worker is replaced while the others generate)."""
         while True:
             ready = [flight for flight in self.in_flight if flight.ready.done()]
+            if died := [flight for flight in ready if isinstance(flight.ready.exception(), WorkerDied)]:
+                return died[:1]
             if len(ready) >= calls:
                 return sorted(ready, key=lambda f: (f.version, f.uids[0]))[:calls]
             wait([flight.ready for flight in self.in_flight if not flight.ready.done()], return_when=FIRST_COMPLETED)
@@ -211,7 +272,10 @@ class RolloutQueue(Rollouts):
             return out, scores, (start, time.time())
 
     def check_loaded_weights(self) -> None:
-        self.components.weights.check()
+        try:
+            self.components.weights.check()
+        except WorkerDied as death:
+            self._replace(death, self.components.weights.version)
 
     def close(self) -> None:
         """Drop the calls not yet finished (the end of the run, or an error)."""

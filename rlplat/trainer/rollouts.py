@@ -84,6 +84,12 @@ class Rollouts(ABC):
     def take(self, step: int, metrics: dict) -> Batch:
         """The groups of ``step`` (generated, joined with their prompts' columns), with the rollout's metrics."""
 
+    def sync(self, version: int) -> float:
+        """After the update numbered ``version``: send its weights to where the generations happen, when that is
+        a pool of its own. Returns the MiB each rollout worker receives (0: nothing to send; colocated engines
+        load the actor's weights as their generation starts)."""
+        return 0.0
+
     def next_groups(self, count: int) -> None:
         """The next :meth:`take` needs only ``count`` groups (dynamic sampling's missing ones); a source that
         hands out whole batches ignores it."""

@@ -32,6 +32,7 @@ class WeightPush:
         self.probe_ids = probe_ids if len(probe_ids) > 1 else None
         self.receipts: list[tuple[int, int, Pending]] = []  # (rank, weight version, receipt) not yet checked
         self.verified_once = False  # rollout.verify_weights=first: the first sync was checked
+        self.version: int | None = None  # the newest update sent to the rollout pool
 
     def open_channels(self) -> None:
         """The torch.distributed groups that carry weights from the actor's rank 0: to the rollout workers
@@ -49,19 +50,41 @@ class WeightPush:
         for pending in joining:
             pending.result()
 
-    def send(self, version: int) -> float:
-        """``rollout.mode=separate``: send the actor's weights, numbered ``version``, to every rollout worker.
+    def send(self, version: int, ranks: list[int] | None = None) -> float:
+        """``rollout.mode=separate``: send the actor's weights, numbered ``version``, to every rollout worker
+        (``ranks``: to those, new ones that replaced dead workers, checked whatever ``rollout.verify_weights`` says).
         The actor's gathers happen now; the rollout workers load the weights after the generations already
         submitted to them (each runs its calls in order), and :meth:`check` reads their receipts. Returns the MiB
         each rollout worker receives (a frozen vision tower's weights are not sent)."""
         mode = self.cfg.rollout.verify_weights
-        verify = mode == "every" or (mode == "first" and not self.verified_once)
+        verify = mode == "every" or (mode == "first" and not self.verified_once) or ranks is not None
         update = self.actor.weight_update(version, verify, self.probe_ids, self.tolerance)[0]
         receive = "receive_weights_between_tokens" if self.cfg.rollout.partial == "resume" else "receive_weights"
         self.receipts += [(rank, version, self.rollout.submit_to(rank, receive, update))
-                          for rank in range(self.rollout.world_size)]
+                          for rank in (range(self.rollout.world_size) if ranks is None else ranks)]
         self.verified_once = self.verified_once or verify
+        self.version = version
         return update.nbytes / 2**20
+
+    def replaceable(self, rank: int | None) -> list[int]:
+        """The rollout workers to replace when worker ``rank`` died (None: one of them): that one, or, when the
+        weights travel over a weight channel (``rollout.weight_transport=distributed``), all of them, as a
+        torch.distributed group takes no new member and a broadcast that lost one may leave the others waiting."""
+        if rank is None or self.cfg.rollout.weight_transport == "distributed":
+            return list(range(self.rollout.world_size))
+        return [rank]
+
+    def replaced(self, ranks: list[int], version: int) -> float:
+        """New rollout workers in the places of ``ranks`` (their models loaded): forget the dead ones' receipts,
+        open a new weight channel when the weights travel over one, and send them the actor's weights (numbered
+        ``version``: those the actor holds), checked, waiting for the new workers' receipts. Returns the MiB sent
+        to each."""
+        self.receipts = [receipt for receipt in self.receipts if receipt[0] not in ranks]
+        if self.cfg.rollout.weight_transport == "distributed":
+            self._open("rollout", self.rollout)
+        sent_mb = self.send(version, ranks)
+        self.check({rank: version for rank in ranks})
+        return sent_mb
 
     def check(self, needed: dict[int, int] | None = None) -> None:
         """Read the rollout workers' receipts of the weight syncs: those already back, and, waiting for them,

@@ -18,14 +18,25 @@ class RunError(RuntimeError):
 
 
 class WorkerDied(RunError):
-    """A worker process died (out of memory, a crash, a kill): what it held is lost, so the run stops."""
+    """A worker process died (out of memory, a crash, a kill): what it held is lost, so the run stops, unless its
+    group can replace it (a separate rollout pool: ``rollout.max_restarts``). ``worker``: the worker's class name,
+    ``rank``: its rank in its group (None when not known)."""
+
+    def __init__(self, message: str, worker: str | None = None, rank: int | None = None):
+        super().__init__(message)
+        self.worker, self.rank = worker, rank
 
     def resumable(self, newest) -> "WorkerDied":
         """The same error, saying where the run resumes from: the newest complete checkpoint (a path; None when
         none was saved). The step under way is lost whole: a checkpoint is only ever of a finished step."""
         where = (f"the step under way is lost; rerun the same command to resume from {newest} "
                  f"(trainer.resume_mode=auto)" if newest else "no checkpoint was saved yet (trainer.save_freq)")
-        return WorkerDied(f"{self}; {where}")
+        return WorkerDied(f"{self}; {where}", self.worker, self.rank)
+
+
+class ChannelBroken(RunError):
+    """A weight broadcast that did not reach every receiver of its channel (one of them died): the channel is of no
+    further use; the receivers' pool is replaced (``rollout.max_restarts``) or the run stops."""
 
 
 class Interrupted(RunError):

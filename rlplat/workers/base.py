@@ -25,7 +25,7 @@ import enum
 from collections.abc import Callable
 
 from rlplat.engines.base import ParallelLayout
-from rlplat.engines.dist import DistContext, free_port, init_distributed, node_ip
+from rlplat.engines.dist import DistContext, device_context, free_port, init_distributed, node_ip
 
 DISPATCH_ATTR = "__rlplat_dispatch__"
 GROUP_ATTR = "__rlplat_concurrency_group__"
@@ -73,6 +73,8 @@ class Worker:
 
     #: threads of their own for some methods (``register(..., concurrency_group=name)``): name -> calls at once
     concurrency_groups: dict[str, int] = {}
+    #: its workers never call a collective over their group, so one can be replaced alone (a rollout worker)
+    works_alone = False
 
     def __init__(self, rank: int, world_size: int, device: str):
         self.rank, self.world_size, self.device_type = rank, world_size, device
@@ -100,6 +102,12 @@ class Worker:
     def setup_distributed(self, master: tuple[str, int]) -> int:
         """Join the group's torch.distributed process group at ``master`` (rank 0's ``master_address()``)."""
         self.dist = init_distributed(self.rank, self.world_size, *master, self.device_type)
+        return self.rank
+
+    @register(Dispatch.ONE_TO_ALL)
+    def setup_alone(self) -> int:
+        """A worker that replaces a dead one of a :attr:`works_alone` group: its rank and device, no process group."""
+        self.dist = device_context(self.rank, self.world_size, self.device_type)
         return self.rank
 
     @register(Dispatch.ONE_TO_ALL)

@@ -366,6 +366,7 @@ class RolloutWorker(_Generates):
     ``policy_version_last`` its last token was sampled by)."""
 
     concurrency_groups = {"weights": 1}  # rollout.partial=resume receives updates while a generation runs
+    works_alone = True  # rollout workers never talk to each other: a dead one is replaced alone (rollout.max_restarts)
 
     def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
         super().__init__(rank, world_size, device, cfg, plan)

@@ -26,6 +26,7 @@ from datetime import timedelta
 import torch
 
 from rlplat.rollout.base import WeightBucket
+from rlplat.utils.errors import ChannelBroken
 
 #: a bucket's layout: (name, dtype name, shape) of each tensor, in order
 BucketLayout = list[tuple[str, str, tuple[int, ...]]]
@@ -102,7 +103,14 @@ class WeightChannel:
             self._sending = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError(f"sending weights to the rollout workers failed: {error}") from error
+            raise ChannelBroken(f"sending weights to the workers of the weight channel failed: {error}") from error
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Leave this channel for a new one (its receivers were replaced): a send under way ends at its first lost
+        receiver (their processes are gone), and its error no longer matters."""
+        if self._sending is not None:
+            self._sending.join(timeout_s)
+        self._sending = self._error = None
 
     def receive(self, layouts: Sequence[BucketLayout]) -> Iterator[WeightBucket]:
         """The update's buckets as they arrive (ranks 1..R), one broadcast each."""

@@ -109,7 +109,9 @@ class WeightSync:
 
     def join(self, to: str, host: str, port: int, rank: int, size: int, device: str) -> None:
         """Open this worker's end of the weight channel to the ``to`` pool: rank 0 the actor's sender, ranks
-        1..size-1 that pool's workers."""
+        1..size-1 that pool's workers. A channel already open to ``to`` is left (its receivers were replaced)."""
+        if (old := self.channels.pop(to, None)) is not None:
+            old.close()
         self.channels[to] = WeightChannel(host, port, rank, size, device)
 
     # ------------------------------------------------------------------ the receiving side

@@ -22,6 +22,7 @@ from rlplat.workers.weight_channel import WeightChannel
 from rlplat.workers.weight_sync import WeightUpdate, probe_mismatch, probe_tolerance, weight_mismatch
 from rlplat.trainer.ledger import PromptLedger
 from rlplat.trainer.timeline import TRAINING_POOL_STAGES, busy_seconds, idle_fractions, read_timeline
+from rlplat.trainer.ppo import PPOTrainer
 from rlplat.trainer.run import load_run_config, run
 from rlplat.utils.errors import RunError
 
@@ -206,7 +207,8 @@ def test_a_separate_rollout_pool_without_generating_ahead_is_the_colocated_run(e
             assert same[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
         expected = {"val/policy_version": step} if step != 1 else {}
         if step > 0:
-            expected.update({"off_policy/staleness_mean": 0.0, "off_policy/staleness_max": 0.0})
+            expected.update({"off_policy/staleness_mean": 0.0, "off_policy/staleness_max": 0.0,
+                             "rollout/restarts": 0.0})
         assert {k: v for k, v in extra.items() if not k.startswith("timing/")} == expected, step
     assert _ledger(tmp_path / "separate") == [[0, 16]]
 
@@ -286,6 +288,43 @@ def test_streaming_by_prompt_group_on_two_rollout_workers_trains_every_group_onc
     in_flight = [n for saved in state["in_flight"] for n in saved["uids"]]
     assert len(trained) == 4 * 8
     assert sorted(trained + in_flight) == list(range(state["prompts_seen"]))
+
+
+@pytest.mark.slow
+def test_a_rollout_worker_killed_with_a_generation_and_a_weight_load_in_flight_is_replaced(embedded_cache, small_val,
+                                                                                          tmp_path, ray_cluster, capsys):
+    # the rollout worker is killed (as the out-of-memory killer would) right after step 2 sent it the weights of
+    # update 2, while it generates step 3's batch or loads those weights. Step 3 or 4 finds it dead (a call or a
+    # weight receipt failed: whichever Ray reports first), and over the weight channel (the default transport) the
+    # pool is replaced: a new worker holds the actor's weights of that moment (checksums and probe checked) and
+    # generates the lost calls' prompt groups again. Every drawn group is trained once, every step logged once.
+    import ray
+
+    class KillsTheRolloutWorker(PPOTrainer):
+        stage_order = PPOTrainer.insert_stage("kill", after="sync_rollout")
+
+        def kill(self, batch, metrics):
+            if self.step == 2:
+                actor = self.components.rollout.actors[0]
+                ray.kill(actor)
+                with pytest.raises(ray.exceptions.RayActorError):  # dead before the trainer goes on
+                    ray.get(actor.parallel_layout.remote(), timeout=60)
+            return batch
+
+    out = tmp_path / "replaced"
+    cfg, plan = load_run_config(overrides(out, 4, small_val, SEPARATE, "trainer.async_steps=1"))
+    assert run(cfg, plan, KillsTheRolloutWorker)["steps"] == 4
+    steps = metrics(out)
+    restarts = [steps[s]["rollout/restarts"] for s in (1, 2, 3, 4)]
+    replaced = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rollout] ")]
+    assert restarts in ([0, 0, 1, 1], [0, 0, 0, 1]), (restarts, replaced)
+    assert all(steps[s]["off_policy/staleness_max"] <= 1 for s in (1, 2, 3, 4))
+    assert _ledger(out) == [[0, 32]]
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3, 4]
+    assert len(replaced) == 1 and replaced[0].startswith("[rollout] RolloutWorker rank 0 of 1 died during ")
+    found_at = restarts.index(1) + 1  # the step that found it dead: the actor then held the update before it
+    assert (f"replaced rollout worker(s) [0] with new ones holding the weights of update {found_at - 1} (checked)"
+            in replaced[0])
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask
 from rlplat.reward.batch import TrainingScores, join_scores
 from rlplat.trainer.rollout_queue import RolloutQueue
-from rlplat.utils.errors import RunError
+from rlplat.utils.errors import ChannelBroken, RunError, WorkerDied
 
 PAD, RESPONSE = 9, 2
 
@@ -26,7 +26,8 @@ class Scripted:
 
     def __init__(self, ahead: int, stream: int, batch: int, steps: int, workers: int):
         self.cfg = OmegaConf.create({"trainer": {"async_steps": ahead, "total_steps": steps},
-                                     "data": {"train_batch_size_prompts": batch}, "rollout": {"stream_groups": stream}})
+                                     "data": {"train_batch_size_prompts": batch},
+                                     "rollout": {"stream_groups": stream, "max_restarts": 1}})
         self.components = self.weights = self
         self.timeline = SimpleNamespace(add=lambda *span: None)
         self.tokenizer = SimpleNamespace(pad_token_id=PAD)
@@ -96,10 +97,10 @@ def step(trainer: Scripted, queue: RolloutQueue, release: list[int]):
         flight = next((f for f in list(queue.in_flight) if f.uids[0] == first), None)  # None: taken in order already
         trainer.gates[first].set()
         if flight is not None:
-            flight.ready.result(timeout=30)
+            flight.ready.exception(timeout=30)  # generated and scored (or failed: a worker's death)
     thread.join(timeout=30)
     assert taken, "take() did not return"
-    queue.start(trainer.step)  # the sync_rollout stage
+    queue.sync(trainer.step)  # the sync_rollout stage
     return taken[0], metrics
 
 
@@ -211,3 +212,100 @@ def test_scores_of_several_calls_join_as_those_of_all_their_rows():
     assert joined.metrics["reward_calls/f_std"] == pytest.approx((4 / 6 - (4 / 6) ** 2) ** 0.5)
     assert (joined.metrics["reward_calls/f_errors"], joined.metrics["reward/num_errors"]) == (3, 3)
     assert joined.metrics["timing/reward_calls/f_latency_max_s"] == 0.5
+
+
+class RolloutWorker:
+    """The class name a dead rollout worker's error carries."""
+
+
+class Replaceable(Scripted):
+    """A pool whose workers die in the calls the test names (by first uid, once each) and are replaced."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dies: set[int] = set()
+        self.replacements: list[tuple[list[int], int]] = []  # (ranks, the weights they were sent)
+        self.model_path = "model"
+        self.generator = SimpleNamespace(world_size=self.generator.world_size, worker_cls=RolloutWorker,
+                                         replace=lambda ranks: None, submit_to=lambda *call: Pending(lambda: None))
+
+    def start(self, prompts, rank):
+        first = int(prompts.non_tensors["uid"][0][1:])
+        sampled, _ = super().start(prompts, rank)
+
+        def generate():
+            value = sampled.result()
+            if first in self.dies:
+                self.dies.discard(first)
+                raise WorkerDied(f"RolloutWorker rank {rank} of 2 died during generate_sequences()", "RolloutWorker",
+                                 rank)
+            return value
+        return Pending(generate), None
+
+    def replaceable(self, rank):
+        return [rank]
+
+    def replaced(self, ranks, version):
+        self.replacements.append((ranks, version))
+        return 0.0
+
+
+def test_a_dead_rollout_workers_calls_are_generated_again_and_one_death_too_many_stops_the_run(capsys):
+    trainer = Replaceable(ahead=1, stream=2, batch=4, steps=3, workers=2)
+    queue = queue_of(trainer, score_ahead=True)
+    queue.start(0)
+    # step 1: calls [0 1] [4 5] on worker 0, [2 3] [6 7] on worker 1; worker 1 dies in [2 3] before anything is
+    # ready: it is replaced with the weights of update 0 at once, and its two calls go to the new worker first
+    trainer.dies.add(2)
+    batch, metrics = step(trainer, queue, release=[2, 0])
+    assert [call[:2] for call in trainer.calls] == [([0, 1], 0), ([2, 3], 1), ([4, 5], 0), ([6, 7], 1),
+                                                    ([2, 3], 1), ([6, 7], 1)]
+    assert trainer.replacements == [([1], 0)] and metrics["rollout/restarts"] == 1
+    assert uids(batch) == [0, 1, 2, 3] and batch.tensors["policy_version"].tolist() == [0, 0, 0, 0]
+    replaced = "replaced rollout worker(s) [1] with new ones holding the weights of update 0 (checked)"
+    assert replaced in capsys.readouterr().out
+    # step 2 takes the rest; the call the dead worker had under way was never trained (no uid twice)
+    batch, metrics = step(trainer, queue, release=[4, 6])
+    assert uids(batch) == [4, 5, 6, 7] and metrics["rollout/restarts"] == 1
+    # a second death is one more than rollout.max_restarts=1 allows: the run stops, saying so
+    trainer.dies.add(8)
+    trainer.step += 1
+    trainer.gates.setdefault(8, threading.Event()).set()
+    try:
+        with pytest.raises(WorkerDied, match=r"^RolloutWorker rank 0 of 2 died during generate_sequences\(\); "
+                                             r"rollout.max_restarts=1 replacement\(s\) made already$"):
+            queue.take(trainer.step, {})
+    finally:
+        for gate in trainer.gates.values():
+            gate.set()
+        queue.close()
+
+
+def test_a_weight_channel_that_lost_a_receiver_replaces_the_pool_and_regenerates_every_call_in_flight():
+    # over rollout.weight_transport=distributed a broadcast that lost a receiver breaks the channel: the whole pool is
+    # replaced, holding the update being sent, and every call in flight is generated again, first
+    class Broken(Replaceable):
+        def send(self, version):
+            if version == 1:
+                raise ChannelBroken("sending weights to the workers of the weight channel failed: Connection reset")
+            super().send(version)
+
+        def replaceable(self, rank):
+            return [0, 1]
+
+        def replaced(self, ranks, version):
+            super().send(version)
+            return super().replaced(ranks, version)
+
+    trainer = Broken(ahead=1, stream=2, batch=4, steps=2, workers=2)
+    queue = queue_of(trainer, score_ahead=True)
+    queue.start(0)
+    step(trainer, queue, release=[0, 2])  # its sync_rollout stage sends weights 1, and the channel breaks
+    assert trainer.replacements == [([0, 1], 1)] and trainer.version == 1
+    assert queue.state() == [{"entries": [4, 5, 6, 7], "uids": [4, 5, 6, 7]}]  # both calls of step 2, to redo
+    batch, metrics = step(trainer, queue, release=[4, 6])
+    assert uids(batch) == [4, 5, 6, 7] and batch.tensors["policy_version"].tolist() == [1, 1, 1, 1]
+    assert metrics["rollout/restarts"] == 1
+    for gate in trainer.gates.values():
+        gate.set()
+    queue.close()
