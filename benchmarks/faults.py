@@ -188,7 +188,7 @@ def common(work: Path, mode: str) -> list[str]:
 
 def rollout_fault(fault: str, out: Path) -> list[str]:
     """The overrides that import the rollout fault's plug-in (written to ``out``): the first rollout worker to start
-    its third generation call (whole batches, K = 1: step 3's batch) or to receive a bucket of update 3 dies there."""
+    its third generation call (the validation before step 1 is one) or to receive a bucket of update 3 dies there."""
     out.mkdir(parents=True, exist_ok=True)
     where, at = ("generate", FAULT_STEP) if fault == "rollout_generate" else ("load", FAULT_STEP)
     (out / "rollout_fault.py").write_text(ROLLOUT_FAULT.format(mark=str(out / "killed"), where=where, at=at))
