@@ -271,6 +271,10 @@ class RolloutConfig:
     # and its calls in flight are generated again; with weight_transport=distributed the whole pool is replaced);
     # one more death stops the run naming the checkpoint to resume from (docs/reliability.md)
     max_restarts: int = 3
+    # rollout.mode=separate: seconds a replacement of a dead rollout worker may take to start before the run stops with
+    # one line naming the checkpoint (it starts where its pool was placed: a pool is tied to its nodes, so after its
+    # node left the cluster it cannot, and the run resumes on the cluster as it is)
+    node_wait_s: float = 300.0
     n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)

@@ -290,6 +290,7 @@ def _check_placement(cfg: DictConfig, world: int) -> None:
           f"training workers)")
     restarts = cfg.rollout.max_restarts
     check(restarts >= 0, f"rollout.max_restarts must be >= 0 (0 = a dead rollout worker stops the run), got {restarts}")
+    check(cfg.rollout.node_wait_s > 0, f"rollout.node_wait_s must be > 0, got {cfg.rollout.node_wait_s}")
     stream, batch = cfg.rollout.stream_groups, cfg.data.train_batch_size_prompts
     check(stream >= 0, f"rollout.stream_groups must be >= 0 (0 = whole batches), got {stream}")
     check(stream == 0 or cfg.rollout.mode == "separate",

@@ -174,12 +174,13 @@ class RayWorkerGroup(WorkerGroup):
         master = self.actors[0].master_address.remote()
         return self._setup_calls(ranks, lambda actor: actor.setup_distributed.remote(master))
 
-    def replace(self, ranks: list[int]) -> None:
+    def replace(self, ranks: list[int], timeout_s: float) -> None:
         """Kill the workers of ``ranks`` (dead already, or not) and start new ones in their places, set up as at the
         start; the caller loads their models (``init_model``) and state. Every rank: a new group, with a new
         torch.distributed process group. Some: only for a worker class whose workers never talk to each other
         (:attr:`~rlplat.workers.base.Worker.works_alone`, e.g. rollout workers): the new ones join no process group
-        (a torch.distributed group takes no new member)."""
+        (a torch.distributed group takes no new member). New workers that are not set up within ``timeout_s`` (their
+        bundle's node left the cluster, and no other node has room for it) raise :class:`RunError`."""
         import ray
 
         ranks = sorted(set(ranks))
@@ -193,6 +194,12 @@ class RayWorkerGroup(WorkerGroup):
         else:
             self._setup = self._setup_calls(ranks, lambda actor: actor.setup_alone.remote())
         self._layouts = None
+        started, _ = ray.wait(self._setup[0], num_returns=len(self._setup[0]), timeout=timeout_s)
+        if len(started) < len(self._setup[0]):
+            raise RunError(f"the {self.worker_cls.__name__} workers that replace ranks {ranks} did not start within "
+                           f"{timeout_s:.0f} s: Ray has no room for them where their pool was placed (a node that "
+                           f"left the cluster and did not come back?)")
+        self._set_up()
 
     @property
     def world_size(self) -> int:

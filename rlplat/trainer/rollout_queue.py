@@ -96,6 +96,7 @@ class RolloutQueue(Rollouts):
         self.redo: list[tuple[Any, int]] = []
         self.next_take: int | None = None  # the groups the next take() returns (None: a batch's)
         self.max_restarts, self.restarts = cfg.rollout.max_restarts, 0
+        self.node_wait_s = cfg.rollout.node_wait_s  # for a replacement to start (its node may have left the cluster)
         self._scoring = threading.Lock()
         # a thread per call in flight (the config keeps them few: rlplat.config.validate), and room for the calls
         # dynamic sampling pulls and the dropped ones still ending
@@ -190,7 +191,11 @@ class RolloutQueue(Rollouts):
         self.ending = [flight for flight in self.ending if flight.rank not in ranks]
         self.redo = sorted(self.redo + [pair for flight in lost for pair in zip(flight.entries, flight.uids)],
                            key=lambda pair: pair[1])
-        generator.replace(ranks)
+        try:
+            generator.replace(ranks, self.node_wait_s)
+        except RunError as failed:  # e.g. its node left the cluster: the run stops, naming where it resumes
+            raise WorkerDied(f"{death}; {failed} (rollout.node_wait_s={self.node_wait_s:g})", death.worker,
+                             death.rank) from None
         for pending in [generator.submit_to(rank, "init_model", self.components.model_path) for rank in ranks]:
             pending.result()
         sent_mb = self.components.weights.replaced(ranks, version)

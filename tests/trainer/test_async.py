@@ -24,7 +24,7 @@ from rlplat.trainer.ledger import PromptLedger
 from rlplat.trainer.timeline import TRAINING_POOL_STAGES, busy_seconds, idle_fractions, read_timeline
 from rlplat.trainer.ppo import PPOTrainer
 from rlplat.trainer.run import load_run_config, run
-from rlplat.utils.errors import RunError
+from rlplat.utils.errors import RunError, WorkerDied
 
 from .test_trainer import comparable, metrics, overrides
 
@@ -325,6 +325,46 @@ def test_a_rollout_worker_killed_with_a_generation_and_a_weight_load_in_flight_i
     found_at = restarts.index(1) + 1  # the step that found it dead: the actor then held the update before it
     assert (f"replaced rollout worker(s) [0] with new ones holding the weights of update {found_at - 1} (checked)"
             in replaced[0])
+
+
+@pytest.mark.slow
+def test_a_rollout_worker_whose_node_left_stops_the_run_after_node_wait_s_naming_the_checkpoint(
+        embedded_cache, small_val, tmp_path):
+    # two worker nodes of one CPU each (the head has none): the training worker on one, the rollout worker on the
+    # other. That node leaves the cluster after step 2; the run finds the rollout worker dead, and its replacement
+    # cannot start (the pool's placement is tied to the node that left): after rollout.node_wait_s the run stops
+    # with one line naming the checkpoint to resume from, instead of waiting for ever.
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    ray.init(address=cluster.address, log_to_driver=False)
+
+    class RemovesTheRolloutNode(PPOTrainer):
+        stage_order = PPOTrainer.insert_stage("leave", after="sync_rollout")
+
+        def leave(self, batch, metrics):
+            if self.step == 2:
+                where = ray.get(self.components.rollout.actors[0].__ray_call__.remote(
+                    lambda worker: ray.get_runtime_context().get_node_id()))
+                cluster.remove_node(next(node for node in nodes if node.node_id == where))
+            return batch
+
+    try:
+        out = tmp_path / "left"
+        cfg, plan = load_run_config(overrides(out, 4, small_val, SEPARATE, "trainer.async_steps=1",
+                                              "trainer.save_freq=1", "rollout.node_wait_s=5"))
+        with pytest.raises(WorkerDied) as stopped:
+            run(cfg, plan, RemovesTheRolloutNode)
+        message = str(stopped.value)
+        assert message.startswith("RolloutWorker rank 0 of 1 died during ") and "\n" not in message
+        assert "the RolloutWorker workers that replace ranks [0] did not start within 5 s" in message
+        assert re.search(rf"rerun the same command to resume from {out}/checkpoints/step_00000[23] ", message), message
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 @pytest.mark.slow
