@@ -23,14 +23,16 @@ if [ -z "${RLPLAT_CACHE:-}" ]; then
   trap 'rm -rf "$RLPLAT_CACHE"' EXIT
   export RLPLAT_CACHE
 fi
+# Both sessions spread their modules over 2 pytest-xdist workers (below), the longest first (tests/conftest.py).
 if [ -n "$with_vllm" ]; then
-  RLPLAT_REQUIRE_VLLM=1 "${RLPLAT_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest tests/rollout tests/trainer/test_learning.py \
-    tests/examples/test_scripts.py tests/tools/test_export.py tests/config/test_doc_commands.py -k vllm --durations=10
+  RLPLAT_REQUIRE_VLLM=1 "${RLPLAT_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -n 2 --dist loadscope --no-loadscope-reorder \
+    tests/rollout tests/trainer/test_learning.py tests/examples/test_scripts.py tests/tools/test_export.py \
+    tests/config/test_doc_commands.py -k vllm --durations=10
 fi
 # The whole suite runs on RLPLAT_TEST_WORKERS pytest-xdist workers (default 2: about 1.3x faster on 2 cores, as
 # Ray start-up, process spawns and imports leave a core idle), each test module on one worker so its fixtures
 # are built once; a run of chosen tests (arguments given) stays in one process unless the variable is set.
 workers="${RLPLAT_TEST_WORKERS:-$([ $# -eq 0 ] && echo 2 || echo 1)}"
 parallel=()
-[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadscope)
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)
 "$venv/bin/python" -m pytest "${parallel[@]}" --durations=15 "${@:-tests}"  # the 15 slowest tests, for the budgets of docs/testing.md
