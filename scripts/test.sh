@@ -23,9 +23,10 @@ if [ -z "${RLPLAT_CACHE:-}" ]; then
   trap 'rm -rf "$RLPLAT_CACHE"' EXIT
   export RLPLAT_CACHE
 fi
-# Both sessions spread their modules over 2 pytest-xdist workers (below), the longest first (tests/conftest.py).
+# Both sessions spread their test modules over 2 pytest-xdist workers (the vLLM session alone left a third of the
+# cores idle: its engines start in one process; 173-178 s on 2 workers against 214-249 s in one, docs/testing.md).
 if [ -n "$with_vllm" ]; then
-  RLPLAT_REQUIRE_VLLM=1 "${RLPLAT_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -n 2 --dist loadscope --no-loadscope-reorder \
+  RLPLAT_REQUIRE_VLLM=1 "${RLPLAT_VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -n 2 --dist loadscope \
     tests/rollout tests/trainer/test_learning.py tests/examples/test_scripts.py tests/tools/test_export.py \
     tests/config/test_doc_commands.py -k vllm --durations=10
 fi
@@ -34,5 +35,5 @@ fi
 # are built once; a run of chosen tests (arguments given) stays in one process unless the variable is set.
 workers="${RLPLAT_TEST_WORKERS:-$([ $# -eq 0 ] && echo 2 || echo 1)}"
 parallel=()
-[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadscope)
 "$venv/bin/python" -m pytest "${parallel[@]}" --durations=15 "${@:-tests}"  # the 15 slowest tests, for the budgets of docs/testing.md

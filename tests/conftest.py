@@ -131,20 +131,7 @@ def skip_missing():
     return skip
 
 
-# The modules that take longest (measured: docs/testing.md), first, so that the workers a run is spread over finish
-# together (xdist's own order, most tests first, left the 80-second GPU check to run alone at the end). The examples
-# come first: they build the embedded tool model (~4 min) that the agent and distillation tests then find built.
-LONGEST_FIRST = (
-    "tests/examples/test_scripts.py", "tests/trainer/test_learning.py", "tests/trainer/test_async.py",
-    "tests/config/test_doc_commands.py", "tests/engines/test_megatron_engine.py", "tests/trainer/test_agents.py",
-    "tests/trainer/test_reliability.py", "tests/engines/test_ulysses.py", "tests/test_gpu_check.py",
-    "tests/rollout/test_vllm_server.py", "tests/trainer/test_trainer.py",
-)
-
-
 def pytest_collection_modifyitems(config, items):
-    first = {module: rank for rank, module in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))  # stable: the rest as collected
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
