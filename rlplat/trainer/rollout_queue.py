@@ -185,12 +185,8 @@ class RolloutQueue(Rollouts):
         self.restarts += 1
         ranks = self.components.weights.replaceable(death.rank)
         lost = [flight for flight in self.in_flight if flight.rank is None or flight.rank in ranks]
-        for flight in lost:
-            flight.dropped = True
-            self.in_flight.remove(flight)
+        self._requeue(lost)
         self.ending = [flight for flight in self.ending if flight.rank not in ranks]
-        self.redo = sorted(self.redo + [pair for flight in lost for pair in zip(flight.entries, flight.uids)],
-                           key=lambda pair: pair[1])
         try:
             generator.replace(ranks, self.node_wait_s)
         except RunError as failed:  # e.g. its node left the cluster: the run stops, naming where it resumes
@@ -236,13 +232,17 @@ class RolloutQueue(Rollouts):
         prompts go back to be generated again. Returns the groups dropped."""
         oldest = self.step - 1 - self.ahead
         expired = [flight for flight in self.in_flight if flight.version < oldest]
-        for flight in expired:
+        self._requeue(expired)
+        self.ending = [flight for flight in self.ending + expired if not flight.generated]
+        return sum(len(flight.uids) for flight in expired)
+
+    def _requeue(self, flights: list[InFlight]) -> None:
+        """Drop these calls (what they give is not trained on); their prompts are generated again, first."""
+        for flight in flights:
             flight.dropped = True
             self.in_flight.remove(flight)
-        self.ending = [flight for flight in self.ending + expired if not flight.generated]
-        self.redo = sorted(self.redo + [pair for flight in expired for pair in zip(flight.entries, flight.uids)],
+        self.redo = sorted(self.redo + [pair for flight in flights for pair in zip(flight.entries, flight.uids)],
                            key=lambda pair: pair[1])
-        return sum(len(flight.uids) for flight in expired)
 
     def _first_ready(self, calls: int) -> list[InFlight]:
         """The first ``calls`` calls to be generated and scored (the oldest weights first among those ready); a call
