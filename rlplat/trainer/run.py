@@ -58,22 +58,32 @@ def init_ray(cfg: DictConfig, quiet_env: dict[str, str]) -> bool:
 
 @contextmanager
 def ray_session(cfg: DictConfig, quiet_env: dict[str, str]) -> Iterator[bool]:
-    """:func:`init_ray` for the block, then ``ray.shutdown``. ``ray.init`` installs a SIGTERM handler of its
-    own in the calling process (it raises ``SystemExit``) and ``ray.shutdown`` leaves it there: the handler
-    the process had before is put back, so a program (or a test session) that calls :func:`run` keeps its
-    own answer to SIGTERM after the run."""
+    """:func:`init_ray` for the block, then ``ray.shutdown`` if the block connected: a program that had
+    connected to Ray itself keeps its session (and the cluster a local session started) after the run.
+    ``ray.init`` installs a SIGTERM handler of its own in the calling process (it raises ``SystemExit``) and
+    ``ray.shutdown`` leaves it there: the handler the process had before is put back, so a program (or a test
+    session) that calls :func:`run` keeps its own answer to SIGTERM after the run."""
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main_thread else None
+    connected_before = cfg.trainer.ray_address != "inprocess" and _ray_connected()
     using_ray = init_ray(cfg, quiet_env)
     try:
         yield using_ray
     finally:
-        if using_ray:
+        if using_ray and not connected_before:
             import ray
 
             ray.shutdown()
             if previous is not None:  # None: a handler not set from Python, which cannot be put back
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _ray_connected() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False  # init_ray says so in one line
+    return ray.is_initialized()
 
 
 def resolve_model_path(cfg: DictConfig) -> str:

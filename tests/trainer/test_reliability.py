@@ -133,6 +133,19 @@ def test_a_run_on_ray_leaves_the_callers_sigterm_handler_in_place():
     assert not ray.is_initialized() and signal.getsignal(signal.SIGTERM) is mine
 
 
+def test_a_run_on_ray_leaves_the_callers_own_ray_session_connected(ray_cluster):
+    """A program (a notebook, a test session) connected to Ray before the run: the run uses that session and
+    leaves it connected, the cluster it started still up."""
+    from omegaconf import OmegaConf
+
+    from rlplat.trainer.run import ray_session
+
+    cfg = OmegaConf.create({"trainer": {"ray_address": None, "verbose": False}})
+    with ray_session(cfg, {}) as using_ray:
+        assert using_ray
+    assert ray_cluster.is_initialized() and ray_cluster.cluster_resources().get("CPU") == 4
+
+
 # SIGINT in-process, with the step it finishes pinned: test_ctrl_c_finishes_the_step_in_flight_then_saves_it
 @pytest.mark.parametrize("signum, ray", [(signal.SIGTERM, False),
                                          pytest.param(signal.SIGTERM, True, marks=pytest.mark.slow, id="SIGTERM-ray")])
