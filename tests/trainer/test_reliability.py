@@ -10,12 +10,14 @@ import sys
 import time
 
 import pytest
+import torch
 
 from rlplat.trainer.main import main
 from rlplat.trainer.ppo import PPOTrainer
 
 SMALL = ["data.train_batch_size_prompts=4", "actor.mini_batch_size_prompts=4", "rollout.n=2",
          "rollout.val_n=1", "trainer.test_freq=0", "trainer.ray_address=inprocess"]
+RAY_2 = ["trainer.ray_address=null", "trainer.workers_per_node=2"]  # on the test session's Ray cluster
 
 
 def test_a_step_where_every_reward_fails_stops_the_run(embedded_cache, small_val, tmp_path, capsys):
@@ -101,7 +103,8 @@ def _wait_for_step(proc, step):
     for line in proc.stdout:
         if line.startswith(f"[step {step}]"):
             return
-    raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()[-2000:]}")
+    err = proc.stderr.read()[-2000:] if proc.stderr else "(its stderr went to a file)"
+    raise AssertionError(f"the run ended before step {step}: {err}")
 
 
 @pytest.fixture
@@ -367,11 +370,19 @@ def _last_per_step(out):
     return rows
 
 
-@pytest.mark.parametrize("extra", [[], ["model.lora.rank=8"]], ids=["full", "lora"])
-def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, small_val, tmp_path, extra):
-    """Also for a LoRA run, whose checkpoints hold the adapters and their optimizer state only."""
+@pytest.mark.parametrize("extra", [[], ["model.lora.rank=8"], pytest.param(RAY_2, marks=pytest.mark.slow)],
+                         ids=["full", "lora", "ray-2-workers"])
+def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, small_val, tmp_path, extra, request):
+    """The metrics of every step and the final weights bit for bit. Also for a LoRA run, whose checkpoints
+    hold the adapters and their optimizer state only, and on Ray with two training workers (each holding
+    half of the weights and of the optimizer state, each taking half of a step's rows): the killed run's
+    workers die with it (they belonged to its controller) and the resumed run starts new ones."""
     from rlplat.data import TASKS, write_parquet
 
+    ray = request.getfixturevalue("ray_cluster") if extra == RAY_2 else None  # (its environment: the auth mode)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if ray:  # the killed run joins this session's cluster (the others run in it in this process)
+        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     # 8 prompts, 4 per step: every epoch is 2 steps, so each checkpoint (every 2 steps) is on an epoch boundary
     train = write_parquet(TASKS.get("arithmetic")(8, seed=3, split="train"), tmp_path / "train.parquet")
     common = [*SMALL, f"data.val_files={small_val}", f"data.train_files={train}", "trainer.total_steps=6",
@@ -381,8 +392,7 @@ def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, s
     kill_at = random.Random(13).randint(3, 5)  # a step after the first checkpoint (step 2)
     crashed = tmp_path / "crashed"
     proc = subprocess.Popen([sys.executable, "-m", "rlplat.trainer.main", *common, f"trainer.output_dir={crashed}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stdout=subprocess.PIPE, stderr=(tmp_path / "crashed.err").open("w"), text=True, env=env)
     _wait_for_step(proc, kill_at)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -395,6 +405,12 @@ def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, s
     for step in range(7):
         assert resumed[step] == full[step], (step, kill_at, saved)
     assert full[3] != full[4]  # the steps differ, so equality means something
+    from safetensors.torch import load_file
+
+    weights, resumed_weights = (load_file(str(out / "hf_export" / "model.safetensors")) for out in (tmp_path / "full",
+                                                                                                   crashed))
+    assert weights.keys() == resumed_weights.keys()
+    assert [name for name, tensor in weights.items() if not torch.equal(resumed_weights[name], tensor)] == []
 
     # each step once: the rows the killed run logged after its checkpoint were cut (into a side file)
     rows = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
