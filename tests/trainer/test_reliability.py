@@ -437,6 +437,87 @@ def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, s
     assert summary["wall_time_s"] > segments[1]["end"] - segments[1]["start"]
 
 
+# A trainer.imports plug-in: the trainer SIGKILLs itself right after the named stage of the named step, or, for
+# "checkpoint_write", once the checkpoint of that step is written but not yet made the newest; each kill once
+# (a file in MARKS says it happened), so the resumed run goes on to the next one.
+PHASE_KILLS = '''import os
+import signal
+
+from rlplat.trainer.checkpoint import Checkpointer
+from rlplat.trainer.ppo import PPOTrainer
+
+KILLS, MARKS = KILLS_AND_MARKS
+
+
+def kill_once(where, step):
+    mark = os.path.join(MARKS, where)
+    if KILLS.get(where) == step and not os.path.exists(mark):
+        open(mark, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def after(where, stage):
+    def wrapped(self, batch, metrics):
+        out = stage(self, batch, metrics)
+        kill_once(where, self.step)
+        return out
+    return wrapped
+
+
+# the scores are added by "reward", or by "reward_wait" where scoring overlaps the stages after it
+for where, names in {"generate": ["generate"], "reward": ["reward", "reward_wait"], "update": ["update_actor"]}.items():
+    for name in names:
+        setattr(PPOTrainer, name, after(where, getattr(PPOTrainer, name)))
+write = Checkpointer._write
+
+
+def writing(self, c, state, path):
+    write(self, c, state, path)
+    kill_once("checkpoint_write", state["step"])
+
+
+Checkpointer._write = writing
+'''
+
+
+def test_kill_9_in_each_phase_of_a_step_then_resume_ends_as_the_uninterrupted_run(embedded_cache, small_val, tmp_path):
+    """The trainer killed after the generation, the reward, the update and in the checkpoint write of successive
+    steps (the steps drawn), each time resumed with the same command: every prompt group trained once (the ledger),
+    each step logged once with the uninterrupted run's metrics, the final weights bit for bit the same."""
+    from safetensors.torch import load_file
+
+    from rlplat.data import TASKS, write_parquet
+
+    phases = ["generate", "reward", "update", "checkpoint_write"]
+    steps = sorted(random.Random(5).sample(range(1, 8), len(phases)))  # one kill a step, at most
+    (tmp_path / "marks").mkdir()
+    kills_and_marks = repr((dict(zip(phases, steps)), str(tmp_path / "marks")))
+    (tmp_path / "phase_kills.py").write_text(PHASE_KILLS.replace("KILLS_AND_MARKS", kills_and_marks))
+    train = write_parquet(TASKS.get("arithmetic")(8, seed=3, split="train"), tmp_path / "train.parquet")
+    common = [*SMALL, f"data.val_files={small_val}", f"data.train_files={train}", "trainer.total_steps=8",
+              "trainer.save_freq=1", "trainer.logger=[jsonl]", "trainer.progress=off"]
+    assert main([*common, f"trainer.output_dir={tmp_path}/full"]) == 0
+    crashed = tmp_path / "crashed"
+    command = [sys.executable, "-m", "rlplat.trainer.main", *common, f"trainer.output_dir={crashed}",
+               "trainer.imports=[phase_kills]"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    codes = [subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+             for _ in range(len(phases) + 1)]
+    assert codes == [-signal.SIGKILL] * len(phases) + [0], (codes, steps)
+    assert sorted(p.name for p in (tmp_path / "marks").iterdir()) == sorted(phases)
+
+    full, resumed = _last_per_step(tmp_path / "full"), _last_per_step(crashed)
+    assert sorted(resumed) == sorted(full) == list(range(9))
+    assert [step for step in range(9) if resumed[step] != full[step]] == [], steps
+    rows = [json.loads(line)["step"] for line in (crashed / "metrics.jsonl").read_text().splitlines()]
+    assert rows == list(range(9))  # each step logged once
+    state = json.loads((crashed / "checkpoints" / "step_000008" / "trainer.json").read_text())
+    assert state["ledger"] == [[0, 32]]  # 8 steps x 4 prompt groups, each once
+    weights, resumed_weights = (load_file(str(out / "hf_export" / "model.safetensors")) for out in (tmp_path / "full",
+                                                                                                   crashed))
+    assert [name for name, tensor in weights.items() if not torch.equal(resumed_weights[name], tensor)] == []
+
+
 def test_prompt_only_rows_need_reward_functions_that_need_no_answer(tmp_path, capsys):
     """A prompt-only file (no reward_model) with the default rewards (which compare answers) stops at start-up,
     in one line naming the first row (tests/data/test_dataset.py: which functions score such rows)."""
