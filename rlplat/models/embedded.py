@@ -28,7 +28,7 @@ WARM_START = {"data": "builtin:arithmetic", "steps": 250, "batch_size": 64, "lr"
 # prompts of which a share shows the calculator being used (rlplat.data.synthetic.with_tool_demonstrations)
 # and the rest an immediate answer, so the agent loop has tool use for GRPO to reinforce.
 EMBEDDED_TOOLS = "embedded-tools"
-TOOL_WARM_START = {"rows": 8192, "demonstrations": 0.5, "steps": 800, "batch_size": 64, "lr": 3e-3, "seed": 0,
+TOOL_WARM_START = {"rows": 8192, "demonstrations": 0.5, "steps": 500, "batch_size": 64, "lr": 3e-3, "seed": 0,
                    "max_response_length": 112}
 # The mixture-of-experts variant (model.path=embedded-moe): a tiny Qwen3-MoE, warm-started like the embedded model
 # from its own random initialisation, for twice the steps (its routers start uniform and learn to split the tokens:
