@@ -4,10 +4,11 @@
     python benchmarks/faults.py --modes inprocess --only update checkpoint_write
 
 Each run is 6 steps of the Quickstart's task on 8 training prompts (4 prompts x 2 responses per step, a
-checkpoint every 2 steps; the HF engine, float32, a fixed seed), in one of four modes (:data:`MODES`):
+checkpoint every 2 steps; the HF engine, float32, a fixed seed), in one of five modes (:data:`MODES`):
 colocated in one process (``trainer.ray_address=inprocess``), colocated on a local Ray cluster with 2 training
-workers, asynchronous (a separate rollout worker generating one step ahead, ``trainer.async_steps=1``), or streaming
-(two rollout workers, calls of 2 prompt groups, the weights through Ray's object store). A fault
+workers, asynchronous (a separate rollout worker generating one step ahead, ``trainer.async_steps=1``), streaming
+(two rollout workers, calls of 2 prompt groups, the weights through Ray's object store), or asynchronous on a local
+cluster of two nodes (``nodes``: the training worker on one, the rollout worker on the other). A fault
 stops the run or not; a stopped run is started again with the same command (``trainer.resume_mode=auto``), and the
 result is compared with the same mode's uninterrupted run:
 
@@ -16,7 +17,7 @@ result is compared with the same mode's uninterrupted run:
 * ``lost`` / ``twice``: prompt groups the final checkpoint's ledger misses against the uninterrupted run's / trained
   twice (the ledger stops a run that would train a group again, so a run that survived trained none twice).
 * ``logged twice``: steps with more than one row in ``metrics.jsonl``.
-* ``recover s``: from the restart to the resumed run's row of the step the fault hit (``-``: nothing to recover).
+* ``recover s``: from the restart to the resumed run's first step (``-``: nothing to recover).
 * ``weights``: the final Hugging Face export against the uninterrupted run's: ``bit-identical`` or the largest
   difference.
 
@@ -24,9 +25,12 @@ The trainer is killed with SIGKILL by a trainer subclass right after the named s
 changed and not yet saved), or, for ``checkpoint_write``, while the checkpoint of step 4 is written (after the
 actor's shards, before the rename that completes it); on Ray, the processes of the cluster the killed trainer
 started are killed with it (its process group). A rollout worker kills itself (a ``trainer.imports`` plug-in,
-:data:`ROLLOUT_FAULT`) as its third generation call starts, or after the first bucket of update 3 arrived; the run
-replaces it (``rollout.max_restarts``) and goes on. A training worker's death and a node leaving are in the tests of
-docs/reliability.md, not here yet.
+:data:`WORKER_FAULT`) as its third generation call starts, or after the first bucket of update 3 arrived; the run
+replaces it (``rollout.max_restarts``) and goes on. A training worker (on Ray, colocated) kills itself as the actor's
+third update starts: the run stops naming the checkpoint, and the same command resumes. In the ``nodes`` mode the
+node of the rollout worker leaves the 2-node cluster after step 3's weight sync: the worker's replacement cannot be
+placed, the run stops after ``rollout.node_wait_s`` (5 s here) naming the checkpoint, and the same command resumes
+on a new cluster of two nodes (the node back).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ FAULTS = {
     "reward_worker": ("the reward worker process SIGKILLed in a call of step 3", []),
     "rollout_generate": ("a rollout worker SIGKILLs itself as its third generation call starts", []),
     "rollout_weight_load": ("a rollout worker SIGKILLs itself loading the weights of update 3, a bucket in", []),
+    "training_worker": ("a training worker SIGKILLs itself in the actor's update of step 3", []),
+    "node_leave": ("the rollout worker's node leaves the cluster after step 3's weight sync", []),
     "nan_loss_stop": ("a NaN loss at step 3, trainer.nonfinite=stop", ["trainer.nonfinite=stop"]),
     # its weights differ from the uninterrupted run's by design: step 3's update is skipped, not made again
     "nan_loss_skip": ("a NaN loss at step 3, trainer.nonfinite=skip (step 3's update skipped)",
@@ -65,7 +71,7 @@ FAULTS = {
 MODES = {
     "inprocess": (["trainer.ray_address=inprocess"], ["generate", "reward", "update", "checkpoint_write",
                                                       "reward_worker", "nan_loss_stop", "nan_loss_skip"]),
-    "ray": (["trainer.workers_per_node=2"], ["generate", "reward", "update", "checkpoint_write"]),
+    "ray": (["trainer.workers_per_node=2"], ["generate", "reward", "update", "checkpoint_write", "training_worker"]),
     "async": (["rollout.mode=separate", "trainer.async_steps=1"],
               ["generate", "reward", "update", "sync_rollout", "checkpoint_write", "rollout_generate",
                "rollout_weight_load"]),
@@ -74,22 +80,29 @@ MODES = {
     "stream": (["rollout.mode=separate", "trainer.async_steps=1", "rollout.workers_per_node=2",
                 "rollout.stream_groups=2", "rollout.weight_transport=object_store"],
                ["rollout_generate", "rollout_weight_load"]),
+    # asynchronous on a local cluster of two worker nodes of 1 CPU each (the head has none: NODES), the training
+    # worker on one, the rollout worker on the other
+    "nodes": (["rollout.mode=separate", "trainer.async_steps=1", "rollout.node_wait_s=5"], ["node_leave"]),
 }
 RAY_CPUS = {"stream": 4}  # a mode's local Ray cluster, when not the machine's cores
-# the rollout faults: a plug-in (trainer.imports) with which the first rollout worker to get there kills itself, once
-ROLLOUT_FAULT = '''import os
+NODES = {"nodes"}  # the modes run on a local cluster of two worker nodes (ray.cluster_utils.Cluster)
+# the worker faults: a plug-in (trainer.imports) with which the first rollout worker (or training worker) to get
+# there kills itself, once
+WORKER_FAULT = '''import os
 import signal
 
-from rlplat.workers.roles import RolloutWorker
+from rlplat.workers.roles import ActorRolloutRefWorker, RolloutWorker
 
 MARK, WHERE, AT = {mark!r}, {where!r}, {at!r}
-_wait, _load = RolloutWorker._wait_for_version, RolloutWorker._load
+_wait, _load, _train = RolloutWorker._wait_for_version, RolloutWorker._load, ActorRolloutRefWorker._train
 
 
 def _die():
-    if not os.path.exists(MARK):
-        open(MARK, "w").close()
-        os.kill(os.getpid(), signal.SIGKILL)
+    try:  # the first worker there, once (two may get there together)
+        os.close(os.open(MARK, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def waiting(self, version, *args, **kwargs):  # each training generation call starts here
@@ -108,7 +121,14 @@ def loading(self, update, buckets):
     return _load(self, update, buckets)
 
 
-RolloutWorker._wait_for_version, RolloutWorker._load = waiting, loading
+def training(self, *args, **kwargs):  # each update of the actor (one a step) trains here
+    self.fault_updates = getattr(self, "fault_updates", 0) + 1
+    if WHERE == "update" and self.fault_updates == AT:
+        _die()
+    return _train(self, *args, **kwargs)
+
+
+RolloutWorker._wait_for_version, RolloutWorker._load, ActorRolloutRefWorker._train = waiting, loading, training
 '''
 # every run's reward: the arithmetic task's own, whose process kills itself once at the call RLPLAT_FAULT_CALL counts to
 REWARD = '''import os
@@ -157,6 +177,18 @@ class Faulty(PPOTrainer):
                 if self.step == %(step)d + 1:
                     os.kill(os.getpid(), signal.SIGKILL)
             self.components.actor.save_checkpoint = killing_save
+        if fault == "node_leave":
+            sync = self.sync_rollout
+
+            def leaving(batch, metrics):
+                out = sync(batch, metrics)
+                if self.step == %(step)d:  # the node of the rollout worker leaves
+                    import ray
+                    where = ray.get(self.components.rollout.actors[0].__ray_call__.remote(
+                        lambda worker: ray.get_runtime_context().get_node_id()))
+                    cluster.remove_node(next(node for node in nodes if node.node_id == where))
+                return out
+            self.sync_rollout = leaving
 
     def update_actor(self, batch, metrics):
         if fault.startswith("nan_loss") and self.step == %(step)d:
@@ -168,6 +200,12 @@ cfg, plan = load_run_config(overrides)
 if os.environ.get("FAULTS_RAY_CPUS"):  # logical CPUs for more single-CPU workers than cores (the stream mode)
     import ray
     ray.init(num_cpus=int(os.environ["FAULTS_RAY_CPUS"]), include_dashboard=False)
+if os.environ.get("FAULTS_NODES"):  # two worker nodes of 1 CPU each; the head has none
+    import ray
+    from ray.cluster_utils import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    ray.init(address=cluster.address)
 sys.exit(exit_status(lambda: run(cfg, plan, Faulty) and 0))
 ''' % {"step": FAULT_STEP}
 
@@ -186,13 +224,17 @@ def common(work: Path, mode: str) -> list[str]:
             "trainer.logger=[jsonl]", f"reward.custom_fn.path={reward}", *MODES[mode][0]]
 
 
-def rollout_fault(fault: str, out: Path) -> list[str]:
-    """The overrides that import the rollout fault's plug-in (written to ``out``): the first rollout worker to start
-    its third generation call (the validation before step 1 is one) or to receive a bucket of update 3 dies there."""
+WORKER_FAULTS = {"rollout_generate": "generate", "rollout_weight_load": "load", "training_worker": "update"}
+
+
+def worker_fault(fault: str, out: Path) -> list[str]:
+    """The overrides that import the worker fault's plug-in (written to ``out``): the first rollout worker to start
+    its third generation call (the validation before step 1 is one) or to receive a bucket of update 3, or the first
+    training worker to start the actor's third update, dies there."""
     out.mkdir(parents=True, exist_ok=True)
-    where, at = ("generate", FAULT_STEP) if fault == "rollout_generate" else ("load", FAULT_STEP)
-    (out / "rollout_fault.py").write_text(ROLLOUT_FAULT.format(mark=str(out / "killed"), where=where, at=at))
-    return ["trainer.imports=[rollout_fault]"]
+    where, at = WORKER_FAULTS[fault], FAULT_STEP
+    (out / "worker_fault.py").write_text(WORKER_FAULT.format(mark=str(out / "killed"), where=where, at=at))
+    return ["trainer.imports=[worker_fault]"]
 
 
 def child(mode: str, fault: str, overrides: list[str], path: Path | None = None) -> subprocess.CompletedProcess:
@@ -201,6 +243,8 @@ def child(mode: str, fault: str, overrides: list[str], path: Path | None = None)
     kill = {"RLPLAT_FAULT_CALL": str(KILLED_REWARD_CALL)} if fault == "reward_worker" else {}
     if mode in RAY_CPUS:
         kill["FAULTS_RAY_CPUS"] = str(RAY_CPUS[mode])
+    if mode in NODES:
+        kill["FAULTS_NODES"] = "1"
     if path is not None:
         kill["PYTHONPATH"] = os.pathsep.join([str(path), *filter(None, [os.environ.get("PYTHONPATH")])])
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # not pipes: Ray's processes
@@ -245,9 +289,9 @@ def compare(out: Path, reference: Path) -> str:
 def inject(mode: str, fault: str, work: Path, reference: Path) -> dict:
     out = work / mode / fault
     overrides = [*common(work, mode), *FAULTS[fault][1], f"trainer.output_dir={out}"]
-    plugin = work / mode / f"{fault}-plugin" if fault.startswith("rollout_") else None
+    plugin = work / mode / f"{fault}-plugin" if fault in WORKER_FAULTS else None
     if plugin is not None:
-        overrides += rollout_fault(fault, plugin)
+        overrides += worker_fault(fault, plugin)
     first = child(mode, fault, overrides, plugin)
     survived, recover = "yes", "-"
     if first.returncode != 0:
@@ -257,10 +301,10 @@ def inject(mode: str, fault: str, work: Path, reference: Path) -> dict:
             return {"mode": mode, "fault": fault, "survived": "no",
                     "why": (again.stderr.strip().splitlines() or ["?"])[-1]}
         survived = "resumed"
-        hit = [row["time"] for row in rows(out) if row["step"] == FAULT_STEP and row["time"] >= restart]
+        hit = [row["time"] for row in rows(out) if row["step"] > 0 and row["time"] >= restart]
         recover = f"{hit[0] - restart:.1f}" if hit else "-"
     logged = [row["step"] for row in rows(out)]
-    if plugin is not None:  # a rollout worker replaced: the steps' extra seconds over the uninterrupted run's
+    if plugin is not None and survived == "yes":  # a rollout worker replaced: the steps' extra seconds
         def spent(path):
             return sum(row.get("timing/step_s", 0.0) for row in rows(path))
         recover = f"+{spent(out) - spent(reference):.1f}"
@@ -271,7 +315,13 @@ def inject(mode: str, fault: str, work: Path, reference: Path) -> dict:
     # a second training of any group stops the run (the ledger), so a run that survived trained none twice
     return {"mode": mode, "fault": fault, "survived": survived, "lost": len(expected - got), "twice": "0 (ledger)",
             "logged_twice": len(logged) - len(set(logged)), "recover_s": recover, "weights": compare(out, reference),
-            "stop": (first.stderr.strip().splitlines() or [""])[-1][:100] if first.returncode else ""}
+            "stop": last_line(first.stderr)[:100] if first.returncode else ""}
+
+
+def last_line(stderr: str) -> str:
+    """The run's own last line (a Ray worker's log forwarded after it may follow it)."""
+    lines = stderr.strip().splitlines() or [""]
+    return next((line for line in reversed(lines) if line.startswith("rlplat: ")), lines[-1])
 
 
 def main() -> None:
