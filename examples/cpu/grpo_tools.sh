@@ -2,7 +2,7 @@
 # GRPO with a calculator tool (docs/agents.md): multi-turn rollouts where the model may call the tool
 # before it answers, trained on the whole trajectory (the tool's output attended to, not trained).
 # The model is the embedded tool model (model.path=embedded-tools: the embedded model fine-tuned on
-# builtin:tool_arithmetic prompts, half of them showing the tool in use, built on first use in ~3 min);
+# builtin:tool_arithmetic prompts, half of them showing the tool in use, built on first use in ~2 min);
 # the task asks for products of two 3-digit numbers, which it cannot compute without the tool.
 # Knobs: examples/common.sh, plus MAX_TURNS (assistant turns per trajectory), MAX_TOTAL_TOKENS (all turns and
 # tool results together; MAX_RESPONSE_LEN is one turn's budget). Extra args are Hydra overrides.
