@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlplat.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInput, AdvantageOptions, compute_advantages, estimator_spec
+from rlplat.algorithms import AdvantageInput, AdvantageOptions, compute_advantages, estimator_spec
 
 F64 = torch.float64
 
