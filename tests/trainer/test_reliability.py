@@ -370,6 +370,16 @@ def _last_per_step(out):
     return rows
 
 
+def _weights_that_differ(one, other) -> list[str]:
+    """The tensors of two runs' final Hugging Face exports that differ (bit for bit), or the names one lacks."""
+    from safetensors.torch import load_file
+
+    mine, theirs = (load_file(str(out / "hf_export" / "model.safetensors")) for out in (one, other))
+    if mine.keys() != theirs.keys():
+        return sorted(mine.keys() ^ theirs.keys())
+    return [name for name, tensor in mine.items() if not torch.equal(theirs[name], tensor)]
+
+
 @pytest.mark.parametrize("extra", [[], ["model.lora.rank=8"], pytest.param(RAY_2, marks=pytest.mark.slow)],
                          ids=["full", "lora", "ray-2-workers"])
 def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, small_val, tmp_path, extra, request):
@@ -391,11 +401,12 @@ def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, s
 
     kill_at = random.Random(13).randint(3, 5)  # a step after the first checkpoint (step 2)
     crashed = tmp_path / "crashed"
-    proc = subprocess.Popen([sys.executable, "-m", "rlplat.trainer.main", *common, f"trainer.output_dir={crashed}"],
-                            stdout=subprocess.PIPE, stderr=(tmp_path / "crashed.err").open("w"), text=True, env=env)
-    _wait_for_step(proc, kill_at)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+    with (tmp_path / "crashed.err").open("w") as err:  # a file, not a pipe: Ray's log lines could fill one
+        proc = subprocess.Popen([sys.executable, "-m", "rlplat.trainer.main", *common, f"trainer.output_dir={crashed}"],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        _wait_for_step(proc, kill_at)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
     saved = (crashed / "checkpoints" / "latest").read_text()
     assert saved in ("step_000002", "step_000004")
     assert main([*common, f"trainer.output_dir={crashed}", "trainer.resume_mode=auto"]) == 0
@@ -405,12 +416,7 @@ def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, s
     for step in range(7):
         assert resumed[step] == full[step], (step, kill_at, saved)
     assert full[3] != full[4]  # the steps differ, so equality means something
-    from safetensors.torch import load_file
-
-    weights, resumed_weights = (load_file(str(out / "hf_export" / "model.safetensors")) for out in (tmp_path / "full",
-                                                                                                   crashed))
-    assert weights.keys() == resumed_weights.keys()
-    assert [name for name, tensor in weights.items() if not torch.equal(resumed_weights[name], tensor)] == []
+    assert _weights_that_differ(tmp_path / "full", crashed) == []
 
     # each step once: the rows the killed run logged after its checkpoint were cut (into a side file)
     rows = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
@@ -484,8 +490,6 @@ def test_kill_9_in_each_phase_of_a_step_then_resume_ends_as_the_uninterrupted_ru
     """The trainer killed after the generation, the reward, the update and in the checkpoint write of successive
     steps (the steps drawn), each time resumed with the same command: every prompt group trained once (the ledger),
     each step logged once with the uninterrupted run's metrics, the final weights bit for bit the same."""
-    from safetensors.torch import load_file
-
     from rlplat.data import TASKS, write_parquet
 
     phases = ["generate", "reward", "update", "checkpoint_write"]
@@ -513,9 +517,7 @@ def test_kill_9_in_each_phase_of_a_step_then_resume_ends_as_the_uninterrupted_ru
     assert rows == list(range(9))  # each step logged once
     state = json.loads((crashed / "checkpoints" / "step_000008" / "trainer.json").read_text())
     assert state["ledger"] == [[0, 32]]  # 8 steps x 4 prompt groups, each once
-    weights, resumed_weights = (load_file(str(out / "hf_export" / "model.safetensors")) for out in (tmp_path / "full",
-                                                                                                   crashed))
-    assert [name for name, tensor in weights.items() if not torch.equal(resumed_weights[name], tensor)] == []
+    assert _weights_that_differ(tmp_path / "full", crashed) == []
 
 
 def test_prompt_only_rows_need_reward_functions_that_need_no_answer(tmp_path, capsys):
