@@ -243,14 +243,18 @@ def child(mode: str, fault: str, overrides: list[str], path: Path | None = None)
     kill = {"RLPLAT_FAULT_CALL": str(KILLED_REWARD_CALL)} if fault == "reward_worker" else {}
     if mode in RAY_CPUS:
         kill["FAULTS_RAY_CPUS"] = str(RAY_CPUS[mode])
-    if mode in NODES:
-        kill["FAULTS_NODES"] = "1"
     if path is not None:
         kill["PYTHONPATH"] = os.pathsep.join([str(path), *filter(None, [os.environ.get("PYTHONPATH")])])
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # not pipes: Ray's processes
+    # the output in files, not pipes: Ray's processes may hold them open after the trainer's death. The 2-node
+    # cluster's files in a directory of its own: killed, it leaves its address in ray_current_cluster there,
+    # where a later plain ray.init() would otherwise find it and try to join it
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.TemporaryDirectory(prefix="rlplat-ray-") as ray_tmp:
+        if mode in NODES:
+            kill.update(FAULTS_NODES="1", RAY_TMPDIR=ray_tmp)
         proc = subprocess.Popen([sys.executable, "-c", CHILD, fault, json.dumps(overrides)], stdout=out, stderr=err,
                                 cwd=ROOT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **kill})
-        proc.wait()  # may hold them open after the trainer's death
+        proc.wait()
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
