@@ -53,7 +53,7 @@ class Scripted:
         self.calls.append((uids, rank, version))
 
         def generate():
-            gate.wait()
+            assert gate.wait(timeout=60), f"the call of uid {uids[0]} was never released"  # no thread left hanging
             width = 3 + uids[0] % 3  # each call pads its prompts to its own longest
             rows = len(uids)
             prompt_mask = torch.zeros(rows, width, dtype=torch.long)
@@ -85,23 +85,33 @@ class Scripted:
 
 def step(trainer: Scripted, queue: RolloutQueue, release: list[int]):
     """One step: take its groups while releasing the calls starting with ``release``, one after another (each
-    generated and scored before the next is released); then the weights of this update are sent."""
+    generated and scored before the next is released); then the weights of this update are sent. A gate opens only
+    once the take has submitted its calls (after a death: the dead worker's again), so which worker each call goes to
+    does not depend on how fast a released call generates."""
     trainer.step += 1
     taken, metrics = [], {}
     thread = threading.Thread(target=lambda: taken.append(queue.take(trainer.step, metrics)))
+    filled = len(queue.fills)
     thread.start()
+    wait_until(lambda: len(queue.fills) > filled, "the take's calls submitted")
     for first in release:
-        deadline = time.monotonic() + 30
-        while not any(call[0][0] == first for call in trainer.calls) and time.monotonic() < deadline:
-            time.sleep(0.005)  # submitted by this take's fill
+        wait_until(lambda: any(call[0][0] == first for call in trainer.calls), f"the call of uid {first} submitted")
         flight = next((f for f in list(queue.in_flight) if f.uids[0] == first), None)  # None: taken in order already
+        filled = len(queue.fills)
         trainer.gates[first].set()
-        if flight is not None:
-            flight.ready.exception(timeout=30)  # generated and scored (or failed: a worker's death)
+        if flight is not None and isinstance(flight.ready.exception(timeout=30), WorkerDied):
+            wait_until(lambda: len(queue.fills) > filled, "the dead worker's calls submitted again")
     thread.join(timeout=30)
     assert taken, "take() did not return"
     queue.sync(trainer.step)  # the sync_rollout stage
     return taken[0], metrics
+
+
+def wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s:g}s for {what}"
+        time.sleep(0.005)
 
 
 def uids(batch):
@@ -109,7 +119,16 @@ def uids(batch):
 
 
 def queue_of(trainer: Scripted, score_ahead: bool) -> RolloutQueue:
-    return RolloutQueue(trainer.cfg, trainer, trainer, trainer, trainer.timeline, trainer.training_scores if score_ahead else None)
+    """The queue, counting the fills it completed (``queue.fills``: the in-flight count each asked for)."""
+    queue = RolloutQueue(trainer.cfg, trainer, trainer, trainer, trainer.timeline,
+                         trainer.training_scores if score_ahead else None)
+    fill, queue.fills = queue.fill, []
+
+    def counted(count: int) -> None:
+        fill(count)
+        queue.fills.append(count)
+    queue.fill = counted
+    return queue
 
 
 def test_a_step_takes_the_first_groups_ready_and_drops_calls_that_grew_too_old():
@@ -256,11 +275,11 @@ def test_a_dead_rollout_workers_calls_are_generated_again_and_one_death_too_many
     queue.start(0)
     # step 1: calls [0 1] [4 5] on worker 0, [2 3] [6 7] on worker 1; worker 1 dies in [2 3] before anything is
     # ready: it is replaced with the weights of update 0 at once, and its two calls are submitted again first (each to
-    # the worker with the fewest calls under way: which, depends on when [0 1] is released)
+    # the worker with the fewest calls under way, worker 1: [0 1] is released after they are)
     trainer.dies.add(2)
     batch, metrics = step(trainer, queue, release=[2, 0])
     assert [call[:2] for call in trainer.calls[:4]] == [([0, 1], 0), ([2, 3], 1), ([4, 5], 0), ([6, 7], 1)]
-    assert [call[0] for call in trainer.calls[4:]] == [[2, 3], [6, 7]]
+    assert [call[:2] for call in trainer.calls[4:]] == [([2, 3], 1), ([6, 7], 1)]
     assert trainer.replacements == [([1], 0)] and metrics["rollout/restarts"] == 1
     assert uids(batch) == [0, 1, 2, 3] and batch.tensors["policy_version"].tolist() == [0, 0, 0, 0]
     replaced = "replaced rollout worker(s) [1] with new ones holding the weights of update 0 (checked)"
