@@ -7,8 +7,9 @@ Each run is 6 steps of the Quickstart's task on 8 training prompts (4 prompts x 
 checkpoint every 2 steps; the HF engine, float32, a fixed seed), in one of five modes (:data:`MODES`):
 colocated in one process (``trainer.ray_address=inprocess``), colocated on a local Ray cluster with 2 training
 workers, asynchronous (a separate rollout worker generating one step ahead, ``trainer.async_steps=1``), streaming
-(two rollout workers, calls of 2 prompt groups, the weights through Ray's object store), or asynchronous on a local
-cluster of two nodes (``nodes``: the training worker on one, the rollout worker on the other). A fault
+(two rollout workers, calls of 2 prompt groups, the weights through Ray's object store), asynchronous on a local
+cluster of two nodes (``nodes``: the training worker on one, the rollout worker on the other), or streaming on a
+local cluster of three (``shrink``: the training worker on one, a rollout worker on each other). A fault
 stops the run or not; a stopped run is started again with the same command (``trainer.resume_mode=auto``), and the
 result is compared with the same mode's uninterrupted run:
 
@@ -30,7 +31,8 @@ replaces it (``rollout.max_restarts``) and goes on. A training worker (on Ray, c
 third update starts: the run stops naming the checkpoint, and the same command resumes. In the ``nodes`` mode the
 node of the rollout worker leaves the 2-node cluster after step 3's weight sync: the worker's replacement cannot be
 placed, the run stops after ``rollout.node_wait_s`` (5 s here) naming the checkpoint, and the same command resumes
-on a new cluster of two nodes (the node back).
+on a new cluster of two nodes (the node back). In the ``shrink`` mode the node of rollout worker 0 leaves the same
+way, and with ``rollout.node_lost=continue`` the pool goes on with the other worker.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ FAULTS = {
     "rollout_generate": ("a rollout worker SIGKILLs itself as its third generation call starts", []),
     "rollout_weight_load": ("a rollout worker SIGKILLs itself loading the weights of update 3, a bucket in", []),
     "training_worker": ("a training worker SIGKILLs itself in the actor's update of step 3", []),
-    "node_leave": ("the rollout worker's node leaves the cluster after step 3's weight sync", []),
+    "node_leave": ("rollout worker 0's node leaves the cluster after step 3's weight sync", []),
     "nan_loss_stop": ("a NaN loss at step 3, trainer.nonfinite=stop", ["trainer.nonfinite=stop"]),
     # its weights differ from the uninterrupted run's by design: step 3's update is skipped, not made again
     "nan_loss_skip": ("a NaN loss at step 3, trainer.nonfinite=skip (step 3's update skipped)",
@@ -83,9 +85,14 @@ MODES = {
     # asynchronous on a local cluster of two worker nodes of 1 CPU each (the head has none: NODES), the training
     # worker on one, the rollout worker on the other
     "nodes": (["rollout.mode=separate", "trainer.async_steps=1", "rollout.node_wait_s=5"], ["node_leave"]),
+    # streaming on a local cluster of three worker nodes: the training worker on one, a rollout worker on each other
+    "shrink": (["rollout.mode=separate", "trainer.async_steps=1", "rollout.nnodes=2", "rollout.stream_groups=2",
+                "rollout.weight_transport=object_store", "rollout.node_wait_s=5", "rollout.node_lost=continue"],
+               ["node_leave"]),
 }
 RAY_CPUS = {"stream": 4}  # a mode's local Ray cluster, when not the machine's cores
-NODES = {"nodes"}  # the modes run on a local cluster of two worker nodes (ray.cluster_utils.Cluster)
+# the modes run on a local cluster of worker nodes of 1 CPU each (ray.cluster_utils.Cluster): how many
+NODES = {"nodes": 2, "shrink": 3}
 # the worker faults: a plug-in (trainer.imports) with which the first rollout worker (or training worker) to get
 # there kills itself, once
 WORKER_FAULT = '''import os
@@ -200,11 +207,11 @@ cfg, plan = load_run_config(overrides)
 if os.environ.get("FAULTS_RAY_CPUS"):  # logical CPUs for more single-CPU workers than cores (the stream mode)
     import ray
     ray.init(num_cpus=int(os.environ["FAULTS_RAY_CPUS"]), include_dashboard=False)
-if os.environ.get("FAULTS_NODES"):  # two worker nodes of 1 CPU each; the head has none
+if os.environ.get("FAULTS_NODES"):  # worker nodes of 1 CPU each; the head has none
     import ray
     from ray.cluster_utils import Cluster
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(int(os.environ["FAULTS_NODES"]))]
     ray.init(address=cluster.address)
 sys.exit(exit_status(lambda: run(cfg, plan, Faulty) and 0))
 ''' % {"step": FAULT_STEP}
@@ -251,7 +258,7 @@ def child(mode: str, fault: str, overrides: list[str], path: Path | None = None)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
             tempfile.TemporaryDirectory(prefix="rlplat-ray-") as ray_tmp:
         if mode in NODES:
-            kill.update(FAULTS_NODES="1", RAY_TMPDIR=ray_tmp)
+            kill.update(FAULTS_NODES=str(NODES[mode]), RAY_TMPDIR=ray_tmp)
         proc = subprocess.Popen([sys.executable, "-c", CHILD, fault, json.dumps(overrides)], stdout=out, stderr=err,
                                 cwd=ROOT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **kill})
         proc.wait()
@@ -308,12 +315,12 @@ def inject(mode: str, fault: str, work: Path, reference: Path) -> dict:
         hit = [row["time"] for row in rows(out) if row["step"] > 0 and row["time"] >= restart]
         recover = f"{hit[0] - restart:.1f}" if hit else "-"
     logged = [row["step"] for row in rows(out)]
-    if plugin is not None and survived == "yes":  # a rollout worker replaced: the steps' extra seconds
+    restarts = max([row.get("rollout/restarts", 0) for row in rows(out)] or [0])
+    if survived == "yes" and restarts:  # a rollout worker replaced, or done without: the steps' extra seconds
         def spent(path):
             return sum(row.get("timing/step_s", 0.0) for row in rows(path))
         recover = f"+{spent(out) - spent(reference):.1f}"
-        restarts = max(row.get("rollout/restarts", 0) for row in rows(out))
-        survived = f"yes ({restarts:.0f} replaced)" if survived == "yes" else survived
+        survived = f"yes ({restarts:.0f} {'done without' if fault == 'node_leave' else 'replaced'})"
     expected = ledger(reference)
     got = ledger(out)
     # a second training of any group stops the run (the ledger), so a run that survived trained none twice

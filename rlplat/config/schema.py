@@ -275,6 +275,11 @@ class RolloutConfig:
     # one line naming the checkpoint (it starts where its pool was placed: a pool is tied to its nodes, so after its
     # node left the cluster it cannot, and the run resumes on the cluster as it is)
     node_wait_s: float = 300.0
+    # rollout.mode=separate: when a dead rollout worker's replacement found no room within node_wait_s: stop = the run
+    # stops with one line naming the checkpoint to resume from | continue = the pool goes on with the workers it
+    # still has, which generate the lost worker's calls again (needs rollout.weight_transport=object_store; with no
+    # worker left the run stops all the same)
+    node_lost: str = "stop"
     n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)

@@ -39,6 +39,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
     "rollout.partial": ("finish", "resume"),
     "rollout.verify_weights": ("every", "first", "off"),
     "rollout.weight_transport": ("distributed", "object_store"),
+    "rollout.node_lost": ("stop", "continue"),
     "rollout.lora_sync": ("merged", "adapter"),
     "data.truncation": ("error", "left", "right", "filter"),
     "algorithm.norm_adv_scale": ADV_SCALES,
@@ -291,6 +292,10 @@ def _check_placement(cfg: DictConfig, world: int) -> None:
     restarts = cfg.rollout.max_restarts
     check(restarts >= 0, f"rollout.max_restarts must be >= 0 (0 = a dead rollout worker stops the run), got {restarts}")
     check(cfg.rollout.node_wait_s > 0, f"rollout.node_wait_s must be > 0, got {cfg.rollout.node_wait_s}")
+    check(cfg.rollout.node_lost == "stop" or cfg.rollout.weight_transport == "object_store",
+          f"rollout.node_lost={cfg.rollout.node_lost} shrinks the rollout pool, which a weight channel cannot "
+          f"(rollout.weight_transport={cfg.rollout.weight_transport}: a torch.distributed group takes no new size): "
+          f"set rollout.weight_transport=object_store")
     stream, batch = cfg.rollout.stream_groups, cfg.data.train_batch_size_prompts
     check(stream >= 0, f"rollout.stream_groups must be >= 0 (0 = whole batches), got {stream}")
     check(stream == 0 or cfg.rollout.mode == "separate",

@@ -18,7 +18,7 @@ from typing import Any
 
 from rlplat.controller.dispatch import collect_results, split_arguments
 from rlplat.controller.resource_pool import ResourcePool
-from rlplat.utils.errors import RunError, WorkerDied
+from rlplat.utils.errors import NotPlaced, RunError, WorkerDied
 from rlplat.engines import ParallelLayout
 from rlplat.workers.base import Dispatch, Worker, concurrency_group, dispatch_mode
 
@@ -85,7 +85,11 @@ class WorkerGroup(ABC):
     def _start_one(self, rank: int, name: str, args: tuple, kwargs: dict) -> Pending: ...
 
     def layouts(self) -> list[ParallelLayout]:
-        """Each worker's place among the data-parallel replicas (asked once after each set-up call)."""
+        """Each worker's place among the data-parallel replicas (asked once after each set-up call). Workers that
+        never talk to each other (``works_alone``) are each a replica, in the group's order (after :meth:`remove`
+        not their own ranks')."""
+        if self._layouts is None and self.worker_cls.works_alone:
+            self._layouts = [ParallelLayout(dp_rank=rank, dp_size=self.world_size) for rank in range(self.world_size)]
         if self._layouts is None:
             self._layouts = self._start("parallel_layout", [((), {})] * self.world_size).result()
         return self._layouts
@@ -148,13 +152,15 @@ class RayWorkerGroup(WorkerGroup):
         groups = worker_cls.concurrency_groups
         self._remote_cls = ray.remote(concurrency_groups=groups)(worker_cls) if groups else ray.remote(worker_cls)
         self.pool, self.share, self.imports, self.worker_kwargs = pool, share, imports, worker_kwargs
+        self.bundles = list(range(pool.world_size))  # rank -> its bundle of the pool (fewer after remove())
         self.actors = [self._launch(index) for index in range(pool.world_size)]
         self._setup = self._joined(list(range(pool.world_size)))
 
-    def _launch(self, index: int):
-        """A new actor for rank ``index``, on its bundle of the pool."""
-        return self._remote_cls.options(**self.pool.actor_options(index, self.share)).remote(
-            rank=index, world_size=self.pool.world_size, device=self.pool.device, **self.worker_kwargs)
+    def _launch(self, rank: int):
+        """A new actor for ``rank``, on its bundle of the pool (the worker's own rank is its bundle's index)."""
+        bundle = self.bundles[rank]
+        return self._remote_cls.options(**self.pool.actor_options(bundle, self.share)).remote(
+            rank=bundle, world_size=self.pool.world_size, device=self.pool.device, **self.worker_kwargs)
 
     def _setup_calls(self, ranks: list[int], join: Callable) -> tuple[list, list[int]]:
         """The set-up calls of the actors of ``ranks``, queued without waiting (an actor runs its calls in order), so
@@ -180,7 +186,7 @@ class RayWorkerGroup(WorkerGroup):
         torch.distributed process group. Some: only for a worker class whose workers never talk to each other
         (:attr:`~rlplat.workers.base.Worker.works_alone`, e.g. rollout workers): the new ones join no process group
         (a torch.distributed group takes no new member). New workers that are not set up within ``timeout_s`` (their
-        bundle's node left the cluster, and no other node has room for it) raise :class:`RunError`."""
+        bundle's node left the cluster, and no other node has room for it) raise :class:`NotPlaced` naming them."""
         import ray
 
         ranks = sorted(set(ranks))
@@ -195,11 +201,27 @@ class RayWorkerGroup(WorkerGroup):
             self._setup = self._setup_calls(ranks, lambda actor: actor.setup_alone.remote())
         self._layouts = None
         started, _ = ray.wait(self._setup[0], num_returns=len(self._setup[0]), timeout=timeout_s)
-        if len(started) < len(self._setup[0]):
-            raise RunError(f"the {self.worker_cls.__name__} workers that replace ranks {ranks} did not start within "
-                           f"{timeout_s:.0f} s: Ray has no room for them where their pool was placed (a node that "
-                           f"left the cluster and did not come back?)")
+        if missing := sorted({rank for ref, rank in zip(*self._setup) if ref not in started}):
+            raise NotPlaced(f"the {self.worker_cls.__name__} workers that replace ranks {missing} did not start within "
+                            f"{timeout_s:.0f} s: Ray has no room for them where their pool was placed (a node that "
+                            f"left the cluster and did not come back?)", missing)
         self._set_up()
+
+    def remove(self, ranks: list[int]) -> None:
+        """Go on without the workers of ``ranks`` (their places are gone: :class:`NotPlaced`); the others keep their
+        order, renumbered from 0. Only for workers that never talk to each other (``works_alone``)."""
+        import ray
+
+        if not self.worker_cls.works_alone:
+            raise RunError(f"{self.worker_cls.__name__} workers share a process group: the group cannot shrink")
+        keep = [rank for rank in range(len(self.actors)) if rank not in ranks]
+        for rank in ranks:
+            ray.kill(self.actors[rank], no_restart=True)
+        if self._setup is not None:  # the set-up calls of the workers kept, with their new ranks
+            kept = [(ref, keep.index(rank)) for ref, rank in zip(*self._setup) if rank in keep]
+            self._setup = ([ref for ref, _ in kept], [rank for _, rank in kept]) if kept else None
+        self.actors, self.bundles = [self.actors[rank] for rank in keep], [self.bundles[rank] for rank in keep]
+        self._layouts = None
 
     @property
     def world_size(self) -> int:

@@ -463,6 +463,6 @@ class PPOTrainer(GroupStages):
     # ---------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         """Sample and score every validation prompt: :class:`~rlplat.trainer.validation.Validator`."""
-        metrics = self.validator.run(self.step, self.progress)
+        metrics = self.validator.run(self.step, self.progress, self.rollouts)
         self.rollouts.check_loaded_weights()
         return metrics

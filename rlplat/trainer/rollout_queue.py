@@ -54,7 +54,7 @@ from rlplat.reward.batch import join_scores
 from rlplat.rollout.base import join_rollouts
 from rlplat.trainer.prompt_source import PromptSource
 from rlplat.trainer.rollouts import RolloutCalls, Rollouts, Started
-from rlplat.utils.errors import ChannelBroken, RunError, WorkerDied
+from rlplat.utils.errors import ChannelBroken, NotPlaced, RunError, WorkerDied
 
 
 @dataclass
@@ -97,6 +97,7 @@ class RolloutQueue(Rollouts):
         self.next_take: int | None = None  # the groups the next take() returns (None: a batch's)
         self.max_restarts, self.restarts = cfg.rollout.max_restarts, 0
         self.node_wait_s = cfg.rollout.node_wait_s  # for a replacement to start (its node may have left the cluster)
+        self.node_lost = cfg.rollout.node_lost  # then: stop, or continue with the workers left
         self._scoring = threading.Lock()
         # a thread per call in flight (the config keeps them few: rlplat.config.validate), and room for the calls
         # dynamic sampling pulls and the dropped ones still ending
@@ -171,10 +172,15 @@ class RolloutQueue(Rollouts):
         except ChannelBroken as broken:
             return self._replace(WorkerDied(str(broken), self.components.generator.worker_cls.__name__), version)
 
+    def outlive(self, death: WorkerDied, version: int) -> None:
+        self._replace(death, version)
+
     def _replace(self, death: WorkerDied, version: int) -> float:
         """A rollout worker died: replace it (or the pool: :meth:`WeightPush.replaceable`) with new workers holding
         the weights of update ``version``, and generate its calls' prompt groups again, first. Another worker's
-        death, or one past ``rollout.max_restarts``, stops the run."""
+        death, or one past ``rollout.max_restarts``, stops the run; so does a replacement that finds no room within
+        ``rollout.node_wait_s`` (its node left), unless ``rollout.node_lost=continue``: the pool then goes on with
+        the workers it still has."""
         generator = self.components.generator
         if death.worker != generator.worker_cls.__name__:
             raise death
@@ -187,19 +193,38 @@ class RolloutQueue(Rollouts):
         lost = [flight for flight in self.in_flight if flight.rank is None or flight.rank in ranks]
         self._requeue(lost)
         self.ending = [flight for flight in self.ending if flight.rank not in ranks]
+        shrunk = ""
         try:
             generator.replace(ranks, self.node_wait_s)
-        except RunError as failed:  # e.g. its node left the cluster: the run stops, naming where it resumes
-            raise WorkerDied(f"{death}; {failed} (rollout.node_wait_s={self.node_wait_s:g})", death.worker,
-                             death.rank) from None
+        except NotPlaced as failed:  # their node left the cluster: the run stops, naming where it resumes, or goes on
+            if self.node_lost == "stop" or len(failed.ranks) == generator.world_size:
+                raise WorkerDied(f"{death}; {failed} (rollout.node_wait_s={self.node_wait_s:g})", death.worker,
+                                 death.rank) from None
+            ranks = self._go_on_without(failed.ranks, ranks)
+            shrunk = (f"; {failed}: the pool goes on with the {generator.world_size} worker(s) left "
+                      f"(rollout.node_lost=continue)")
         for pending in [generator.submit_to(rank, "init_model", self.components.model_path) for rank in ranks]:
             pending.result()
-        sent_mb = self.components.weights.replaced(ranks, version)
-        print(f"[rollout] {death}; replaced rollout worker(s) {ranks} with new ones holding the weights of update "
-              f"{version} (checked) in {time.time() - started:.1f}s; {sum(len(f.uids) for f in lost)} prompt group(s) "
-              f"in flight are generated again (replacement {self.restarts} of rollout.max_restarts="
+        sent_mb = self.components.weights.replaced(ranks, version) if ranks else 0.0
+        if ranks:
+            shrunk += (f"; replaced rollout worker(s) {ranks} with new ones holding the weights of update {version} "
+                       f"(checked)")
+        print(f"[rollout] {death}{shrunk} in {time.time() - started:.1f}s; {sum(len(f.uids) for f in lost)} prompt "
+              f"group(s) in flight are generated again (replacement {self.restarts} of rollout.max_restarts="
               f"{self.max_restarts})", flush=True)
         return sent_mb
+
+    def _go_on_without(self, gone: list[int], replaced: list[int]) -> list[int]:
+        """Shrink the rollout pool by the workers of ranks ``gone`` (their calls were put back already): the calls
+        under way and the weight receipts of the others follow their new ranks. Returns ``replaced``'s new ranks."""
+        def new_rank(rank: int) -> int:
+            return rank - sum(lost < rank for lost in gone)
+        for flight in self.in_flight + self.ending:
+            if flight.rank is not None:
+                flight.rank = new_rank(flight.rank)
+        self.components.weights.removed(gone)
+        self.components.generator.remove(gone)
+        return [new_rank(rank) for rank in replaced if rank not in gone]
 
     def fill(self, count: int) -> None:
         """Submit calls until ``count`` are in flight: the prompts to generate again first, then new ones."""

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from rlplat.controller import Pending
 from rlplat.data.vision import MULTI_MODAL
 from rlplat.protocol import Batch
+from rlplat.utils.errors import WorkerDied
 
 Started = tuple[Pending, Pending | None]  # the sampled responses, and the greedy ones of a baseline (ReMax)
 
@@ -99,6 +100,11 @@ class Rollouts(ABC):
 
     def check_loaded_weights(self) -> None:
         """After a validation (every engine has loaded the weights sent before it): were the syncs exact?"""
+
+    def outlive(self, death: WorkerDied, version: int) -> None:
+        """A worker died in a call outside :meth:`take` (a validation's): replace it, holding the weights of update
+        ``version``, or go on without it, when the rollout pool can; else the run stops (``death`` is raised)."""
+        raise death
 
     def state(self) -> list[dict]:
         """What a checkpoint keeps of generations not trained on yet (generated again on resume)."""

@@ -12,7 +12,9 @@ from omegaconf import DictConfig
 from rlplat.protocol import Batch
 from rlplat.trainer.components import Components
 from rlplat.trainer.metrics import validation_metrics
+from rlplat.trainer.rollouts import Rollouts
 from rlplat.trainer.samples import SampleLog, samples_of
+from rlplat.utils.errors import WorkerDied
 from rlplat.utils.progress import Progress
 from rlplat.utils.tracking import SAMPLE_COLUMNS
 
@@ -24,7 +26,7 @@ class Validator:
         # where val accuracy's "correct" comes from: the reward's acc field, or the score >= 1 rule (summary.json)
         self.accuracy_source: str | None = None
 
-    def run(self, step: int, progress: Progress) -> dict[str, float]:
+    def run(self, step: int, progress: Progress, rollouts: Rollouts) -> dict[str, float]:
         """Generate for every validation prompt, score, log the samples; returns the ``val/*`` metrics."""
         cfg, components = self.cfg, self.components
         start = time.perf_counter()
@@ -38,7 +40,7 @@ class Validator:
             prompts = prompts.union(Batch.from_dict(non_tensors={"uid": pid}))
             # weights_at_least: a separate rollout pool scores the newest weights (those of this step's update)
             prompts.meta.update(step=step, temperature=cfg.rollout.val_temperature, validation=True, weights_at_least=step)
-            out = components.generator.generate_sequences(prompts.repeat(cfg.rollout.val_n, interleave=True))
+            out = self._generate(prompts.repeat(cfg.rollout.val_n, interleave=True), step, rollouts)
             if "policy_version" in out.tensors.keys():  # a separate rollout pool: the weights it scored
                 versions.update(out.tensors["policy_version"].tolist())
             result = components.score(out, validation=True)
@@ -61,6 +63,16 @@ class Validator:
         metrics["timing/validate_s"] = time.perf_counter() - start
         print(f"[validate step {step}] accuracy={metrics['val/accuracy']:.3f} on {len(scores)} responses", flush=True)
         return metrics
+
+    def _generate(self, prompts: Batch, step: int, rollouts: Rollouts) -> Batch:
+        """The responses to ``prompts``; a dead worker of a separate rollout pool is replaced (or, its node gone, done
+        without: ``rollout.node_lost``) by ``rollouts``, holding the weights of update ``step``, and the batch is
+        generated again, until ``rollout.max_restarts`` runs out."""
+        while True:
+            try:
+                return self.components.generator.generate_sequences(prompts)
+            except WorkerDied as death:
+                rollouts.outlive(death, step)
 
     def rewind(self, keep_through: int | None) -> None:
         """Cut ``val_samples.jsonl`` back to step ``keep_through`` (as the tracker cuts ``metrics.jsonl``)."""

@@ -86,6 +86,12 @@ class WeightPush:
         self.check({rank: version for rank in ranks})
         return sent_mb
 
+    def removed(self, ranks: list[int]) -> None:
+        """The rollout pool goes on without the workers of ``ranks`` (:meth:`WorkerGroup.remove`): forget their
+        receipts; the ranks after them move down."""
+        self.receipts = [(rank - sum(gone < rank for gone in ranks), version, receipt)
+                         for rank, version, receipt in self.receipts if rank not in ranks]
+
     def check(self, needed: dict[int, int] | None = None) -> None:
         """Read the rollout workers' receipts of the weight syncs: those already back, and, waiting for them,
         those of each rank in ``needed`` up to its version (the weights of the samples about to be trained;

@@ -34,6 +34,15 @@ class WorkerDied(RunError):
         return WorkerDied(f"{self}; {where}", self.worker, self.rank)
 
 
+class NotPlaced(RunError):
+    """New workers that Ray found no room for within the time they were given (the node of their places left the
+    cluster): ``ranks``, in their group."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
 class ChannelBroken(RunError):
     """A weight broadcast that did not reach every receiver of its channel (one of them died): the channel is of no
     further use; the receivers' pool is replaced (``rollout.max_restarts``) or the run stops."""

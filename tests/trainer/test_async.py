@@ -41,6 +41,10 @@ SEPARATE = "rollout.mode=separate"
     ([SEPARATE, "rollout.verify_weights=sometimes"], r"rollout.verify_weights='sometimes' is not one of: every, first, off"),
     ([SEPARATE, "rollout.workers_per_node=0"], r"rollout.workers_per_node must be >= 1, got 0"),
     ([SEPARATE, "rollout.weight_transport=nccl"], r"rollout.weight_transport='nccl' is not one of: distributed, object_store"),
+    ([SEPARATE, "rollout.node_lost=wait"], r"rollout.node_lost='wait' is not one of: stop, continue"),
+    ([SEPARATE, "rollout.node_lost=continue"], r"rollout.node_lost=continue shrinks the rollout pool, which a weight "
+                                               r"channel cannot \(rollout.weight_transport=distributed: .*set "
+                                               r"rollout.weight_transport=object_store$"),
     (["rollout.stream_groups=2"], r"rollout.stream_groups=2 streams generation calls to rollout workers of their "
                                   r"own: set rollout.mode=separate"),
     ([SEPARATE, "rollout.stream_groups=3", "data.train_batch_size_prompts=8"],
@@ -328,25 +332,27 @@ def test_a_rollout_worker_killed_with_a_generation_and_a_weight_load_in_flight_i
 
 
 @pytest.mark.slow
-def test_a_rollout_worker_whose_node_left_stops_the_run_after_node_wait_s_naming_the_checkpoint(
-        embedded_cache, small_val, tmp_path):
-    # two worker nodes of one CPU each (the head has none): the training worker on one, the rollout worker on the
-    # other. That node leaves the cluster after step 2; the run finds the rollout worker dead, and its replacement
-    # cannot start (the pool's placement is tied to the node that left): after rollout.node_wait_s the run stops
-    # with one line naming the checkpoint to resume from, instead of waiting for ever.
+def test_a_rollout_pool_whose_nodes_leave_goes_on_with_the_workers_left_then_stops_naming_the_checkpoint(
+        embedded_cache, small_val, tmp_path, capsys):
+    # three worker nodes of one CPU each (the head has none): the training worker on one, a rollout worker on each
+    # of the others (rollout.nnodes=2, calls streamed to both). The node of rollout worker 0 leaves after step 1's
+    # weight sync; step 1's validation finds the worker dead, its replacement finds no room within
+    # rollout.node_wait_s, and with rollout.node_lost=continue the pool goes on with the other worker, which
+    # validates alone and generates the lost calls again. The node of that one leaves after step 3's weight sync: no
+    # worker is left, and the run stops with one line naming the checkpoint to resume from, instead of waiting.
     import ray
     from ray.cluster_utils import Cluster
 
     ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
     ray.init(address=cluster.address, log_to_driver=False)
 
-    class RemovesTheRolloutNode(PPOTrainer):
+    class RemovesARolloutNode(PPOTrainer):
         stage_order = PPOTrainer.insert_stage("leave", after="sync_rollout")
 
         def leave(self, batch, metrics):
-            if self.step == 2:
+            if self.step in (1, 3):
                 where = ray.get(self.components.rollout.actors[0].__ray_call__.remote(
                     lambda worker: ray.get_runtime_context().get_node_id()))
                 cluster.remove_node(next(node for node in nodes if node.node_id == where))
@@ -354,14 +360,27 @@ def test_a_rollout_worker_whose_node_left_stops_the_run_after_node_wait_s_naming
 
     try:
         out = tmp_path / "left"
-        cfg, plan = load_run_config(overrides(out, 4, small_val, SEPARATE, "trainer.async_steps=1",
-                                              "trainer.save_freq=1", "rollout.node_wait_s=5"))
+        cfg, plan = load_run_config(overrides(
+            out, 6, small_val, SEPARATE, "trainer.async_steps=1", "trainer.save_freq=1", "trainer.test_freq=1",
+            "rollout.nnodes=2", "rollout.stream_groups=4", "rollout.weight_transport=object_store",
+            "rollout.node_wait_s=3", "rollout.node_lost=continue"))
         with pytest.raises(WorkerDied) as stopped:
-            run(cfg, plan, RemovesTheRolloutNode)
+            run(cfg, plan, RemovesARolloutNode)
         message = str(stopped.value)
-        assert message.startswith("RolloutWorker rank 0 of 1 died during ") and "\n" not in message
-        assert "the RolloutWorker workers that replace ranks [0] did not start within 5 s" in message
-        assert re.search(rf"rerun the same command to resume from {out}/checkpoints/step_00000[23] ", message), message
+        assert message.startswith("RolloutWorker rank 0 of 1 died during generate_sequences() ") and "\n" not in message
+        assert "the RolloutWorker workers that replace ranks [0] did not start within 3 s" in message
+        assert f"rerun the same command to resume from {out}/checkpoints/step_000002 " in message, message
+        shrunk = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rollout] ")]
+        assert len(shrunk) == 1 and shrunk[0].startswith("[rollout] RolloutWorker rank 0 of 2 died during "), shrunk
+        assert "did not start within 3 s (" not in shrunk[0]
+        assert "the pool goes on with the 1 worker(s) left (rollout.node_lost=continue)" in shrunk[0]
+        steps = metrics(out)
+        assert sorted(steps) == [0, 1, 2] and [steps[s]["rollout/restarts"] for s in (1, 2)] == [0, 1]
+        assert steps[2]["val/policy_version"] == 2  # validated by the worker left, with the newest weights
+        state = json.loads((out / "checkpoints" / "step_000002" / "trainer.json").read_text())
+        trained = [n for start, end in state["ledger"] for n in range(start, end)]
+        in_flight = [n for saved in state["in_flight"] for n in saved["uids"]]
+        assert len(trained) == 16 and sorted(trained + in_flight) == list(range(state["prompts_seen"]))
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -15,7 +15,7 @@ from rlplat.protocol import Batch
 from rlplat.sequence import position_ids_from_mask
 from rlplat.reward.batch import TrainingScores, join_scores
 from rlplat.trainer.rollout_queue import RolloutQueue
-from rlplat.utils.errors import ChannelBroken, RunError, WorkerDied
+from rlplat.utils.errors import ChannelBroken, NotPlaced, RunError, WorkerDied
 
 PAD, RESPONSE = 9, 2
 
@@ -27,7 +27,8 @@ class Scripted:
     def __init__(self, ahead: int, stream: int, batch: int, steps: int, workers: int):
         self.cfg = OmegaConf.create({"trainer": {"async_steps": ahead, "total_steps": steps},
                                      "data": {"train_batch_size_prompts": batch},
-                                     "rollout": {"stream_groups": stream, "max_restarts": 1, "node_wait_s": 5}})
+                                     "rollout": {"stream_groups": stream, "max_restarts": 1, "node_wait_s": 5,
+                                                 "node_lost": "stop"}})
         self.components = self.weights = self
         self.timeline = SimpleNamespace(add=lambda *span: None)
         self.tokenizer = SimpleNamespace(pad_token_id=PAD)
@@ -295,6 +296,82 @@ def test_a_dead_rollout_workers_calls_are_generated_again_and_one_death_too_many
         with pytest.raises(WorkerDied, match=r"^RolloutWorker rank 0 of 2 died during generate_sequences\(\); "
                                              r"rollout.max_restarts=1 replacement\(s\) made already$"):
             queue.take(trainer.step, {})
+    finally:
+        for gate in trainer.gates.values():
+            gate.set()
+        queue.close()
+
+
+class NodeLeft(Replaceable):
+    """A pool whose dead workers' replacements find no room (their node left the cluster)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.generator.replace = self.no_room
+        self.generator.remove = self.remove
+        self.removed_ranks: list[list[int]] = []
+
+    def no_room(self, ranks, timeout_s):
+        raise NotPlaced(f"the RolloutWorker workers that replace ranks {ranks} did not start within {timeout_s:.0f} s",
+                        ranks)
+
+    def removed(self, ranks):  # the weight receipts of the workers gone
+        self.removed_ranks.append(ranks)
+
+    def remove(self, ranks):
+        self.generator.world_size -= len(ranks)
+
+
+def test_a_rollout_worker_whose_node_left_is_done_without_when_node_lost_is_continue(capsys):
+    trainer = NodeLeft(ahead=1, stream=2, batch=4, steps=3, workers=2)
+    trainer.cfg.rollout.node_lost, trainer.cfg.rollout.max_restarts = "continue", 2
+    queue = queue_of(trainer, score_ahead=True)
+    queue.start(0)
+    # step 1: worker 0 dies in [0 1]; its replacement finds no room: the pool goes on with worker 1, now rank 0,
+    # which generates [0 1] and [4 5] again after its own [2 3] and [6 7]
+    trainer.dies.add(0)
+    batch, metrics = step(trainer, queue, release=[0, 2])
+    assert [call[:2] for call in trainer.calls] == [([0, 1], 0), ([2, 3], 1), ([4, 5], 0), ([6, 7], 1),
+                                                    ([0, 1], 0), ([4, 5], 0)]
+    assert (trainer.removed_ranks, trainer.generator.world_size, trainer.replacements) == ([[0]], 1, [])
+    assert uids(batch) == [0, 1, 2, 3] and metrics["rollout/restarts"] == 1
+    assert [flight.rank for flight in queue.in_flight] == [0, 0]  # [6 7] (was rank 1), [4 5]
+    out = capsys.readouterr().out
+    assert ("[rollout] RolloutWorker rank 0 of 2 died during generate_sequences(); the RolloutWorker workers that "
+            "replace ranks [0] did not start within 5 s: the pool goes on with the 1 worker(s) left "
+            "(rollout.node_lost=continue) in ") in out and "4 prompt group(s) in flight are generated again" in out
+    # step 2 takes the rest, each group once; the syncs checked are those of the one worker left
+    batch, metrics = step(trainer, queue, release=[4, 6])
+    assert uids(batch) == [4, 5, 6, 7] and trainer.checked[-1] == {0: 0}
+    assert all(rank == 0 for _, rank, _ in trainer.calls[4:])
+    # the last worker's death leaves no pool: the run stops, saying why
+    trainer.dies.add(8)
+    trainer.step += 1
+    trainer.gates.setdefault(8, threading.Event()).set()
+    try:
+        with pytest.raises(WorkerDied, match=r"^RolloutWorker rank 0 of 2 died during generate_sequences\(\); the "
+                                             r"RolloutWorker workers that replace ranks \[0\] did not start within 5 s "
+                                             r"\(rollout.node_wait_s=5\)$"):
+            queue.take(trainer.step, {})
+    finally:
+        for gate in trainer.gates.values():
+            gate.set()
+        queue.close()
+
+
+def test_a_rollout_worker_whose_node_left_stops_the_run_when_node_lost_is_stop():
+    trainer = NodeLeft(ahead=1, stream=2, batch=4, steps=3, workers=2)
+    queue = queue_of(trainer, score_ahead=True)
+    queue.start(0)
+    trainer.dies.add(2)
+    trainer.step += 1
+    trainer.gates.setdefault(2, threading.Event()).set()
+    try:
+        with pytest.raises(WorkerDied, match=r"^RolloutWorker rank 1 of 2 died during generate_sequences\(\); the "
+                                             r"RolloutWorker workers that replace ranks \[1\] did not start within 5 s "
+                                             r"\(rollout.node_wait_s=5\)$"):
+            queue.take(trainer.step, {})
+        assert trainer.generator.world_size == 2 and trainer.removed_ranks == []
     finally:
         for gate in trainer.gates.values():
             gate.set()
