@@ -18,7 +18,8 @@ result is compared with the same mode's uninterrupted run:
 * ``lost`` / ``twice``: prompt groups the final checkpoint's ledger misses against the uninterrupted run's / trained
   twice (the ledger stops a run that would train a group again, so a run that survived trained none twice).
 * ``logged twice``: steps with more than one row in ``metrics.jsonl``.
-* ``recover s``: from the restart to the resumed run's first step (``-``: nothing to recover).
+* ``recover s``: from the restart to the resumed run's first step; ``+s``: a run that survived a rollout worker's
+  death without a restart, its extra wall seconds over the uninterrupted run's (``-``: nothing to recover).
 * ``weights``: the final Hugging Face export against the uninterrupted run's: ``bit-identical`` or the largest
   difference.
 
@@ -26,8 +27,10 @@ The trainer is killed with SIGKILL by a trainer subclass right after the named s
 changed and not yet saved), or, for ``checkpoint_write``, while the checkpoint of step 4 is written (after the
 actor's shards, before the rename that completes it); on Ray, the processes of the cluster the killed trainer
 started are killed with it (its process group). A rollout worker kills itself (a ``trainer.imports`` plug-in,
-:data:`WORKER_FAULT`) as its third generation call starts, or after the first bucket of update 3 arrived; the run
-replaces it (``rollout.max_restarts``) and goes on. A training worker (on Ray, colocated) kills itself as the actor's
+:data:`WORKER_FAULT`) as its third generation call starts, or after the first bucket of update 3 arrived, or stops
+itself (SIGSTOP: hung, alive to Ray) as its third generation call starts; the run replaces it
+(``rollout.max_restarts``; a hung one once it answered no heartbeat within ``rollout.heartbeat_s``, 5 s here) and
+goes on. A training worker (on Ray, colocated) kills itself as the actor's
 third update starts: the run stops naming the checkpoint, and the same command resumes. In the ``nodes`` mode the
 node of the rollout worker leaves the 2-node cluster after step 3's weight sync: the worker's replacement cannot be
 placed, the run stops after ``rollout.node_wait_s`` (5 s here) naming the checkpoint, and the same command resumes
@@ -62,6 +65,8 @@ FAULTS = {
     "reward_worker": ("the reward worker process SIGKILLed in a call of step 3", []),
     "rollout_generate": ("a rollout worker SIGKILLs itself as its third generation call starts", []),
     "rollout_weight_load": ("a rollout worker SIGKILLs itself loading the weights of update 3, a bucket in", []),
+    "rollout_hang": ("a rollout worker SIGSTOPs itself (hung) as its third generation call starts",
+                     ["rollout.heartbeat_s=5"]),
     "training_worker": ("a training worker SIGKILLs itself in the actor's update of step 3", []),
     "node_leave": ("rollout worker 0's node leaves the cluster after step 3's weight sync", []),
     "nan_loss_stop": ("a NaN loss at step 3, trainer.nonfinite=stop", ["trainer.nonfinite=stop"]),
@@ -76,12 +81,12 @@ MODES = {
     "ray": (["trainer.workers_per_node=2"], ["generate", "reward", "update", "checkpoint_write", "training_worker"]),
     "async": (["rollout.mode=separate", "trainer.async_steps=1"],
               ["generate", "reward", "update", "sync_rollout", "checkpoint_write", "rollout_generate",
-               "rollout_weight_load"]),
+               "rollout_weight_load", "rollout_hang"]),
     # two rollout workers, calls of 2 prompt groups streamed to them, the weights through Ray's object store (on a
     # local cluster of 4 logical CPUs: RAY_CPUS)
     "stream": (["rollout.mode=separate", "trainer.async_steps=1", "rollout.workers_per_node=2",
                 "rollout.stream_groups=2", "rollout.weight_transport=object_store"],
-               ["rollout_generate", "rollout_weight_load"]),
+               ["rollout_generate", "rollout_weight_load", "rollout_hang"]),
     # asynchronous on a local cluster of two worker nodes of 1 CPU each (the head has none: NODES), the training
     # worker on one, the rollout worker on the other
     "nodes": (["rollout.mode=separate", "trainer.async_steps=1", "rollout.node_wait_s=5"], ["node_leave"]),
@@ -104,18 +109,18 @@ MARK, WHERE, AT = {mark!r}, {where!r}, {at!r}
 _wait, _load, _train = RolloutWorker._wait_for_version, RolloutWorker._load, ActorRolloutRefWorker._train
 
 
-def _die():
+def _die(how=signal.SIGKILL):
     try:  # the first worker there, once (two may get there together)
         os.close(os.open(MARK, os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), how)
 
 
 def waiting(self, version, *args, **kwargs):  # each training generation call starts here
     self.fault_calls = getattr(self, "fault_calls", 0) + 1
-    if WHERE == "generate" and self.fault_calls == AT:
-        _die()
+    if WHERE in ("generate", "hang") and self.fault_calls == AT:
+        _die(signal.SIGSTOP if WHERE == "hang" else signal.SIGKILL)  # SIGSTOP: hung, alive to Ray
     return _wait(self, version, *args, **kwargs)
 
 
@@ -231,7 +236,8 @@ def common(work: Path, mode: str) -> list[str]:
             "trainer.logger=[jsonl]", f"reward.custom_fn.path={reward}", *MODES[mode][0]]
 
 
-WORKER_FAULTS = {"rollout_generate": "generate", "rollout_weight_load": "load", "training_worker": "update"}
+WORKER_FAULTS = {"rollout_generate": "generate", "rollout_weight_load": "load", "rollout_hang": "hang",
+                 "training_worker": "update"}
 
 
 def worker_fault(fault: str, out: Path) -> list[str]:
@@ -315,10 +321,11 @@ def inject(mode: str, fault: str, work: Path, reference: Path) -> dict:
         hit = [row["time"] for row in rows(out) if row["step"] > 0 and row["time"] >= restart]
         recover = f"{hit[0] - restart:.1f}" if hit else "-"
     logged = [row["step"] for row in rows(out)]
-    restarts = max([row.get("rollout/restarts", 0) for row in rows(out)] or [0])
-    if survived == "yes" and restarts:  # a rollout worker replaced, or done without: the steps' extra seconds
+    # a rollout worker replaced, or done without (in a step, or in the final validation: no step counts that one)
+    restarts = sum("(replacement " in line for line in first.stdout.splitlines() if line.startswith("[rollout] "))
+    if survived == "yes" and restarts:  # the run's extra seconds
         def spent(path):
-            return sum(row.get("timing/step_s", 0.0) for row in rows(path))
+            return json.loads((path / "summary.json").read_text())["wall_time_s"]
         recover = f"+{spent(out) - spent(reference):.1f}"
         survived = f"yes ({restarts:.0f} {'done without' if fault == 'node_leave' else 'replaced'})"
     expected = ledger(reference)

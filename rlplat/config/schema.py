@@ -280,6 +280,9 @@ class RolloutConfig:
     # still has, which generate the lost worker's calls again (needs rollout.weight_transport=object_store; with no
     # worker left the run stops all the same)
     node_lost: str = "stop"
+    # rollout.mode=separate: a rollout worker that answers no heartbeat (asked every heartbeat_s, answered beside its
+    # calls) within heartbeat_s is killed as hung and replaced like a dead one (rollout.max_restarts); 0 = no heartbeat
+    heartbeat_s: float = 120.0
     n: int = count(8)  # responses per prompt (group size)
     temperature: float = 1.0  # sampling temperature for training rollouts (log-probs use the same)
     top_p: float = 1.0  # nucleus sampling (1 = off)

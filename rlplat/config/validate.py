@@ -292,6 +292,8 @@ def _check_placement(cfg: DictConfig, world: int) -> None:
     restarts = cfg.rollout.max_restarts
     check(restarts >= 0, f"rollout.max_restarts must be >= 0 (0 = a dead rollout worker stops the run), got {restarts}")
     check(cfg.rollout.node_wait_s > 0, f"rollout.node_wait_s must be > 0, got {cfg.rollout.node_wait_s}")
+    check(cfg.rollout.heartbeat_s >= 0,
+          f"rollout.heartbeat_s must be >= 0 (0 = no heartbeat), got {cfg.rollout.heartbeat_s}")
     check(cfg.rollout.node_lost == "stop" or cfg.rollout.weight_transport == "object_store",
           f"rollout.node_lost={cfg.rollout.node_lost} shrinks the rollout pool, which a weight channel cannot "
           f"(rollout.weight_transport={cfg.rollout.weight_transport}: a torch.distributed group takes no new size): "

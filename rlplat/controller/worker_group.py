@@ -207,6 +207,21 @@ class RayWorkerGroup(WorkerGroup):
                             f"left the cluster and did not come back?)", missing)
         self._set_up()
 
+    def silent(self, method: str, timeout_s: float) -> list[int]:
+        """The ranks whose workers do not answer ``method`` (no arguments) within ``timeout_s`` (a dead worker
+        answers at once, with its death)."""
+        import ray
+
+        refs = [self._method(actor, method).remote() for actor in self.actors]
+        answered, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        return [rank for rank, ref in enumerate(refs) if ref not in answered]
+
+    def kill(self, rank: int) -> None:
+        """End the process of worker ``rank`` (a hung one): its calls fail as a dead worker's do."""
+        import ray
+
+        ray.kill(self.actors[rank], no_restart=True)
+
     def remove(self, ranks: list[int]) -> None:
         """Go on without the workers of ``ranks`` (their places are gone: :class:`NotPlaced`); the others keep their
         order, renumbered from 0. Only for workers that never talk to each other (``works_alone``)."""

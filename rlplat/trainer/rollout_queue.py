@@ -52,6 +52,7 @@ from typing import Any
 from rlplat.protocol import Batch
 from rlplat.reward.batch import join_scores
 from rlplat.rollout.base import join_rollouts
+from rlplat.trainer.heartbeat import Heartbeat
 from rlplat.trainer.prompt_source import PromptSource
 from rlplat.trainer.rollouts import RolloutCalls, Rollouts, Started
 from rlplat.utils.errors import ChannelBroken, NotPlaced, RunError, WorkerDied
@@ -99,6 +100,9 @@ class RolloutQueue(Rollouts):
         self.node_wait_s = cfg.rollout.node_wait_s  # for a replacement to start (its node may have left the cluster)
         self.node_lost = cfg.rollout.node_lost  # then: stop, or continue with the workers left
         self._scoring = threading.Lock()
+        self._pool = threading.Lock()  # held while workers are replaced, or asked for a heartbeat
+        beat = cfg.rollout.heartbeat_s
+        self.heartbeat = Heartbeat(components.generator, beat, self._pool) if beat > 0 else None
         # a thread per call in flight (the config keeps them few: rlplat.config.validate), and room for the calls
         # dynamic sampling pulls and the dropped ones still ending
         calls = (self.ahead + 3) * (self.batch_groups // self.call_groups)
@@ -108,6 +112,8 @@ class RolloutQueue(Rollouts):
         """Send the actor's weights (version ``step``: the initial model, or the resumed checkpoint's) before
         anything is generated."""
         self.components.weights.send(step)
+        if self.heartbeat is not None:
+            self.heartbeat.start()
 
     def next_groups(self, count: int) -> None:
         if self.streams:  # pulled from the stream: the calls of the missing groups only
@@ -157,7 +163,7 @@ class RolloutQueue(Rollouts):
                 parts = [flight.ready.result() for flight in taken]  # a reward error is raised here
                 self.components.weights.check(self._weights_used(taken, [part[0] for part in parts]))
             except WorkerDied as death:
-                self._replace(death, self.step - 1)
+                self.outlive(death, self.step - 1)
                 continue
             for flight in taken:
                 self.in_flight.remove(flight)
@@ -170,10 +176,11 @@ class RolloutQueue(Rollouts):
         try:
             return self.components.weights.send(version)
         except ChannelBroken as broken:
-            return self._replace(WorkerDied(str(broken), self.components.generator.worker_cls.__name__), version)
+            return self.outlive(WorkerDied(str(broken), self.components.generator.worker_cls.__name__), version)
 
-    def outlive(self, death: WorkerDied, version: int) -> None:
-        self._replace(death, version)
+    def outlive(self, death: WorkerDied, version: int) -> float:
+        with self._pool:
+            return self._replace(death, version)
 
     def _replace(self, death: WorkerDied, version: int) -> float:
         """A rollout worker died: replace it (or the pool: :meth:`WeightPush.replaceable`) with new workers holding
@@ -184,6 +191,10 @@ class RolloutQueue(Rollouts):
         generator = self.components.generator
         if death.worker != generator.worker_cls.__name__:
             raise death
+        if self.heartbeat is not None and death.rank in self.heartbeat.hung:
+            death = WorkerDied(f"{death.worker} rank {death.rank} of {generator.world_size} answered no heartbeat "
+                               f"within rollout.heartbeat_s={self.heartbeat.seconds:g} s and was killed as hung",
+                               death.worker, death.rank)
         if self.restarts >= self.max_restarts:
             raise WorkerDied(f"{death}; rollout.max_restarts={self.max_restarts} replacement(s) made already",
                              death.worker, death.rank)
@@ -191,6 +202,8 @@ class RolloutQueue(Rollouts):
         self.restarts += 1
         ranks = self.components.weights.replaceable(death.rank)
         lost = [flight for flight in self.in_flight if flight.rank is None or flight.rank in ranks]
+        if self.heartbeat is not None:
+            self.heartbeat.forget(ranks)
         self._requeue(lost)
         self.ending = [flight for flight in self.ending if flight.rank not in ranks]
         shrunk = ""
@@ -305,10 +318,12 @@ class RolloutQueue(Rollouts):
         try:
             self.components.weights.check()
         except WorkerDied as death:
-            self._replace(death, self.components.weights.version)
+            self.outlive(death, self.components.weights.version)
 
     def close(self) -> None:
         """Drop the calls not yet finished (the end of the run, or an error)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         self.waiters.shutdown(wait=False, cancel_futures=True)
 
     def state(self) -> list[dict]:

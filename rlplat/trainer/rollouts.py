@@ -101,9 +101,10 @@ class Rollouts(ABC):
     def check_loaded_weights(self) -> None:
         """After a validation (every engine has loaded the weights sent before it): were the syncs exact?"""
 
-    def outlive(self, death: WorkerDied, version: int) -> None:
-        """A worker died in a call outside :meth:`take` (a validation's): replace it, holding the weights of update
-        ``version``, or go on without it, when the rollout pool can; else the run stops (``death`` is raised)."""
+    def outlive(self, death: WorkerDied, version: int) -> float:
+        """A worker died (in a call of :meth:`take`, :meth:`sync` or a validation): replace it, holding the weights
+        of update ``version``, or go on without it, when the rollout pool can (returns the MiB sent to the new
+        workers); else the run stops (``death`` is raised)."""
         raise death
 
     def state(self) -> list[dict]:

@@ -365,7 +365,8 @@ class RolloutWorker(_Generates):
     tags every sample with the ``policy_version`` that generated it (and, with ``rollout.partial=resume``, the
     ``policy_version_last`` its last token was sampled by)."""
 
-    concurrency_groups = {"weights": 1}  # rollout.partial=resume receives updates while a generation runs
+    # rollout.partial=resume receives updates while a generation runs; the heartbeat is answered beside both
+    concurrency_groups = {"weights": 1, "heartbeat": 1}
     works_alone = True  # rollout workers never talk to each other: a dead one is replaced alone (rollout.max_restarts)
 
     def __init__(self, rank: int, world_size: int, device: str, cfg: DictConfig, plan: RunPlan):
@@ -431,6 +432,11 @@ class RolloutWorker(_Generates):
         if "error" in outcome:
             raise outcome["error"]
         return outcome["problem"]
+
+    @register(Dispatch.ONE_TO_ALL, concurrency_group="heartbeat")
+    def heartbeat(self) -> bool:
+        """Answered in a thread of its own: a worker that cannot answer is hung (``rollout.heartbeat_s``)."""
+        return True
 
     def _load(self, update: WeightUpdate, buckets) -> str | None:
         try:

@@ -295,40 +295,53 @@ def test_streaming_by_prompt_group_on_two_rollout_workers_trains_every_group_onc
 
 
 @pytest.mark.slow
-def test_a_rollout_worker_killed_with_a_generation_and_a_weight_load_in_flight_is_replaced(embedded_cache, small_val,
-                                                                                          tmp_path, ray_cluster, capsys):
+def test_a_rollout_worker_killed_or_hung_with_a_generation_and_a_weight_load_in_flight_is_replaced(
+        embedded_cache, small_val, tmp_path, ray_cluster, capsys):
     # the rollout worker is killed (as the out-of-memory killer would) right after step 2 sent it the weights of
     # update 2, while it generates step 3's batch or loads those weights. Step 3 or 4 finds it dead (a call or a
     # weight receipt failed: whichever Ray reports first), and over the weight channel (the default transport) the
     # pool is replaced: a new worker holds the actor's weights of that moment (checksums and probe checked) and
-    # generates the lost calls' prompt groups again. Every drawn group is trained once, every step logged once.
+    # generates the lost calls' prompt groups again. After step 4 the new worker's process is stopped (SIGSTOP: hung,
+    # alive to Ray): it answers no heartbeat within rollout.heartbeat_s, is killed as hung and replaced the same way.
+    # Every drawn group is trained once, every step logged once.
     import ray
 
     class KillsTheRolloutWorker(PPOTrainer):
         stage_order = PPOTrainer.insert_stage("kill", after="sync_rollout")
 
         def kill(self, batch, metrics):
+            actor = self.components.rollout.actors[0]
             if self.step == 2:
-                actor = self.components.rollout.actors[0]
                 ray.kill(actor)
                 with pytest.raises(ray.exceptions.RayActorError):  # dead before the trainer goes on
                     ray.get(actor.parallel_layout.remote(), timeout=60)
+            if self.step == 4:
+                os.kill(ray.get(actor.__ray_call__.remote(lambda worker: os.getpid())), signal.SIGSTOP)
             return batch
 
     out = tmp_path / "replaced"
-    cfg, plan = load_run_config(overrides(out, 4, small_val, SEPARATE, "trainer.async_steps=1"))
-    assert run(cfg, plan, KillsTheRolloutWorker)["steps"] == 4
+    cfg, plan = load_run_config(overrides(out, 6, small_val, SEPARATE, "trainer.async_steps=1",
+                                          "rollout.heartbeat_s=4"))
+    assert run(cfg, plan, KillsTheRolloutWorker)["steps"] == 6
     steps = metrics(out)
-    restarts = [steps[s]["rollout/restarts"] for s in (1, 2, 3, 4)]
-    replaced = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rollout] ")]
-    assert restarts in ([0, 0, 1, 1], [0, 0, 0, 1]), (restarts, replaced)
-    assert all(steps[s]["off_policy/staleness_max"] <= 1 for s in (1, 2, 3, 4))
-    assert _ledger(out) == [[0, 32]]
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3, 4]
-    assert len(replaced) == 1 and replaced[0].startswith("[rollout] RolloutWorker rank 0 of 1 died during ")
+    restarts = [steps[s]["rollout/restarts"] for s in range(1, 7)]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rollout] ")]
+    assert restarts[:4] in ([0, 0, 1, 1], [0, 0, 0, 1]) and restarts[4:] in ([2, 2], [1, 2]), (restarts, lines)
+    assert all(steps[s]["off_policy/staleness_max"] <= 1 for s in range(1, 7))
+    assert _ledger(out) == [[0, 48]]
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == list(range(7))
+    assert len(lines) == 3 and lines[0].startswith("[rollout] RolloutWorker rank 0 of 1 died during "), lines
     found_at = restarts.index(1) + 1  # the step that found it dead: the actor then held the update before it
     assert (f"replaced rollout worker(s) [0] with new ones holding the weights of update {found_at - 1} (checked)"
-            in replaced[0])
+            in lines[0])
+    assert lines[1] == ("[rollout] RolloutWorker rank 0 of 1 answered no heartbeat within rollout.heartbeat_s=4 s: "
+                        "killed as hung")
+    # found hung by step 5's take (calls of its in flight) or by the weight sync after it (the calls done before the
+    # stop): the new worker holds the weights of the update before the step that counts it
+    hung_at = restarts.index(2) + 1
+    assert lines[2].startswith("[rollout] RolloutWorker rank 0 of 1 answered no heartbeat within rollout.heartbeat_s=4 "
+                               "s and was killed as hung; replaced rollout worker(s) [0] with new ones holding the "
+                               f"weights of update {hung_at - 1} (checked)"), lines
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ class Scripted:
         self.cfg = OmegaConf.create({"trainer": {"async_steps": ahead, "total_steps": steps},
                                      "data": {"train_batch_size_prompts": batch},
                                      "rollout": {"stream_groups": stream, "max_restarts": 1, "node_wait_s": 5,
-                                                 "node_lost": "stop"}})
+                                                 "node_lost": "stop", "heartbeat_s": 0}})
         self.components = self.weights = self
         self.timeline = SimpleNamespace(add=lambda *span: None)
         self.tokenizer = SimpleNamespace(pad_token_id=PAD)
@@ -376,6 +376,37 @@ def test_a_rollout_worker_whose_node_left_stops_the_run_when_node_lost_is_stop()
         for gate in trainer.gates.values():
             gate.set()
         queue.close()
+
+
+def test_a_rollout_worker_that_answers_no_heartbeat_is_killed_and_replaced_as_hung(capsys):
+    trainer = Replaceable(ahead=1, stream=2, batch=4, steps=2, workers=2)
+    trainer.cfg.rollout.heartbeat_s = 0.05
+    hung, killed = {1}, []
+
+    def kill(rank):  # as Ray does: the killed worker's call fails
+        killed.append(rank)
+        hung.discard(rank)
+        trainer.dies.add(2)
+        trainer.gates.setdefault(2, threading.Event()).set()
+    trainer.generator.silent = lambda method, timeout_s: sorted(hung) if method == "heartbeat" else []
+    trainer.generator.kill = kill
+    queue = queue_of(trainer, score_ahead=True)
+    queue.start(0)
+    # step 1: worker 1 hangs in [2 3] (its gate is never opened): the heartbeat kills it, and it is replaced; its
+    # calls [2 3] and [6 7] are generated again by the new worker 1
+    batch, metrics = step(trainer, queue, release=[0])
+    assert killed == [1] and trainer.replacements == [([1], 0)] and metrics["rollout/restarts"] == 1
+    assert uids(batch) == [0, 1, 2, 3]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rollout] ")]
+    silent = "[rollout] RolloutWorker rank 1 of 2 answered no heartbeat within rollout.heartbeat_s=0.05 s"
+    assert lines[0] == silent + ": killed as hung"
+    assert lines[1].startswith(silent + " "
+                               "and was killed as hung; replaced rollout worker(s) [1] with new ones holding the "
+                               "weights of update 0 (checked)"), lines
+    assert queue.heartbeat.hung == set()  # replaced: the new worker is not hung
+    for gate in trainer.gates.values():
+        gate.set()
+    queue.close()
 
 
 def test_a_weight_channel_that_lost_a_receiver_replaces_the_pool_and_regenerates_every_call_in_flight():
