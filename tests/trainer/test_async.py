@@ -321,7 +321,7 @@ def test_a_rollout_worker_killed_or_hung_with_a_generation_and_a_weight_load_in_
 
     out = tmp_path / "replaced"
     cfg, plan = load_run_config(overrides(out, 6, small_val, SEPARATE, "trainer.async_steps=1",
-                                          "rollout.heartbeat_s=4"))
+                                          "rollout.heartbeat_s=2"))
     assert run(cfg, plan, KillsTheRolloutWorker)["steps"] == 6
     steps = metrics(out)
     restarts = [steps[s]["rollout/restarts"] for s in range(1, 7)]
@@ -334,12 +334,12 @@ def test_a_rollout_worker_killed_or_hung_with_a_generation_and_a_weight_load_in_
     found_at = restarts.index(1) + 1  # the step that found it dead: the actor then held the update before it
     assert (f"replaced rollout worker(s) [0] with new ones holding the weights of update {found_at - 1} (checked)"
             in lines[0])
-    assert lines[1] == ("[rollout] RolloutWorker rank 0 of 1 answered no heartbeat within rollout.heartbeat_s=4 s: "
+    assert lines[1] == ("[rollout] RolloutWorker rank 0 of 1 answered no heartbeat within rollout.heartbeat_s=2 s: "
                         "killed as hung")
     # found hung by step 5's take (calls of its in flight) or by the weight sync after it (the calls done before the
     # stop): the new worker holds the weights of the update before the step that counts it
     hung_at = restarts.index(2) + 1
-    assert lines[2].startswith("[rollout] RolloutWorker rank 0 of 1 answered no heartbeat within rollout.heartbeat_s=4 "
+    assert lines[2].startswith("[rollout] RolloutWorker rank 0 of 1 answered no heartbeat within rollout.heartbeat_s=2 "
                                "s and was killed as hung; replaced rollout worker(s) [0] with new ones holding the "
                                f"weights of update {hung_at - 1} (checked)"), lines
 
