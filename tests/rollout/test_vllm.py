@@ -106,6 +106,9 @@ def test_a_weight_update_offered_during_generation_is_loaded_between_two_vllm_st
         models[name] = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
         models[name].load_state_dict(weights, strict=False)
     prompts = prompt_batch(tiny_model_path, n=3)
+    # the actor's weights first: the engine starts with dummy ones (load_format=dummy) until a sync, which this
+    # test, calling the engine itself, would otherwise owe to the module's earlier tests
+    engine.load_weights([list(current.items())])
     engine.updates = UpdateSlot()
     try:
         engine.updates.offer(lambda: engine.load_weights([list(spread.items())]))
