@@ -132,6 +132,26 @@ def queue_of(trainer: Scripted, score_ahead: bool) -> RolloutQueue:
     return queue
 
 
+def end(trainer: Scripted, queue: RolloutQueue) -> None:
+    """Open every gate (each call's thread ends) and close the queue."""
+    for gate in trainer.gates.values():
+        gate.set()
+    queue.close()
+
+
+def stops_when_call_dies(trainer: Scripted, queue: RolloutQueue, call: int, message: str) -> None:
+    """The worker of submitted call ``call`` dies in the next step's take, which raises :class:`WorkerDied`
+    matching ``message``; every gate is opened and the queue closed after."""
+    trainer.dies.add(call)
+    trainer.step += 1
+    trainer.gates.setdefault(call, threading.Event()).set()
+    try:
+        with pytest.raises(WorkerDied, match=message):
+            queue.take(trainer.step, {})
+    finally:
+        end(trainer, queue)
+
+
 def test_a_step_takes_the_first_groups_ready_and_drops_calls_that_grew_too_old():
     trainer = Scripted(ahead=1, stream=2, batch=4, steps=4, workers=2)
     queue = queue_of(trainer, score_ahead=True)
@@ -212,9 +232,7 @@ def test_samples_older_than_k_updates_stop_the_run_naming_their_versions():
                                            r"outside trainer.async_steps=1 \(a bug in the rollout queue; please report it\)"):
             queue.take(trainer.step, {})
     finally:  # the call submitted for step 4 is released, so its thread ends
-        for gate in trainer.gates.values():
-            gate.set()
-        queue.close()
+        end(trainer, queue)
 
 
 def test_scores_of_several_calls_join_as_those_of_all_their_rows():
@@ -289,17 +307,8 @@ def test_a_dead_rollout_workers_calls_are_generated_again_and_one_death_too_many
     batch, metrics = step(trainer, queue, release=[4, 6])
     assert uids(batch) == [4, 5, 6, 7] and metrics["rollout/restarts"] == 1
     # a second death is one more than rollout.max_restarts=1 allows: the run stops, saying so
-    trainer.dies.add(8)
-    trainer.step += 1
-    trainer.gates.setdefault(8, threading.Event()).set()
-    try:
-        with pytest.raises(WorkerDied, match=r"^RolloutWorker rank 0 of 2 died during generate_sequences\(\); "
-                                             r"rollout.max_restarts=1 replacement\(s\) made already$"):
-            queue.take(trainer.step, {})
-    finally:
-        for gate in trainer.gates.values():
-            gate.set()
-        queue.close()
+    stops_when_call_dies(trainer, queue, 8, r"^RolloutWorker rank 0 of 2 died during generate_sequences\(\); "
+                                            r"rollout.max_restarts=1 replacement\(s\) made already$")
 
 
 class NodeLeft(Replaceable):
@@ -345,37 +354,19 @@ def test_a_rollout_worker_whose_node_left_is_done_without_when_node_lost_is_cont
     assert uids(batch) == [4, 5, 6, 7] and trainer.checked[-1] == {0: 0}
     assert all(rank == 0 for _, rank, _ in trainer.calls[4:])
     # the last worker's death leaves no pool: the run stops, saying why
-    trainer.dies.add(8)
-    trainer.step += 1
-    trainer.gates.setdefault(8, threading.Event()).set()
-    try:
-        with pytest.raises(WorkerDied, match=r"^RolloutWorker rank 0 of 2 died during generate_sequences\(\); the "
-                                             r"RolloutWorker workers that replace ranks \[0\] did not start within 5 s "
-                                             r"\(rollout.node_wait_s=5\)$"):
-            queue.take(trainer.step, {})
-    finally:
-        for gate in trainer.gates.values():
-            gate.set()
-        queue.close()
+    stops_when_call_dies(trainer, queue, 8, r"^RolloutWorker rank 0 of 2 died during generate_sequences\(\); the "
+                                            r"RolloutWorker workers that replace ranks \[0\] did not start within 5 s "
+                                            r"\(rollout.node_wait_s=5\)$")
 
 
 def test_a_rollout_worker_whose_node_left_stops_the_run_when_node_lost_is_stop():
     trainer = NodeLeft(ahead=1, stream=2, batch=4, steps=3, workers=2)
     queue = queue_of(trainer, score_ahead=True)
     queue.start(0)
-    trainer.dies.add(2)
-    trainer.step += 1
-    trainer.gates.setdefault(2, threading.Event()).set()
-    try:
-        with pytest.raises(WorkerDied, match=r"^RolloutWorker rank 1 of 2 died during generate_sequences\(\); the "
-                                             r"RolloutWorker workers that replace ranks \[1\] did not start within 5 s "
-                                             r"\(rollout.node_wait_s=5\)$"):
-            queue.take(trainer.step, {})
-        assert trainer.generator.world_size == 2 and trainer.removed_ranks == []
-    finally:
-        for gate in trainer.gates.values():
-            gate.set()
-        queue.close()
+    stops_when_call_dies(trainer, queue, 2, r"^RolloutWorker rank 1 of 2 died during generate_sequences\(\); the "
+                                            r"RolloutWorker workers that replace ranks \[1\] did not start within 5 s "
+                                            r"\(rollout.node_wait_s=5\)$")
+    assert trainer.generator.world_size == 2 and trainer.removed_ranks == []
 
 
 def test_a_rollout_worker_that_answers_no_heartbeat_is_killed_and_replaced_as_hung(capsys):
@@ -404,9 +395,7 @@ def test_a_rollout_worker_that_answers_no_heartbeat_is_killed_and_replaced_as_hu
                                "and was killed as hung; replaced rollout worker(s) [1] with new ones holding the "
                                "weights of update 0 (checked)"), lines
     assert queue.heartbeat.hung == set()  # replaced: the new worker is not hung
-    for gate in trainer.gates.values():
-        gate.set()
-    queue.close()
+    end(trainer, queue)
 
 
 def test_a_weight_channel_that_lost_a_receiver_replaces_the_pool_and_regenerates_every_call_in_flight():
@@ -434,6 +423,4 @@ def test_a_weight_channel_that_lost_a_receiver_replaces_the_pool_and_regenerates
     batch, metrics = step(trainer, queue, release=[4, 6])
     assert uids(batch) == [4, 5, 6, 7] and batch.tensors["policy_version"].tolist() == [1, 1, 1, 1]
     assert metrics["rollout/restarts"] == 1
-    for gate in trainer.gates.values():
-        gate.set()
-    queue.close()
+    end(trainer, queue)
