@@ -218,8 +218,9 @@ class RolloutQueue(Rollouts):
                       f"(rollout.node_lost=continue)")
         for pending in [generator.submit_to(rank, "init_model", self.components.model_path) for rank in ranks]:
             pending.result()
-        sent_mb = self.components.weights.replaced(ranks, version) if ranks else 0.0
+        sent_mb = 0.0
         if ranks:
+            sent_mb = self.components.weights.replaced(ranks, version)
             shrunk += (f"; replaced rollout worker(s) {ranks} with new ones holding the weights of update {version} "
                        f"(checked)")
         print(f"[rollout] {death}{shrunk} in {time.time() - started:.1f}s; {sum(len(f.uids) for f in lost)} prompt "
