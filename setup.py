@@ -44,5 +44,8 @@ setup(
         "megatron": ["megatron-core>=0.16,<0.17"],  # the layout rlplat.engines.megatron.convert is tested against
         # reward.functions=[ifeval]: IFEval's instruction checks as lm-evaluation-harness implements them
         "ifeval": ["lm-eval>=0.4.9", "nltk>=3.9.1", "langdetect>=1.0.9", "immutabledict>=4.0"],
+        # the field's environments (docs/environments.md): verifiers' environments (its classic API,
+        # SingleTurnEnv / MultiTurnEnv / ToolEnv), OpenEnv servers, reasoning-gym's tasks and scorers
+        "envs": ["verifiers>=0.3.1,<0.4", "openenv>=0.10,<0.11", "reasoning-gym>=0.1.25,<0.2"],
     },
 )

@@ -13,12 +13,12 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[setup] installing $torch_spec and rlplat[test,megatron,trackers,ifeval] into $venv"
+  echo "[setup] installing $torch_spec and rlplat[test,megatron,trackers,ifeval,envs] into $venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "$torch_spec"
   # megatron-core is small and runs its CPU tests; the trackers (tensorboard, wandb, mlflow) and the ifeval
-  # reward's lm-eval are tested for real
-  "$venv/bin/python" -m pip install -q -e ".[test,megatron,trackers,ifeval]"
+  # reward's lm-eval are tested for real, and so are the field's environments (envs)
+  "$venv/bin/python" -m pip install -q -e ".[test,megatron,trackers,ifeval,envs]"
   echo "$want" > "$stamp"
 else
   echo "[setup] $venv is up to date"

@@ -51,6 +51,16 @@ def braced(text: str, open_at: int) -> str | None:
     return None
 
 
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``; spaces before the brace allowed), nested
+    braces handled; None when there is none or it is not closed."""
+    found = list(_BOXED.finditer(text))
+    return braced(text, found[-1].end() - 1) if found else None
+
+
 def _unwrap(text: str, command: str) -> str:
     """``\\command{content}`` -> ``content`` everywhere, nested braces included."""
     token = "\\" + command + "{"

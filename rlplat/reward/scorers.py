@@ -34,7 +34,8 @@ from rlplat.utils.files import import_file
 from rlplat.reward.code import CodeScorer
 from rlplat.reward.errors import UnknownDataSourceError
 from rlplat.reward.ifeval import ifeval
-from rlplat.reward.equivalence import braced, exact_number, math_equal
+from rlplat.reward.reasoning_gym import reasoning_gym
+from rlplat.reward.equivalence import exact_number, last_boxed, math_equal
 
 RewardFn = Callable[[str, str, str, "dict | None"], float]
 REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function")
@@ -195,16 +196,6 @@ def gsm8k_flexible(data_source: str, solution_str: str, ground_truth: str, extra
 
 
 # ---------------------------------------------------------------------------------------------------- math
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``; spaces before the brace allowed), nested
-    braces handled; None when there is none or it is not closed."""
-    found = list(_BOXED.finditer(text))
-    return braced(text, found[-1].end() - 1) if found else None
-
-
 @REWARD_FUNCTIONS.register("math")
 def math_boxed(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """1.0 if the content of the LAST ``\\boxed{}`` equals the ground truth, else 0.0.
@@ -268,6 +259,11 @@ REWARD_FUNCTIONS.add_lazy("ifeval", "rlplat.reward.ifeval:ifeval", requires=("lm
                           install="pip install -e '.[ifeval]'")
 
 
+# ------------------------------------------------------------------------------------------ reasoning-gym
+# reasoning-gym's own score_answer on rows written by python -m rlplat.data.reasoning_gym (its package: rlplat[envs])
+REWARD_FUNCTIONS.add("reasoning_gym", reasoning_gym)
+
+
 # ---------------------------------------------------------------------------------------------------- auto
 AUTO_SOURCES: dict[str, RewardFn] = {  # exact data_source names
     "rlplat/arithmetic": arithmetic,
@@ -288,6 +284,7 @@ AUTO_PATTERNS: tuple[tuple[str, RewardFn], ...] = (
     ("math/*", math_boxed),  # rlplat's own convention for MATH-style subsets: math/algebra, math/level5, ...
     ("numina_*", math_boxed),  # NuminaMath sources as verl writes them: numina_olympiads, numina_amc_aime, ...
     ("code/*", CODE),  # rlplat's convention for code sets: code/mbpp, code/apps, ...
+    ("reasoning_gym/*", reasoning_gym),  # python -m rlplat.data.reasoning_gym's rows
 )
 
 
