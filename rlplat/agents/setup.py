@@ -10,6 +10,7 @@ from rlplat.agents.environment import Environment, ToolEnvironment, load_environ
 from rlplat.agents.parsers import TOOL_PARSERS
 from rlplat.agents.tools import TOOLS, Tool, function_tool
 from rlplat.config.errors import ConfigError
+from rlplat.registry import Registry
 
 
 def build_tools(specs) -> list[Tool]:
@@ -18,21 +19,57 @@ def build_tools(specs) -> list[Tool]:
     return [function_tool(spec) if ":" in spec else TOOLS.get(spec)() for spec in specs]
 
 
+class ClassEnvironments:
+    """A user's :class:`Environment` subclass (``path/to/file.py:Class`` or ``package.module:Class``): one
+    instance per trajectory, made with ``rollout.agent.environment_args`` as keyword arguments."""
+
+    def __init__(self, spec: str, args: Mapping[str, Any], agent_cfg=None):
+        self.cls, self.args = load_environment(spec), dict(args)
+        self.tools = list(self.cls.tools)
+
+    def make(self, row: Mapping[str, Any]) -> Environment:
+        return self.cls(**self.args)
+
+    def finish(self, envs, groups, conversations) -> None:
+        """Its environments score each trajectory as they step: nothing is left to do when the loop ends."""
+        return None
+
+
+# Environments of other libraries, by the prefix of rollout.agent.environment (verifiers:<env>, ...): each
+# a class built with (the rest of the spec, rollout.agent.environment_args, rollout.agent) that has the
+# ClassEnvironments interface (tools, make, finish)
+ENVIRONMENT_SOURCES: Registry[type] = Registry("environment library")
+ENVIRONMENT_SOURCES.add_lazy("verifiers", "rlplat.agents.verifiers_env:VerifiersEnvironments",
+                             requires=("verifiers",), install="pip install -e '.[envs]'")
+
+
+def environment_source(agent_cfg):
+    """The source of ``rollout.agent.environment``'s environments: a library's (its prefix), else a class."""
+    spec, args = agent_cfg.environment, dict(agent_cfg.get("environment_args") or {})
+    prefix, sep, rest = spec.partition(":")
+    if sep and prefix in ENVIRONMENT_SOURCES:
+        problem = ENVIRONMENT_SOURCES.missing_requirements(prefix)
+        if problem:
+            raise ConfigError(f"rollout.agent.environment={spec!r}: {problem}")
+        return ENVIRONMENT_SOURCES.get(prefix)(rest, args, agent_cfg)
+    return ClassEnvironments(spec, args, agent_cfg)
+
+
 class Environments:
-    """Makes each row's environment: the user's class (``rollout.agent.environment``: ``file.py:Class`` or
-    ``package.module:Class``), else tools (the row's
+    """Makes each row's environment: the user's (``rollout.agent.environment``: ``file.py:Class``,
+    ``package.module:Class`` or a library's, e.g. ``verifiers:<env>``), else tools (the row's
     ``extra_info["tools"]``, else ``rollout.agent.tools``) with the configured parser and call limit.
     Built-in tools are made once and shared (the python tool holds a sandbox's settings, not a process)."""
 
     def __init__(self, agent_cfg):
         self.cfg = agent_cfg
-        self.user_class = load_environment(agent_cfg.environment) if agent_cfg.environment else None
+        self.user = environment_source(agent_cfg) if agent_cfg.environment else None
         self._tools: dict[str, Tool] = {}
         self.default_tools = list(agent_cfg.tools)
 
     def tools_of(self, extra_info: Mapping | None) -> list[Tool]:
-        if self.user_class is not None:
-            return list(self.user_class.tools)
+        if self.user is not None:
+            return list(self.user.tools)
         names = (extra_info or {}).get("tools") or self.default_tools
         missing = [name for name in names if name not in self._tools]
         for name, tool in zip(missing, build_tools(missing)):
@@ -44,9 +81,14 @@ class Environments:
         return [tool.schema() for tool in self.tools_of(extra_info)] or None
 
     def make(self, row: Mapping[str, Any]) -> Environment:
-        if self.user_class is not None:
-            return self.user_class()
+        if self.user is not None:
+            return self.user.make(row)
         return ToolEnvironment(self.tools_of(row.get("extra_info")), self.cfg.parser, self.cfg.max_tool_calls)
+
+    def finish(self, envs: list[Environment], groups: list, conversations: list[list[dict]]):
+        """After the loop: reward terms and info per trajectory from environments that score rollouts together
+        (a verifiers rubric scores a prompt group at once), else None."""
+        return self.user.finish(envs, groups, conversations) if self.user is not None else None
 
 
 def check_environment_config(agent_cfg) -> None:
@@ -60,5 +102,7 @@ def check_environment_config(agent_cfg) -> None:
                               f"nor path/to/file.py:function or package.module:function")
     try:
         Environments(agent_cfg).tools_of(None)
+    except ConfigError:
+        raise
     except (ValueError, OSError) as err:
         raise ConfigError(f"rollout.agent: {err}") from None

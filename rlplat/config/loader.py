@@ -45,8 +45,19 @@ def _schema_fields(cls: type) -> dict[str, typing.Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-#: the schema's free-form sections (dict-typed: recipe), as override prefixes
-FREE_FORM = tuple(f"{name}." for name, tp in _schema_fields(RLPlatConfig).items() if typing.get_origin(tp) is dict)
+def _free_form(cls: type, prefix: str = "") -> list[str]:
+    out = []
+    for name, tp in _schema_fields(cls).items():
+        if typing.get_origin(tp) is dict:
+            out.append(f"{prefix}{name}")
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out.extend(_free_form(tp, f"{prefix}{name}."))
+    return out
+
+
+#: the schema's free-form sections (dict-typed: recipe, rollout.agent.environment_args)
+FREE_FORM_KEYS = tuple(_free_form(RLPlatConfig))
+FREE_FORM = tuple(f"{key}." for key in FREE_FORM_KEYS)  # as override prefixes
 
 
 def check_key(path: str) -> None:
@@ -104,7 +115,8 @@ def _format_omegaconf_error(err: BaseException) -> str:
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """Compose the raw (unvalidated) config; errors are ConfigError with the key path."""
     # keys under a free-form section (recipe.*) are set or added alike (Hydra's "++"): no "+" needed
-    overrides = [f"++{o}" if o.startswith(FREE_FORM) else o for o in overrides or []]
+    overrides = [f"++{o}" if o.startswith(FREE_FORM) or o.partition("=")[0] in FREE_FORM_KEYS else o
+                 for o in overrides or []]
     check_overrides(overrides)
     register_schema()
     GlobalHydra.instance().clear()

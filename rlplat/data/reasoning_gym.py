@@ -22,8 +22,9 @@ import json
 import sys
 
 from rlplat.data.synthetic import DataError, write_parquet
-from rlplat.reward.reasoning_gym import ENTRY_KEY, PREFIX
 
+ENTRY_KEY = "reasoning_gym_entry"  # extra_info key of the generated entry (a JSON string): what the scorer reads
+PREFIX = "reasoning_gym/"  # the rows' data_source is PREFIX + the task
 INSTALL = "pip install -e '.[envs]'"
 
 

@@ -18,12 +18,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from rlplat.data.reasoning_gym import ENTRY_KEY, INSTALL, PREFIX
 from rlplat.reward.equivalence import last_boxed
 from rlplat.reward.errors import UnknownDataSourceError
-
-ENTRY_KEY = "reasoning_gym_entry"  # extra_info key of the generated entry (a JSON string)
-PREFIX = "reasoning_gym/"
-INSTALL = "pip install -e '.[envs]'"
 
 
 class ReasoningGymDataError(ValueError):

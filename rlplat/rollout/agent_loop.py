@@ -171,7 +171,24 @@ class ToolLoop(AgentLoop):
                     active.append(i)
         for i in active:
             ended[i] = "max_turns"
+        self._finish(prompts, rows, envs, trajectories, rewards, infos)
         return self._assemble(prompts, rows, trajectories, schemas, ended, rewards, infos)
+
+    def _finish(self, prompts: Batch, rows, envs, trajectories: list[Trajectory], rewards, infos) -> None:
+        """Reward terms of environments that score the finished rollouts together (a prompt group at a time)."""
+        uids = prompts.non_tensors.get("uid")
+        groups = list(uids) if uids is not None else list(range(len(rows)))
+        try:
+            scored = self.environments.finish(envs, groups, [t.messages for t in trajectories])
+        except RunError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the environment's code: one line that names it
+            raise EnvironmentFailed(f"environment {type(envs[0]).__name__}: scoring the finished trajectories "
+                                    f"raised {type(err).__name__}: {err}") from err
+        for i, (terms, info) in enumerate(scored or []):
+            for name, value in terms.items():
+                rewards[i][name] = rewards[i].get(name, 0.0) + float(value)
+            infos[i].update(info)
 
     def _assemble(self, prompts: Batch, rows, trajectories: list[Trajectory], schemas, ended, rewards, infos) -> Batch:
         width, pad = self.response_length, self.tokenizer.pad_token_id

@@ -28,5 +28,9 @@ def quiet_third_party(verbose: bool) -> dict[str, str]:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+    if "huggingface_hub" in sys.modules:  # its bars (transformers' "Loading weights" too) read the variable at import
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
     logging.getLogger("ray").setLevel(logging.ERROR)  # "Started a local Ray instance", token notices
     return dict(QUIET_ENV)
