@@ -46,6 +46,7 @@ setup(
         "ifeval": ["lm-eval>=0.4.9", "nltk>=3.9.1", "langdetect>=1.0.9", "immutabledict>=4.0"],
         # the field's environments (docs/environments.md): verifiers' environments (its classic API,
         # SingleTurnEnv / MultiTurnEnv / ToolEnv), OpenEnv servers, reasoning-gym's tasks and scorers
-        "envs": ["verifiers>=0.3.1,<0.4", "openenv>=0.10,<0.11", "reasoning-gym>=0.1.25,<0.2"],
+        # (openai: the client its tests call rlplat's OpenAI-compatible endpoint with)
+        "envs": ["verifiers>=0.3.1,<0.4", "openenv>=0.10,<0.11", "reasoning-gym>=0.1.25,<0.2", "openai>=1.50"],
     },
 )
