@@ -41,6 +41,8 @@ class ClassEnvironments:
 ENVIRONMENT_SOURCES: Registry[type] = Registry("environment library")
 ENVIRONMENT_SOURCES.add_lazy("verifiers", "rlplat.agents.verifiers_env:VerifiersEnvironments",
                              requires=("verifiers",), install="pip install -e '.[envs]'")
+ENVIRONMENT_SOURCES.add_lazy("openenv", "rlplat.agents.openenv_env:OpenEnvEnvironments",
+                             requires=("openenv",), install="pip install -e '.[envs]'")
 
 
 def environment_source(agent_cfg):

@@ -267,14 +267,14 @@ REWARD_FUNCTIONS.add("reasoning_gym", reasoning_gym)
 # ------------------------------------------------------------------------------------ environment-scored
 def environment_scored(data_source: str, solution_str: str, ground_truth: str | None = None,
                        extra_info: dict | None = None) -> float:
-    """Rows that their agent environment scores (``verifiers/<env>``: its rubric): 0.0 here, the environment's
-    reward terms add up to the score. A row no environment ran on is a configuration error: its reward would
+    """Rows that their agent environment scores (``verifiers/<env>``: its rubric; ``openenv/<env>``: its step
+    rewards): 0.0 here, the environment's reward terms add up to the score. A row no environment ran on is a configuration error: its reward would
     be silently 0."""
     if not (extra_info or {}).get("agent"):
         library, _, env = str(data_source).partition("/")
         raise UnknownDataSourceError(
-            f"data_source {data_source!r}: these rows are scored by their {library} environment's rubric, which did "
-            f"not run on them; set rollout.agent.name=tool and rollout.agent.environment={library}:<the environment "
+            f"data_source {data_source!r}: these rows are scored by their {library} environment, which did not run "
+            f"on them; set rollout.agent.name=tool and rollout.agent.environment={library}:<the environment "
             f"that wrote them, {env!r}>")
     return 0.0
 
@@ -301,6 +301,7 @@ AUTO_PATTERNS: tuple[tuple[str, RewardFn], ...] = (
     ("code/*", CODE),  # rlplat's convention for code sets: code/mbpp, code/apps, ...
     ("reasoning_gym/*", reasoning_gym),  # python -m rlplat.data.reasoning_gym's rows
     ("verifiers/*", environment_scored),  # python -m rlplat.data.verifiers's rows: the environment's rubric scores
+    ("openenv/*", environment_scored),  # rows an OpenEnv environment's rewards score
 )
 
 

@@ -140,6 +140,6 @@ def test_rows_of_an_environment_without_it_are_refused_not_scored_zero(embedded_
     data = write_parquet(environment_rows(ENVS, {"count": 8}), tmp_path / "rows.parquet")
     cfg, plan = load_run_config(overrides(tmp_path / "run", 1, data, f"data.train_files={data}",
                                           "trainer.ray_address=inprocess", "data.max_response_length=8"))
-    with pytest.raises(UnknownDataSourceError, match=r"these rows are scored by their verifiers environment's rubric, "
-                                                     r"which did not run on them; set rollout.agent.name=tool"):
+    with pytest.raises(UnknownDataSourceError, match=r"these rows are scored by their verifiers environment, which "
+                                                     r"did not run on them; set rollout.agent.name=tool"):
         run(cfg, plan)
