@@ -2,6 +2,7 @@
 
     python benchmarks/tool_seeds.py                      # the test's run and seeds 0..8, 20 steps
     python benchmarks/tool_seeds.py --seeds 3 --steps 10
+    python benchmarks/tool_seeds.py --seeds 5 --environment verifiers   # the task as a verifiers ToolEnv
     OMP_NUM_THREADS=1 python benchmarks/tool_seeds.py --jobs 2   # two seeds at a time, one thread each
 
 Each seed trains in a fresh process exactly as ``tests/trainer/test_agents.py`` does (its ``TOOL_RUN`` and
@@ -9,7 +10,9 @@ Each seed trains in a fresh process exactly as ``tests/trainer/test_agents.py`` 
 the test's own run, seed k adds ``trainer.seed=k data.seed=k``. Printed per seed: the validation accuracy
 (mean@8 at T=1 on 128 held-out problems) before and after, P(the correct call) before and after (exact,
 teacher forcing) and the tool calls per trajectory at the first and last step; then per gain the mean,
-std, min and the minimum of the rule in docs/learning_thresholds.md.
+std, min and the minimum of the rule in docs/learning_thresholds.md. ``--environment verifiers`` trains the same
+problems through the verifiers ``ToolEnv`` of ``examples/environments/verifiers_arithmetic.py`` (its rubric's ``correct`` for the
+reward; docs/environments.md) instead of rlplat's own tool environment, every other setting the same.
 """
 
 from __future__ import annotations
@@ -35,7 +38,19 @@ def module(name: str, path: Path):
     return loaded
 
 
-def one_run(seed: str, steps: int) -> dict:
+def verifiers_data(tmp: Path) -> tuple[list[str], Path]:
+    """The tool task's rows through the verifiers ToolEnv of tests/envs: (its overrides, the validation file)."""
+    from rlplat.data import write_parquet
+    from rlplat.data.verifiers import rows
+
+    envs = str(ROOT / "examples" / "environments" / "verifiers_arithmetic.py")
+    train = write_parquet(rows(envs, {"kind": "tool", "count": 4096}), tmp / "train.parquet")
+    val = write_parquet(rows(envs, {"kind": "tool", "count": 128, "seed": 1, "split": "test"}), tmp / "val.parquet")
+    return [f"data.train_files={train}", f"rollout.agent.environment=verifiers:{envs}",
+            "rollout.agent.environment_args.kind=tool"], val
+
+
+def one_run(seed: str, steps: int, environment: str = "rlplat") -> dict:
     """Train one seed in this process and measure it (what the test does)."""
     from transformers import AutoTokenizer
 
@@ -54,8 +69,9 @@ def one_run(seed: str, steps: int) -> dict:
     demos = write_parquet(with_tool_demonstrations(val_rows, 1.0, 0), tmp / "demos.parquet")
     rows = list(RLDataset(demos, AutoTokenizer.from_pretrained(model_dir), 512, tools_of=row_tools))
     seeds = [] if seed == "test" else [f"trainer.seed={seed}", f"data.seed={seed}"]
+    extra, val_file = ([], write_parquet(val_rows, tmp / "val.parquet")) if environment == "rlplat" else verifiers_data(tmp)
     cfg, plan = load_run_config([*TOOL_RUN, f"trainer.total_steps={steps}", f"trainer.output_dir={tmp}/run",
-                                 f"data.val_files={write_parquet(val_rows, tmp / 'val.parquet')}", *seeds])
+                                 f"data.val_files={val_file}", *seeds, *extra])
     summary = run(cfg, plan)
     step = metrics(tmp / "run")
     return {"seed": seed, "steps": steps, "acc": [step[0]["val/accuracy"], step[steps]["val/accuracy"]],
@@ -69,10 +85,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (with OMP_NUM_THREADS=1 on a "
                         "machine with that many idle cores)")
+    parser.add_argument("--environment", default="rlplat", choices=["rlplat", "verifiers"],
+                        help="the tool environment: rlplat's own, or the task as a verifiers ToolEnv")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: one seed, JSON on the last line
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(one_run(args.one, args.steps)))
+        print(json.dumps(one_run(args.one, args.steps, args.environment)))
         return 0
     rule = module("learning_seeds", ROOT / "benchmarks" / "learning_seeds.py")
     print("| seed | steps | val accuracy before -> after | gain | P(correct call) before -> after | gain | "
@@ -80,7 +98,8 @@ def main() -> int:
     seeds = ["test", *map(str, range(args.seeds))]
 
     def child(seed: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, __file__, "--one", seed, "--steps", str(args.steps)],
+        return subprocess.run([sys.executable, __file__, "--one", seed, "--steps", str(args.steps),
+                               "--environment", args.environment],
                               capture_output=True, text=True, cwd=ROOT)
 
     results = []

@@ -170,7 +170,9 @@ class OpenEnvEnvironments:
         try:
             return asyncio.run_coroutine_threadsafe(inside(), self._loop).result(timeout=600)
         except Exception as err:  # noqa: BLE001 - the server's answer, one line that names it
-            raise OpenEnvFailed(f"{self.where}: {what} failed: {type(err).__name__}: {err}") from None
+            hint = ("; the server's max_concurrent_envs must cover the trajectories of a rollout at once "
+                    "(data.train_batch_size_prompts x rollout.n)" if "CAPACITY_REACHED" in str(err) else "")
+            raise OpenEnvFailed(f"{self.where}: {what} failed: {type(err).__name__}: {err}{hint}") from None
 
     # ------------------------------------------------------------------------------------------ sessions
     def make(self, row: Mapping[str, Any]) -> OpenEnvEnvironment:

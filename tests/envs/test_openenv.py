@@ -3,8 +3,6 @@ process (no container), a session per trajectory, the model's text as the action
 next user turn, its step rewards as a reward term; two GRPO steps train on it. A server that does not start
 is one line."""
 
-import random
-
 import pytest
 
 pytest.importorskip("openenv", reason="the envs extra: pip install -e '.[envs]'")
@@ -13,17 +11,10 @@ from rlplat.agents.openenv_env import OpenEnvFailed  # noqa: E402
 from rlplat.data import write_parquet  # noqa: E402
 from rlplat.trainer.run import load_run_config, run  # noqa: E402
 
+from examples.environments.openenv_guess import rows as guess_rows  # noqa: E402
 from tests.trainer.test_trainer import metrics, overrides  # noqa: E402
 
-SPEC = "rollout.agent.environment=openenv:tests.envs.openenv_guess"
-
-
-def guess_rows(count, seed):
-    rng = random.Random(seed)
-    pairs = [(rng.randint(0, 9), rng.randint(0, 9)) for _ in range(count)]
-    return [{"data_source": "openenv/guess", "prompt": [{"role": "user", "content": f"{a}+{b}="}],
-             "reward_model": {"ground_truth": str(a + b)}, "extra_info": {"index": i, "openenv": {"target": a + b}}}
-            for i, (a, b) in enumerate(pairs)]
+SPEC = "rollout.agent.environment=openenv:examples.environments.openenv_guess"
 
 
 def test_two_grpo_steps_on_an_openenv_environment_started_locally(embedded_cache, tmp_path, monkeypatch):

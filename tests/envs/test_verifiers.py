@@ -21,12 +21,12 @@ from rlplat.rollout.base import SamplingParams  # noqa: E402
 from rlplat.trainer.run import load_run_config, run  # noqa: E402
 from rlplat.trainer.sft import ensure_embedded_model  # noqa: E402
 
-from tests.envs import verifiers_envs  # noqa: E402
 from tests.rollout.test_agent_loop import agent_setup  # noqa: E402
 from tests.trainer.test_trainer import metrics, overrides  # noqa: E402
 from tests.workers.helpers import check_trajectories  # noqa: E402
 
-ENVS = str(Path(verifiers_envs.__file__).resolve())
+# the environments are an example of their own (a user's file, loaded by path)
+ENVS = str(Path(__file__).resolve().parents[2] / "examples" / "environments" / "verifiers_arithmetic.py")
 SPEC = f"rollout.agent.environment=verifiers:{ENVS}"
 MODELS = {"single": None, "multi": None, "tool": EMBEDDED_TOOLS}  # the tool task needs the tool model
 LIMITS = {"single": ("data.max_response_length=8",), "multi": ("data.max_response_length=8",),
@@ -48,7 +48,7 @@ def prompts_of(tokenizer, rows, n, schemas):
 
 
 def expected_terms(kind, messages, answer, group):
-    """The rubric's functions (tests/envs/verifiers_envs.py) on the conversation, weighted as the rubric weighs them."""
+    """The rubric's functions (examples/environments/verifiers_arithmetic.py) on the conversation, weighted as the rubric weighs them."""
     last = next(m["content"].strip() for m in reversed(messages) if m["role"] == "assistant")
     terms = {"correct": float(last == answer)}
     if kind == "single":
@@ -116,7 +116,7 @@ def test_a_rubric_that_returns_a_non_number_stops_the_run_naming_it(embedded_cac
                                           "trainer.ray_address=inprocess", "rollout.agent.name=tool", SPEC,
                                           "rollout.agent.environment_args.broken_rubric=true",
                                           "data.max_response_length=8"))
-    with pytest.raises(VerifiersFailed, match=r"verifiers environment '.*verifiers_envs.py': its rubric function broken "
+    with pytest.raises(VerifiersFailed, match=r"verifiers environment '.*verifiers_arithmetic.py': its rubric function broken "
                                               r"returned 'not a number' \(str\), not a number on row \d+ \(group of \d\); "
                                               r"rlplat does not train on a reward"):
         run(cfg, plan)

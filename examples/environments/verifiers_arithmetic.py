@@ -1,7 +1,11 @@
-"""verifiers environments written as their authors write them (verifiers' classic API), for the tests:
+"""verifiers environments written as their authors write them (verifiers' classic API; docs/environments.md):
 ``load_environment(kind=...)`` returns a ``SingleTurnEnv``, a ``MultiTurnEnv`` with a stop condition, or a
-``ToolEnv`` on the tool-arithmetic task. Nothing here knows rlplat, except that the tool task's problems
-come from rlplat's generator (the same problems as rlplat's own tool environment's)."""
+``ToolEnv`` on the tool-arithmetic task. Nothing here knows rlplat, except that the tool task's problems and
+its calculator come from rlplat (the same problems as rlplat's own tool environment's). The tests in
+tests/envs run them; the arithmetic suits the embedded model, the tool task the embedded tool model.
+
+    python -m rlplat.data.verifiers --env examples/environments/verifiers_arithmetic.py --out data/vf/train.parquet
+"""
 
 import random
 
@@ -57,7 +61,8 @@ def calculator(expression: str) -> str:
     return TOOLS.get("calculator")()(expression)
 
 
-def load_environment(kind: str = "single", count: int = 32, seed: int = 0, broken_rubric: bool = False):
+def load_environment(kind: str = "single", count: int = 256, seed: int = 0, broken_rubric: bool = False,
+                     split: str = "train"):
     if kind == "single":
         funcs, weights = [correct, short, group_share], [1.0, 0.5, 0.25]
         if broken_rubric:
@@ -72,7 +77,7 @@ def load_environment(kind: str = "single", count: int = 32, seed: int = 0, broke
         from rlplat.data.synthetic import tool_arithmetic
 
         rows = [{"question": row["prompt"][0]["content"], "answer": row["reward_model"]["ground_truth"]}
-                for row in tool_arithmetic(count, seed)]
+                for row in tool_arithmetic(count, seed, split=split)]
         env = vf.ToolEnv(tools=[calculator], dataset=Dataset.from_list(rows), max_turns=3,
                          rubric=vf.Rubric(funcs=[correct], weights=[1.0]))
         # the schema the embedded tool model was fine-tuned with (verifiers would derive a longer one)
