@@ -143,3 +143,21 @@ def test_rows_of_an_environment_without_it_are_refused_not_scored_zero(embedded_
     with pytest.raises(UnknownDataSourceError, match=r"these rows are scored by their verifiers environment, which "
                                                      r"did not run on them; set rollout.agent.name=tool"):
         run(cfg, plan)
+
+
+@pytest.mark.parametrize("library, spec, target", [
+    ("verifiers", "verifiers:my-env", "rlplat.agents.verifiers_env:VerifiersEnvironments"),
+    ("openenv", "openenv:my_env.server.app", "rlplat.agents.openenv_env:OpenEnvEnvironments"),
+])
+def test_a_library_that_is_not_installed_is_one_line_naming_the_extra(library, spec, target, monkeypatch):
+    import sys
+
+    from rlplat.agents.setup import ENVIRONMENT_SOURCES
+
+    monkeypatch.setattr(ENVIRONMENT_SOURCES, "_entries", dict(ENVIRONMENT_SOURCES._entries))  # as it was, after
+    ENVIRONMENT_SOURCES.add_lazy(library, target, requires=(library,), install="pip install -e '.[envs]'", replace=True)
+    monkeypatch.setitem(sys.modules, library, None)  # as if it were not installed
+    with pytest.raises(ConfigError, match=rf"^rollout.agent.environment='{spec}': environment library '{library}' "
+                                          rf"needs the package '{library}', which is not installed; install it with: "
+                                          r"pip install -e '\.\[envs\]'$"):
+        load_run_config(["rollout.agent.name=tool", f"rollout.agent.environment={spec}"])
