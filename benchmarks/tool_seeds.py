@@ -11,8 +11,9 @@ the test's own run, seed k adds ``trainer.seed=k data.seed=k``. Printed per seed
 (mean@8 at T=1 on 128 held-out problems) before and after, P(the correct call) before and after (exact,
 teacher forcing) and the tool calls per trajectory at the first and last step; then per gain the mean,
 std, min and the minimum of the rule in docs/learning_thresholds.md. ``--environment verifiers`` trains the same
-problems through the verifiers ``ToolEnv`` of ``examples/environments/verifiers_arithmetic.py`` (its rubric's ``correct`` for the
-reward; docs/environments.md) instead of rlplat's own tool environment, every other setting the same.
+problems through the verifiers ``ToolEnv`` of ``examples/environments/verifiers_arithmetic.py`` (its rubric's
+``correct`` for the reward; docs/environments.md) instead of rlplat's own tool environment, every other setting
+the same.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def verifiers_data(tmp: Path) -> tuple[list[str], Path]:
     from rlplat.data.verifiers import rows
 
     envs = str(ROOT / "examples" / "environments" / "verifiers_arithmetic.py")
-    train = write_parquet(rows(envs, {"kind": "tool", "count": 4096}), tmp / "train.parquet")
+    train = write_parquet(rows(envs, {"kind": "tool", "count": 20_000}), tmp / "train.parquet")  # as builtin:
     val = write_parquet(rows(envs, {"kind": "tool", "count": 128, "seed": 1, "split": "test"}), tmp / "val.parquet")
     return [f"data.train_files={train}", f"rollout.agent.environment=verifiers:{envs}",
             "rollout.agent.environment_args.kind=tool"], val
@@ -69,7 +70,10 @@ def one_run(seed: str, steps: int, environment: str = "rlplat") -> dict:
     demos = write_parquet(with_tool_demonstrations(val_rows, 1.0, 0), tmp / "demos.parquet")
     rows = list(RLDataset(demos, AutoTokenizer.from_pretrained(model_dir), 512, tools_of=row_tools))
     seeds = [] if seed == "test" else [f"trainer.seed={seed}", f"data.seed={seed}"]
-    extra, val_file = ([], write_parquet(val_rows, tmp / "val.parquet")) if environment == "rlplat" else verifiers_data(tmp)
+    if environment == "rlplat":
+        extra, val_file = [], write_parquet(val_rows, tmp / "val.parquet")
+    else:
+        extra, val_file = verifiers_data(tmp)
     cfg, plan = load_run_config([*TOOL_RUN, f"trainer.total_steps={steps}", f"trainer.output_dir={tmp}/run",
                                  f"data.val_files={val_file}", *seeds, *extra])
     summary = run(cfg, plan)

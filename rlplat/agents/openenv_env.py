@@ -121,7 +121,8 @@ class OpenEnvEnvironments:
                 try:
                     schema = _get(f"{self.url}/schema")
                 except (urllib.error.URLError, OSError, ValueError) as err:
-                    raise OpenEnvFailed(f"{self.where}: the server at {self.url} does not answer /schema ({err})") from None
+                    raise OpenEnvFailed(f"{self.where}: the server at {self.url} does not answer /schema ({err})"
+                                        ) from None
                 self.action_field = _text_field(schema.get("action") or {}, "action", self.args.get("action_field"),
                                                 self.where)
                 self.observation_field = _text_field(schema.get("observation") or {}, "observation",
@@ -135,16 +136,16 @@ class OpenEnvEnvironments:
         port = _free_port()
         env = {**os.environ, "ENABLE_WEB_INTERFACE": "false",
                "PYTHONPATH": os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        self.process = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
-                                         "--log-level", "warning"], env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, preexec_fn=_dies_with_parent)
+        self.process = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
+                                         "--port", str(port), "--log-level", "warning"], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_dies_with_parent)
         atexit.register(self.stop)
         url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + float(self.args.get("start_timeout_s", 60))
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 output = (self.process.stdout.read() or b"").decode(errors="replace").strip().splitlines()
-                raise OpenEnvFailed(f"{self.where}: its server (uvicorn {app}) exited with code {self.process.returncode}"
-                                    f": {output[-1] if output else 'no output'}")
+                raise OpenEnvFailed(f"{self.where}: its server (uvicorn {app}) exited with code "
+                                    f"{self.process.returncode}: {output[-1] if output else 'no output'}")
             try:
                 if _get(f"{url}/health", timeout=1.0):
                     return url

@@ -55,6 +55,16 @@ class Trajectory:
         """The engine's log-prob of each response token; 0.0 on observation tokens."""
         return [lp for s in self.segments for lp in (s.log_probs if s.trained else (0.0,) * len(s.ids))]
 
+    def cut(self, width: int) -> Trajectory:
+        """The trajectory with at most ``width`` response tokens (segments past it dropped, the last one cut)."""
+        segments, left = [], width
+        for segment in self.segments:
+            if left <= 0:
+                break
+            segments.append(Segment(segment.ids[:left], segment.trained, segment.log_probs[:left]))
+            left -= len(segment.ids)
+        return Trajectory(self.prompt_ids, self.messages, segments)
+
     def add_sampled(self, ids: Sequence[int], log_probs: Sequence[float], text: str, **message: Any) -> None:
         """An assistant turn: the sampled ids as they are, and its decoded text as a message (``message``
         adds fields such as ``tool_calls``)."""

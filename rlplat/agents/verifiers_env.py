@@ -222,9 +222,9 @@ class VerifiersEnvironments:
             if failures:
                 first = members[0]
                 raise VerifiersFailed(
-                    f"verifiers environment {self.name!r}: its rubric function {failures[0]} on row {envs[first].index} "
-                    f"(group of {len(members)}); rlplat does not train on a reward the rubric could not compute "
-                    f"(verifiers would score it 0): fix the function")
+                    f"verifiers environment {self.name!r}: its rubric function {failures[0]} on row "
+                    f"{envs[first].index} (group of {len(members)}); rlplat does not train on a reward the rubric "
+                    f"could not compute (verifiers would score it 0): fix the function")
         out = []
         for env in envs:
             metrics = dict(env.state.get("metrics") or {})

@@ -227,11 +227,16 @@ class RolloutServerConfig:
 
 @dataclass
 class AgentConfig:
-    name: str = "single_turn"  # agent loop (registry): single_turn = one response per prompt | tool = multi-turn, tools and environments
+    # agent loop (registry): single_turn = one response per prompt | tool = multi-turn, tools and environments |
+    # client = a harness's conversations through an OpenAI client
+    name: str = "single_turn"
     # tool loop: the environment each trajectory talks to, as path/to/file.py:ClassName or pkg.module:ClassName,
     # or a library's: verifiers:<env id, module or file.py> (docs/environments.md); None = the tools
     environment: Optional[str] = None
     environment_args: dict[str, Any] = field(default_factory=dict)  # keyword arguments the environment is made with
+    # client loop: the async function (client, row) -> reward terms that holds a row's conversation through an
+    # OpenAI client on rlplat's endpoint, as path/to/file.py:function or pkg.module:function (docs/environments.md)
+    harness: Optional[str] = None
     tools: list[str] = field(default_factory=list)  # tools of rows without extra_info.tools: built-in names, file.py:function or pkg.module:function
     parser: str = "hermes"  # tool-call format in the model's output (registry): hermes | llama3_json
     max_turns: int = count(4)  # assistant turns per trajectory (each at most data.max_response_length tokens)

@@ -58,7 +58,8 @@ def entry_of(data_source: str, extra_info: dict | None) -> dict[str, Any]:
     try:
         entry = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ReasoningGymDataError(f"data_source {data_source!r}: extra_info[{ENTRY_KEY!r}] is not JSON: {err}") from None
+        raise ReasoningGymDataError(f"data_source {data_source!r}: extra_info[{ENTRY_KEY!r}] is not JSON: {err}"
+                                    ) from None
     if not isinstance(entry, dict) or not isinstance(entry.get("metadata"), dict):
         raise ReasoningGymDataError(f"data_source {data_source!r}: extra_info[{ENTRY_KEY!r}] is not a reasoning-gym "
                                     f"entry (a dict with 'question', 'answer' and 'metadata')")

@@ -268,8 +268,8 @@ REWARD_FUNCTIONS.add("reasoning_gym", reasoning_gym)
 def environment_scored(data_source: str, solution_str: str, ground_truth: str | None = None,
                        extra_info: dict | None = None) -> float:
     """Rows that their agent environment scores (``verifiers/<env>``: its rubric; ``openenv/<env>``: its step
-    rewards): 0.0 here, the environment's reward terms add up to the score. A row no environment ran on is a configuration error: its reward would
-    be silently 0."""
+    rewards): 0.0 here, the environment's reward terms add up to the score. A row no environment ran on is a
+    configuration error: its reward would be silently 0."""
     if not (extra_info or {}).get("agent"):
         library, _, env = str(data_source).partition("/")
         raise UnknownDataSourceError(

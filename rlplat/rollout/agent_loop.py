@@ -24,7 +24,9 @@ module named in ``trainer.imports``, and set ``rollout.agent.name=mine``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +61,10 @@ class AgentLoop(ABC):
     def __init__(self, agent_cfg, tokenizer, response_length: int):
         self.cfg, self.tokenizer, self.response_length = agent_cfg, tokenizer, response_length
 
+    @classmethod
+    def check_config(cls, agent_cfg) -> None:
+        """Start-up checks of the loop's own ``rollout.agent`` keys (a ConfigError line each)."""
+
     @abstractmethod
     def run(self, engine: RolloutEngine, prompts: Batch, params: SamplingParams) -> Batch:
         """The rollout batch of ``prompts`` (one trajectory per row); ``params.max_new_tokens`` is the
@@ -92,6 +98,7 @@ def check_agent_config(agent_cfg) -> None:
         key = "rollout.agent.tools" if agent_cfg.tools else "rollout.agent.environment"
         raise ConfigError(f"{key} is set, but the agent loop rollout.agent.name={agent_cfg.name!r} runs no tools or "
                           f"environments (one response per prompt): set rollout.agent.name=tool")
+    AGENT_LOOPS.get(agent_cfg.name).check_config(agent_cfg)
     check_environment_config(agent_cfg)
 
 
@@ -218,6 +225,82 @@ class ToolLoop(AgentLoop):
         return out.union(Batch.from_dict(
             tensors={"truncated": torch.tensor([ended[i] == "truncated" for i in range(len(rows))])},
             non_tensors={"extra_info": extra_info, "response_text": texts}))
+
+
+@AGENT_LOOPS.register("client")
+class ClientLoop(ToolLoop):
+    """Trajectories that a harness drives through an OpenAI client (``rollout.agent.harness``: an async
+    function ``harness(client, row) -> dict of reward terms | None``, ``file.py:function`` or
+    ``package.module:function``). Each row gets a session of an OpenAI-compatible endpoint over the engine
+    (:class:`~rlplat.rollout.openai_server.ChatServer`, with the rollout's sampling settings and each turn's
+    budget) and an ``openai.AsyncOpenAI`` client on it; the harness holds one conversation that starts with the
+    row's prompt (``row["prompt"]``, with ``row["tools"]``: the schemas the prompt was rendered with), and the
+    session's record of it, token for token, is the trajectory. Its reward terms add to the score as an
+    environment's do. The harnesses of a batch run concurrently."""
+
+    def __init__(self, agent_cfg, tokenizer, response_length: int):
+        super().__init__(agent_cfg, tokenizer, response_length)
+        self.harness = load_harness(agent_cfg.harness)
+
+    @classmethod
+    def check_config(cls, agent_cfg) -> None:
+        load_harness(agent_cfg.harness)
+
+    def run(self, engine, prompts, params):
+        import openai
+
+        from rlplat.rollout.openai_server import ChatServer
+
+        rows, prompt_ids = _rows(prompts), prompt_token_lists(prompts)
+        schemas = [self.environments.schemas_of(row.get("extra_info")) for row in rows]
+        server = ChatServer(engine, self.tokenizer, max_tokens=params.max_new_tokens, parser=self.cfg.parser,
+                            sampling=params, budget=self.response_length)
+
+        async def one(index: int, row: dict):
+            client = openai.AsyncOpenAI(base_url=server.session_url(f"row{index}"), api_key="unused", max_retries=0)
+            try:
+                return await self.harness(client, {**row, "tools": schemas[index]})
+            except Exception as err:  # noqa: BLE001 - the harness's code: one line that names it
+                raise EnvironmentFailed(f"rollout.agent.harness {self.cfg.harness!r} raised on row {index} "
+                                        f"({row.get('data_source')}): {type(err).__name__}: {err}") from err
+            finally:
+                await client.close()
+
+        async def everything():
+            return await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
+
+        with server:
+            returned = asyncio.run(everything())
+        trajectories, ended = [], {}
+        for i, ids in enumerate(prompt_ids):
+            found = server.trajectories(f"row{i}")
+            if len(found) != 1 or found[0].prompt_ids != ids:
+                raise EnvironmentFailed(
+                    f"rollout.agent.harness {self.cfg.harness!r} on row {i}: {len(found)} conversation(s), "
+                    f"{'not starting with the row prompt' if found else 'none'}; a trajectory is one conversation "
+                    f"from the row's prompt, each request sending it back with the reply and the new messages")
+            trajectories.append(found[0])
+            cut = len(found[0].response_ids) > self.response_length or not server.finished(f"row{i}")
+            ended[i] = "truncated" if cut else "done"
+        rewards = [{name: float(value) for name, value in (terms or {}).items()} for terms in returned]
+        return self._assemble(prompts, rows, [t.cut(self.response_length) for t in trajectories], schemas, ended,
+                              rewards, [{} for _ in rows])
+
+
+def load_harness(spec: str | None):
+    """The async harness function ``spec`` names (ConfigError, one line, when it is missing or not async)."""
+    from rlplat.agents.tools import load_object
+
+    if not spec:
+        raise ConfigError("rollout.agent.name=client needs rollout.agent.harness: an async function "
+                          "(client, row) -> reward terms, as path/to/file.py:function or package.module:function")
+    try:
+        harness = load_object(spec, "harness")
+    except ValueError as err:
+        raise ConfigError(f"rollout.agent.harness: {err}") from None
+    if not inspect.iscoroutinefunction(harness):
+        raise ConfigError(f"rollout.agent.harness {spec!r} is not an async function (async def harness(client, row))")
+    return harness
 
 
 @contextlib.contextmanager

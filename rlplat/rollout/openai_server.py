@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -61,6 +61,7 @@ class Session:
 
     trajectories: list[Trajectory] = field(default_factory=list)
     seen: list[list[dict]] = field(default_factory=list)
+    stopped: list[bool] = field(default_factory=list)  # per trajectory: its last reply ended at a stop token
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -68,8 +69,11 @@ def _same_message(sent: dict, returned: dict) -> bool:
     """Whether the message a client sent back is the assistant message returned (content, tool calls)."""
     if sent.get("role") != "assistant":
         return False
-    calls = lambda m: [(c.get("function", {}).get("name"), json.loads(c.get("function", {}).get("arguments") or "{}"))  # noqa: E731
-                       for c in m.get("tool_calls") or []]
+
+    def calls(message: dict) -> list:
+        functions = [call.get("function", {}) for call in message.get("tool_calls") or []]
+        return [(f.get("name"), json.loads(f.get("arguments") or "{}")) for f in functions]
+
     try:
         return (sent.get("content") or "") == (returned.get("content") or "") and calls(sent) == calls(returned)
     except (json.JSONDecodeError, AttributeError, TypeError):
@@ -90,12 +94,16 @@ def _plain(message: dict, tool_names: dict[str, str] | None = None) -> dict:
 
 class ChatServer:
     """The endpoint (see the module doc). ``engine``: a :class:`RolloutEngine` no one else calls while the
-    server runs; ``max_tokens``: a request's default and largest completion length."""
+    server runs; ``max_tokens``: a request's default and largest completion length. For training
+    (:class:`~rlplat.rollout.agent_loop.ClientLoop`): ``sampling``, the rollout's settings, which a request's
+    temperature, top_p and seed do not change; ``budget``, the tokens a trajectory may hold after its prompt
+    (a request past it is answered with no tokens and ``finish_reason`` ``length``)."""
 
     def __init__(self, engine: RolloutEngine, tokenizer, *, max_tokens: int, host: str = "127.0.0.1", port: int = 0,
                  parser: str = "hermes", model: str = "rlplat", max_batch: int = 64, batch_wait_s: float = 0.005,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, sampling: SamplingParams | None = None, budget: int | None = None):
         self.engine, self.tokenizer, self.max_tokens, self.model = engine, tokenizer, max_tokens, model
+        self.sampling, self.budget = sampling, budget
         self.max_model_len = engine.setup.max_model_len
         self.parse = TOOL_PARSERS.get(parser)
         self.max_batch, self.batch_wait_s, self.timeout_s = max_batch, batch_wait_s, timeout_s
@@ -139,6 +147,12 @@ class ChatServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def finished(self, session: str = "default") -> bool:
+        """Whether the session's last trajectory ended its last reply at a stop token (not at a length)."""
+        with self._sessions_lock:
+            found = self.sessions.get(session)
+        return bool(found and found.stopped and found.stopped[-1])
 
     def trajectories(self, session: str = "default") -> list[Trajectory]:
         """The session's conversations, token-exact (a finished one ends with its last sampled turn)."""
@@ -199,8 +213,11 @@ class ChatServer:
         room = self.max_model_len - prompt_length
         if room < 1:
             raise RequestError(f"the prompt is {prompt_length} tokens; the engine takes {self.max_model_len} in all")
+        limit = min(limit, self.max_tokens, room)
+        if self.sampling is not None:
+            return replace(self.sampling, max_new_tokens=limit)
         seed = body.get("seed")
-        return SamplingParams(max_new_tokens=min(limit, self.max_tokens, room), temperature=float(body.get("temperature", 1.0)),
+        return SamplingParams(max_new_tokens=limit, temperature=float(body.get("temperature", 1.0)),
                               top_p=float(body.get("top_p", 1.0)), seed=None if seed is None else int(seed))
 
     def _conversation(self, session: Session, messages: list[dict], tools: list | None
@@ -233,7 +250,11 @@ class ChatServer:
             session = self.sessions.setdefault(session_name, Session())
         with session.lock:  # one conversation step at a time per session
             index, ids, plain, observation = self._conversation(session, messages, tools)
-            sample = self._sample(ids, self._params(body, len(ids)))
+            params = self._params(body, len(ids))
+            if self.budget is not None:
+                used = 0 if index is None else len(ids) - len(session.trajectories[index].prompt_ids)
+                params = replace(params, max_new_tokens=min(params.max_new_tokens, self.budget - used))
+            sample = self._sample(ids, params) if params.max_new_tokens > 0 else Sample([], [], False)
             text_ids = sample.ids[:-1] if sample.ids and sample.ids[-1] in self.stops else sample.ids
             text = self.tokenizer.decode(text_ids)
             parsed = self.parse(text) if tools else None
@@ -246,12 +267,14 @@ class ChatServer:
                 trajectory = Trajectory(list(ids), plain)
                 session.trajectories.append(trajectory)
                 session.seen.append([])
+                session.stopped.append(False)
                 index = len(session.trajectories) - 1
             else:
                 trajectory = session.trajectories[index]
                 trajectory.add_observation(self.tokenizer, plain, tools, ids=observation)
             trajectory.add_sampled(sample.ids, sample.log_probs, text)  # the trajectory keeps the whole text
             session.seen[index] = [dict(m) for m in messages] + [message]
+            session.stopped[index] = sample.stopped
         finish = "tool_calls" if message.get("tool_calls") else ("stop" if sample.stopped else "length")
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
                                   "token_ids": list(sample.ids)}

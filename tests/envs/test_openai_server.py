@@ -55,14 +55,16 @@ def test_32_concurrent_requests_are_answered_with_the_recorded_tokens(embedded_c
             sampled = trajectory.response_ids
             text_ids = sampled[:-1] if sampled[-1] == tokenizer.eos_token_id else sampled
             assert answer.choices[0].message.content == tokenizer.decode(text_ids)
-            assert [t.logprob for t in answer.choices[0].logprobs.content] == pytest.approx(trajectory.rollout_log_probs)
+            log_probs = [t.logprob for t in answer.choices[0].logprobs.content]
+            assert log_probs == pytest.approx(trajectory.rollout_log_probs)
             assert trajectory.prompt_ids == list(tokenizer.apply_chat_template(
                 [{"role": "user", "content": questions[k]}], add_generation_prompt=True, tokenize=True,
                 return_dict=True)["input_ids"])
             assert answer.usage.completion_tokens == len(sampled) and trajectory.loss_mask == [1] * len(sampled)
         # greedy: the same answers when asked one at a time
         again = [ask(k) for k in (0, 5, 31)]
-        assert [a.choices[0].message.content for a in again] == [answers[k].choices[0].message.content for k in (0, 5, 31)]
+        texts = [answers[k].choices[0].message.content for k in (0, 5, 31)]
+        assert [a.choices[0].message.content for a in again] == texts
 
 
 @pytest.mark.parametrize("kind", ["multi", "tool"])

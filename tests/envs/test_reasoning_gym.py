@@ -15,8 +15,9 @@ def responses(task, entry, index):
     right = entry["metadata"]["example_answer"] if task == "propositional_logic" else entry["answer"]
     wrong = {"chain_sum": lambda: str(int(entry["answer"]) + 1), "spell_backward": lambda: entry["answer"] + "x",
              "propositional_logic": lambda: "P"}[task]()
-    forms = [f"<think>so</think>\n<answer>{right}</answer>", f"<answer> {wrong} </answer>", f"the answer is \\boxed{{{right}}}",
-             f"{right}", f"<answer>{wrong}</answer> no, <answer>{right}</answer>", "\\boxed{" + wrong + "}"]
+    forms = [f"<think>so</think>\n<answer>{right}</answer>", f"<answer> {wrong} </answer>",
+             f"the answer is \\boxed{{{right}}}", f"{right}", f"<answer>{wrong}</answer> no, <answer>{right}</answer>",
+             "\\boxed{" + wrong + "}"]
     return forms[index % len(forms)]
 
 
@@ -52,7 +53,8 @@ def test_a_short_run_on_a_reasoning_gym_task_reports_its_reward(embedded_cache, 
                                   "--system-prompt", "none", "--num", str(num), "--seed", str(seed),
                                   "--out", str(tmp_path / f"{name}.parquet")]) == 0
     out = tmp_path / "run"
-    cfg, plan = load_run_config(overrides(out, 2, tmp_path / "val.parquet", f"data.train_files={tmp_path}/train.parquet",
+    cfg, plan = load_run_config(overrides(out, 2, tmp_path / "val.parquet",
+                                          f"data.train_files={tmp_path}/train.parquet",
                                           "trainer.ray_address=inprocess"))
     run(cfg, plan)
     step = metrics(out)
@@ -73,9 +75,9 @@ def test_rows_without_the_entry_and_a_missing_package_are_one_line_each(monkeypa
 
     score_answer_fn.cache_clear()
     monkeypatch.setitem(sys.modules, "reasoning_gym.factory", None)  # as if the package were not installed
-    with pytest.raises(UnknownDataSourceError, match=r"^data_source 'reasoning_gym/chain_sum' is scored by "
-                                                     r"reasoning-gym's score_answer, and the package 'reasoning_gym' is "
-                                                     r"not installed; install it with: pip install -e '\.\[envs\]'$"):
+    message = (r"^data_source 'reasoning_gym/chain_sum' is scored by reasoning-gym's score_answer, and the package "
+               r"'reasoning_gym' is not installed; install it with: pip install -e '\.\[envs\]'$")
+    with pytest.raises(UnknownDataSourceError, match=message):
         auto("reasoning_gym/chain_sum", "<answer>3</answer>", "3", {"reasoning_gym_entry": "{}"})
 
 

@@ -48,7 +48,8 @@ def prompts_of(tokenizer, rows, n, schemas):
 
 
 def expected_terms(kind, messages, answer, group):
-    """The rubric's functions (examples/environments/verifiers_arithmetic.py) on the conversation, weighted as the rubric weighs them."""
+    """The rubric's functions (examples/environments/verifiers_arithmetic.py) on the conversation, weighted as the
+    rubric weighs them."""
     last = next(m["content"].strip() for m in reversed(messages) if m["role"] == "assistant")
     terms = {"correct": float(last == answer)}
     if kind == "single":
@@ -92,12 +93,13 @@ def test_the_loop_trains_the_sampled_ids_and_scores_with_the_rubric(kind, embedd
 @pytest.mark.parametrize("kind", ["single", "multi", "tool"])
 def test_two_grpo_steps_on_a_verifiers_environment(kind, embedded_cache, tmp_path):
     data = tmp_path / "rows.parquet"
-    assert verifiers_cli(["--env", ENVS, "--env-args", json.dumps({"kind": kind, "count": 16}), "--out", str(data)]) == 0
+    env_args = json.dumps({"kind": kind, "count": 16})
+    assert verifiers_cli(["--env", ENVS, "--env-args", env_args, "--out", str(data)]) == 0
     out = tmp_path / "run"
     model = [f"model.path={MODELS[kind]}"] if MODELS[kind] else []
     cfg, plan = load_run_config(overrides(out, 2, data, f"data.train_files={data}", "trainer.ray_address=inprocess",
-                                          "rollout.agent.name=tool", SPEC, f"rollout.agent.environment_args.kind={kind}",
-                                          *model, *LIMITS[kind]))
+                                          "rollout.agent.name=tool", SPEC,
+                                          f"rollout.agent.environment_args.kind={kind}", *model, *LIMITS[kind]))
     run(cfg, plan)
     step = metrics(out)
     for s in (1, 2):
@@ -116,9 +118,9 @@ def test_a_rubric_that_returns_a_non_number_stops_the_run_naming_it(embedded_cac
                                           "trainer.ray_address=inprocess", "rollout.agent.name=tool", SPEC,
                                           "rollout.agent.environment_args.broken_rubric=true",
                                           "data.max_response_length=8"))
-    with pytest.raises(VerifiersFailed, match=r"verifiers environment '.*verifiers_arithmetic.py': its rubric function broken "
-                                              r"returned 'not a number' \(str\), not a number on row \d+ \(group of \d\); "
-                                              r"rlplat does not train on a reward"):
+    message = (r"verifiers environment '.*verifiers_arithmetic.py': its rubric function broken returned 'not a number' "
+               r"\(str\), not a number on row \d+ \(group of \d\); rlplat does not train on a reward")
+    with pytest.raises(VerifiersFailed, match=message):
         run(cfg, plan)
 
 
