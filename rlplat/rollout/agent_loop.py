@@ -9,6 +9,9 @@ the new tokens), each trajectory's environment reacts (runs the tool calls, or a
 replies), and the observation messages are rendered by the chat template as a suffix of the conversation
 (:mod:`rlplat.agents.trajectory`), until the environment says it is done, ``rollout.agent.max_turns``
 turns have run, or the trajectory's token budget (``rollout.agent.max_total_tokens``) is spent.
+``client`` lets a harness hold each conversation through an OpenAI client on rlplat's endpoint
+(:class:`ClientLoop`, :mod:`rlplat.rollout.openai_server`), the same trajectories recorded as the requests
+come.
 
 The batch it returns is the rollout layout of :mod:`rlplat.rollout.base` with ``R`` = the total budget:
 ``responses`` hold every turn's sampled ids and the observation ids between them, token for token;
