@@ -107,7 +107,7 @@ class ChatServer:
         self.max_model_len = engine.setup.max_model_len
         self.parse = TOOL_PARSERS.get(parser)
         self.max_batch, self.batch_wait_s, self.timeout_s = max_batch, batch_wait_s, timeout_s
-        self.stops = [tokenizer.eos_token_id]
+        self.stops = set((sampling or SamplingParams(max_new_tokens=1)).stop_ids(tokenizer.eos_token_id))
         self.sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
         self._pending: queue.Queue = queue.Queue()
