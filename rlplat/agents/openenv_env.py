@@ -79,7 +79,8 @@ def _text_field(schema: Mapping[str, Any], kind: str, chosen: str | None, where:
 
 
 def _dies_with_parent() -> None:
-    """In the server's process before it starts (Linux): SIGTERM when rlplat's process ends, even by kill -9."""
+    """In the server's process before it starts (Linux): SIGTERM when rlplat's process ends, even by kill -9
+    (strictly: when the thread that started it ends; the loop's threads live as long as their worker)."""
     import ctypes
     import signal
 
