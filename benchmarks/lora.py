@@ -59,7 +59,8 @@ def measure(model: str, rank: int, steps: int, seqs: int, length: int) -> dict:
     import torch
 
     from rlplat.engines import MicroBatching
-    from rlplat.engines.dist import free_port, init_distributed
+    from rlplat.engines.dist import init_distributed
+    from rlplat.utils.net import free_port
     from rlplat.protocol import Batch
     from rlplat.rollout.base import assemble_rollout
     from rlplat.trainer.run import load_run_config

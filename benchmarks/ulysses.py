@@ -96,7 +96,7 @@ def worker(rank: int, size: int, port: int, model: str, length: int, steps: int,
 def main() -> None:
     import torch.multiprocessing as mp
 
-    from rlplat.engines.dist import free_port
+    from rlplat.utils.net import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[1, 2], help="Ulysses sizes U to compare")

@@ -28,7 +28,6 @@ import asyncio
 import atexit
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from typing import Any
 from rlplat.agents.environment import Environment, Step
 from rlplat.config.errors import ConfigError
 from rlplat.utils.errors import RunError
+from rlplat.utils.net import free_port
 
 INSTALL = "pip install -e '.[envs]'"
 _SKIP = {"metadata", "done", "reward"}  # the fields every observation and action has
@@ -53,12 +53,6 @@ class OpenEnvFailed(RunError):
 def _get(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read() or b"null")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _text_field(schema: Mapping[str, Any], kind: str, chosen: str | None, where: str) -> str | None:
@@ -134,7 +128,7 @@ class OpenEnvEnvironments:
 
     def _start(self, module: str) -> str:
         app = module if ":" in module else f"{module}:app"
-        port = _free_port()
+        port = free_port()
         env = {**os.environ, "ENABLE_WEB_INTERFACE": "false",
                "PYTHONPATH": os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.process = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",

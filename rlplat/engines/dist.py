@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def node_ip() -> str:

@@ -25,7 +25,8 @@ import enum
 from collections.abc import Callable
 
 from rlplat.engines.base import ParallelLayout
-from rlplat.engines.dist import DistContext, device_context, free_port, init_distributed, node_ip
+from rlplat.engines.dist import DistContext, device_context, init_distributed, node_ip
+from rlplat.utils.net import free_port
 
 DISPATCH_ATTR = "__rlplat_dispatch__"
 GROUP_ATTR = "__rlplat_concurrency_group__"

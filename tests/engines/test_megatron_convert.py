@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlplat.engines.dist import free_port
+from rlplat.utils.net import free_port
 from rlplat.engines.megatron.convert import (GPTShape, data_parallel_size, hf_from_megatron, hf_sources,
                                              hf_split_dim, megatron_from_hf, megatron_name, stage_layers, tp_slice)
 from rlplat.models.tiny import TinyModelSpec, build_tiny_model

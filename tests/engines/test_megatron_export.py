@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from rlplat.engines.dist import free_port
+from rlplat.utils.net import free_port
 from rlplat.models.tiny import TinyModelSpec, build_tiny_model
 
 pytest.importorskip("megatron.core", reason="needs megatron-core (pip install -e '.[megatron]')")

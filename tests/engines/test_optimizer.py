@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from rlplat.engines.dist import free_port
+from rlplat.utils.net import free_port
 from rlplat.engines.optim import Optimizer
 
 CFG = OmegaConf.create({"lr": 1e-2, "betas": [0.9, 0.99], "eps": 1e-8, "weight_decay": 0.1,

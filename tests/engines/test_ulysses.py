@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlplat.engines.dist import free_port
+from rlplat.utils.net import free_port
 from rlplat.engines.ulysses import ATTENTION, SequenceShard, local_slice, padded_length, register, sharded
 
 LENGTH = 23  # no multiple of 2 or 4: the last rank's slice ends in padding

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from rlplat.rollout import ROLLOUT_SERVER_CLIENTS, RolloutSetup, SamplingParams
 from rlplat.trainer.run import load_run_config, run
-from rlplat.engines.dist import free_port
+from rlplat.utils.net import free_port
 from workers.helpers import prompt_batch, reference_log_probs
 
 pytest.importorskip("vllm")

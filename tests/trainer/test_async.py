@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rlplat.config import ConfigError
-from rlplat.engines.dist import free_port
+from rlplat.utils.net import free_port
 from rlplat.rollout.checksums import named_checksums, tensor_checksum
 from rlplat.workers.weight_channel import WeightChannel
 from rlplat.workers.weight_sync import WeightUpdate, probe_mismatch, probe_tolerance, weight_mismatch
