@@ -16,7 +16,7 @@ trained on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,21 @@ class Trajectory:
         ids = self.observation_ids(tokenizer, new_messages, tools) if ids is None else ids
         self.segments.append(Segment(tuple(ids), False))
         self.messages.extend(dict(m) for m in new_messages)
+
+
+def plain_message(message: Any, tool_names: Mapping[str, str] | None = None) -> dict:
+    """A message from another library (a dict, or a pydantic message such as verifiers') as the chat template
+    reads it: role and text content (content parts joined), a tool result named by its call (``tool_names``:
+    call id -> tool name) when it does not carry its name."""
+    data = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else dict(message)
+    content = data.get("content")
+    if isinstance(content, list):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    out = {"role": data.get("role"), "content": content or ""}
+    name = data.get("name") or (tool_names or {}).get(data.get("tool_call_id"))
+    if name:
+        out["name"] = name
+    return out
 
 
 def _render(tokenizer, messages: list[dict], generation_prompt: bool, tools: Sequence[dict] | None) -> list[int]:

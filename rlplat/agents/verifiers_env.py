@@ -42,6 +42,7 @@ from typing import Any
 from rlplat.agents.environment import Environment, Step
 from rlplat.agents.parsers import TOOL_PARSERS
 from rlplat.agents.tools import Tool
+from rlplat.agents.trajectory import plain_message
 from rlplat.config.errors import ConfigError
 from rlplat.utils.errors import RunError
 from rlplat.utils.files import import_file
@@ -311,7 +312,7 @@ class VerifiersEnvironment(Environment):
         new = messages[len(self.prompt_messages) + 1:]
         self.prompt_messages = list(messages)
         names = {call.id: call.name for call in reply.tool_calls or []}
-        return Step([_plain(m, names) for m in new])
+        return Step([plain_message(m, names) for m in new])
 
     def close(self, conversation: list[dict]) -> None:
         """Before scoring: a last assistant turn the environment has not seen (cut at the token budget) is
@@ -322,14 +323,3 @@ class VerifiersEnvironment(Environment):
             self.state["is_truncated"] = True
         self.source.run(self.env.cleanup(self.state))
 
-
-def _plain(message, tool_names: Mapping[str, str]) -> dict:
-    """A verifiers message as the plain dict rlplat's chat template renders (a tool result named by its call)."""
-    data = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else dict(message)
-    content = data.get("content") or ""
-    if isinstance(content, list):  # content parts: their text
-        content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
-    out = {"role": data["role"], "content": content}
-    if out["role"] == "tool":
-        out["name"] = tool_names.get(data.get("tool_call_id"), data.get("name") or "tool")
-    return out

@@ -42,7 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from rlplat.agents.parsers import TOOL_PARSERS
-from rlplat.agents.trajectory import TemplateNotIncremental, Trajectory, render_suffix
+from rlplat.agents.trajectory import TemplateNotIncremental, Trajectory, plain_message, render_suffix
 from rlplat.rollout.base import RolloutEngine, Sample, SamplingParams
 
 
@@ -78,18 +78,6 @@ def _same_message(sent: dict, returned: dict) -> bool:
         return (sent.get("content") or "") == (returned.get("content") or "") and calls(sent) == calls(returned)
     except (json.JSONDecodeError, AttributeError, TypeError):
         return False
-
-
-def _plain(message: dict, tool_names: dict[str, str] | None = None) -> dict:
-    """A request message as the chat template reads it: text content; a tool result named by its call."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    out = {"role": message.get("role"), "content": content or ""}
-    name = message.get("name") or (tool_names or {}).get(message.get("tool_call_id"))
-    if name:
-        out["name"] = name
-    return out
 
 
 class ChatServer:
@@ -227,16 +215,16 @@ class ChatServer:
         for index, (trajectory, seen) in enumerate(zip(session.trajectories, session.seen)):
             done = len(seen)
             if len(messages) <= done or not _same_message(messages[done - 1], seen[-1]) or \
-                    [_plain(m) for m in messages[:done - 1]] != [_plain(m) for m in seen[:done - 1]]:
+                    [plain_message(m) for m in messages[:done - 1]] != [plain_message(m) for m in seen[:done - 1]]:
                 continue
             names = {c.get("id"): c.get("function", {}).get("name") for c in seen[-1].get("tool_calls") or []}
-            new = [_plain(m, names) for m in messages[done:]]
+            new = [plain_message(m, names) for m in messages[done:]]
             try:
                 observation = render_suffix(self.tokenizer, trajectory.messages, new, tools)
             except TemplateNotIncremental:
                 break
             return index, trajectory.prompt_ids + trajectory.response_ids + observation, new, observation
-        plain = [_plain(m) for m in messages]
+        plain = [plain_message(m) for m in messages]
         ids = self.tokenizer.apply_chat_template(plain, tools=tools or None, tokenize=True, add_generation_prompt=True)
         return None, list(ids["input_ids"] if hasattr(ids, "keys") else ids), plain, []
 
