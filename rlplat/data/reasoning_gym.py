@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from rlplat.data.synthetic import DataError, write_parquet
+from rlplat.data.synthetic import DataError, write_rows_command
 
 ENTRY_KEY = "reasoning_gym_entry"  # extra_info key of the generated entry (a JSON string): what the scorer reads
 PREFIX = "reasoning_gym/"  # the rows' data_source is PREFIX + the task
@@ -108,21 +108,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="a field of the task's config, repeatable")
     parser.add_argument("--list", action="store_true", help="print the task names and exit")
     args = parser.parse_args(argv)
-    try:
-        if args.list:
+    if args.list:
+        try:
             print("\n".join(task_names()))
-            return 0
-        if not args.task or not args.out:
-            raise DataError("--task and --out are required (or --list)")
+        except DataError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        return 0
+    if not args.task or not args.out:
+        parser.error("--task and --out are required (or --list)")
+
+    def make() -> list[dict]:
         options = dict(_option(text) for text in args.option)
         system = None if args.system_prompt.lower() == "none" else args.system_prompt
-        written = rows(args.task, args.num, args.seed, system, args.split, **options)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    path = write_parquet(written, args.out)
-    print(f"wrote {len(written)} rows of reasoning-gym's {args.task} (seed {args.seed}) to {path}")
-    return 0
+        return rows(args.task, args.num, args.seed, system, args.split, **options)
+
+    return write_rows_command(make, args.out, f"rows of reasoning-gym's {args.task} (seed {args.seed})")
 
 
 if __name__ == "__main__":

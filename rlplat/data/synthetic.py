@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from rlplat.config.errors import ConfigError
 from rlplat.registry import Registry, RegistryError
 from rlplat.utils.files import plain_modes
 
@@ -377,6 +378,18 @@ def _parse_option(task: str, text: str) -> tuple[str, object]:
     return key, value
 
 
+def write_rows_command(make: Callable[[], list[dict]], out: str, what: str) -> int:
+    """The end of a data command: the rows ``make`` builds, written to ``out``, and one line saying so (``wrote N
+    <what> to <path>``); when building them fails on bad input, one ``error:`` line, nothing written, exit 2."""
+    try:
+        rows = make()
+    except (DataError, RegistryError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(rows)} {what} to {write_parquet(rows, out)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlplat.data.synthetic", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -390,15 +403,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="task option, repeatable (arithmetic: digits, ops; countdown: count, max_number, "
                              "think_format)")
     args = parser.parse_args(argv)
-    try:
+
+    def make() -> list[dict]:
         options = dict(_parse_option(args.task, text) for text in args.option)
-        rows = generate(args.task, args.num, args.seed, split=args.split, **options)
-    except (RegistryError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    path = write_parquet(rows, args.out)
-    print(f"wrote {len(rows)} rows of {args.task} ({args.split}, seed {args.seed}) to {path}")
-    return 0
+        return generate(args.task, args.num, args.seed, split=args.split, **options)
+
+    return write_rows_command(make, args.out, f"rows of {args.task} ({args.split}, seed {args.seed})")
 
 
 if __name__ == "__main__":

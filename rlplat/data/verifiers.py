@@ -22,8 +22,7 @@ import sys
 from pathlib import Path
 
 from rlplat.agents.verifiers_env import ROW_KEY, load
-from rlplat.config.errors import ConfigError
-from rlplat.data.synthetic import DataError, write_parquet
+from rlplat.data.synthetic import DataError, write_rows_command
 
 
 def source_name(env: str) -> str:
@@ -73,20 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num", type=int, default=-1, help="rows (default: all)")
     parser.add_argument("--out", required=True, help="parquet file to write (parent folders are created)")
     args = parser.parse_args(argv)
-    try:
-        env_args = json.loads(args.env_args)
+
+    def make() -> list[dict]:
+        try:
+            env_args = json.loads(args.env_args)
+        except json.JSONDecodeError as err:
+            raise DataError(f"--env-args is not JSON: {err}") from None
         if not isinstance(env_args, dict):
             raise DataError(f"--env-args must be a JSON object, got {args.env_args!r}")
-        written = rows(args.env, env_args, args.split, args.num)
-    except json.JSONDecodeError as err:
-        print(f"error: --env-args is not JSON: {err}", file=sys.stderr)
-        return 2
-    except (DataError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    path = write_parquet(written, args.out)
-    print(f"wrote {len(written)} {args.split} rows of the verifiers environment {args.env} to {path}")
-    return 0
+        return rows(args.env, env_args, args.split, args.num)
+
+    return write_rows_command(make, args.out, f"{args.split} rows of the verifiers environment {args.env}")
 
 
 if __name__ == "__main__":
