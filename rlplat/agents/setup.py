@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,9 +46,21 @@ ENVIRONMENT_SOURCES.add_lazy("openenv", "rlplat.agents.openenv_env:OpenEnvEnviro
                              requires=("openenv",), install="pip install -e '.[envs]'")
 
 
+_SOURCES: dict[tuple[str, str, str], Any] = {}  # one per (spec, args, parser) and process: the start-up checks, the prompts'
+# rendering and the agent loop all ask for it, and a library's environment loads its dataset (or starts a server)
+
+
 def environment_source(agent_cfg):
-    """The source of ``rollout.agent.environment``'s environments: a library's (its prefix), else a class."""
+    """The source of ``rollout.agent.environment``'s environments: a library's (its prefix), else a class; made
+    once per process for the same spec, arguments and tool-call parser."""
     spec, args = agent_cfg.environment, dict(agent_cfg.get("environment_args") or {})
+    key = (spec, json.dumps(args, sort_keys=True, default=str), agent_cfg.parser)
+    if key not in _SOURCES:
+        _SOURCES[key] = _new_source(spec, args, agent_cfg)
+    return _SOURCES[key]
+
+
+def _new_source(spec: str, args: dict, agent_cfg):
     prefix, sep, rest = spec.partition(":")
     if sep and prefix in ENVIRONMENT_SOURCES:
         problem = ENVIRONMENT_SOURCES.missing_requirements(prefix)
