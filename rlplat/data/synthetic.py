@@ -24,7 +24,6 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from rlplat.config.errors import ConfigError
 from rlplat.registry import Registry, RegistryError
 from rlplat.utils.files import plain_modes
 
@@ -383,7 +382,7 @@ def write_rows_command(make: Callable[[], list[dict]], out: str, what: str) -> i
     <what> to <path>``); when building them fails on bad input, one ``error:`` line, nothing written, exit 2."""
     try:
         rows = make()
-    except (DataError, RegistryError, ConfigError) as err:
+    except (DataError, RegistryError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {len(rows)} {what} to {write_parquet(rows, out)}")

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from rlplat.agents.verifiers_env import ROW_KEY, load
+from rlplat.config.errors import ConfigError
 from rlplat.data.synthetic import DataError, write_rows_command
 
 
@@ -80,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             raise DataError(f"--env-args is not JSON: {err}") from None
         if not isinstance(env_args, dict):
             raise DataError(f"--env-args must be a JSON object, got {args.env_args!r}")
-        return rows(args.env, env_args, args.split, args.num)
+        try:
+            return rows(args.env, env_args, args.split, args.num)
+        except ConfigError as err:  # the environment does not load
+            raise DataError(str(err)) from None
 
     return write_rows_command(make, args.out, f"{args.split} rows of the verifiers environment {args.env}")
 
