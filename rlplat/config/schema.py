@@ -129,6 +129,9 @@ class FSDPConfig:
 class MegatronConfig:
     tensor_model_parallel_size: int = count(1)  # workers one model replica is split over (must divide the heads)
     pipeline_model_parallel_size: int = count(1)  # stages of layers, run by Megatron-Core's 1F1B schedule
+    # a mixture of experts: ranks its experts are shared out over (folded over the tensor x data-parallel ranks of a
+    # stage; must divide the experts and the workers; docs/moe.md)
+    expert_model_parallel_size: int = count(1)
     recompute_activations: bool = False  # recompute each layer's activations in backward (saves memory)
     # split the norms' and dropouts' activations along the sequence over the tensor-parallel ranks (tp > 1)
     sequence_parallel: bool = False
@@ -144,6 +147,14 @@ class MegatronConfig:
     def replica_size(section) -> int:
         """Workers one model replica spans: its tensor- x pipeline-parallel ranks."""
         return section.tensor_model_parallel_size * section.pipeline_model_parallel_size
+
+
+def colocated_megatron(**keys) -> MegatronConfig:
+    """The Megatron section of a frozen model colocated with the actor: the actor's parallel layout (a worker holds
+    one Megatron-Core model-parallel state), and ``keys``."""
+    layout = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+              "sequence_parallel")
+    return MegatronConfig(**{key: f"${{actor.megatron.{key}}}" for key in layout}, **keys)
 
 
 @dataclass
@@ -410,9 +421,7 @@ class RefConfig:
     strategy: str = "${actor.strategy}"  # training engine (registry) holding the frozen reference policy
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # the reference's engine section when strategy=fsdp
     # ... when strategy=megatron; a colocated reference shares the actor's parallel layout
-    megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(
-        tensor_model_parallel_size="${actor.megatron.tensor_model_parallel_size}",
-        pipeline_model_parallel_size="${actor.megatron.pipeline_model_parallel_size}",
+    megatron: MegatronConfig = field(default_factory=lambda: colocated_megatron(
         params_dtype="${actor.megatron.params_dtype}"))  # the same weights as the actor's at the start
     placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
     workers_per_node: int = count(1)  # only for placement=separate
@@ -432,9 +441,7 @@ class TeacherConfig:
     strategy: str = "${actor.strategy}"  # training engine (registry) holding the frozen teacher
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)  # the teacher's engine section when strategy=fsdp
     # ... when strategy=megatron; a colocated teacher shares the actor's parallel layout
-    megatron: MegatronConfig = field(default_factory=lambda: MegatronConfig(
-        tensor_model_parallel_size="${actor.megatron.tensor_model_parallel_size}",
-        pipeline_model_parallel_size="${actor.megatron.pipeline_model_parallel_size}"))
+    megatron: MegatronConfig = field(default_factory=colocated_megatron)
     placement: str = "colocated"  # colocated (in the actor's workers) | separate (own worker pool)
     workers_per_node: int = count(1)  # only for placement=separate
     log_prob_micro_batch_size_seqs_per_worker: int = count(128)  # sequences per teacher forward on one worker

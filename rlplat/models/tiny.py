@@ -69,6 +69,7 @@ class TinyMoESpec(TinyModelSpec):
     num_experts_per_tok: int = 2
     norm_topk_prob: bool = True  # the chosen experts' gate weights renormalised to sum to 1 (Qwen3-MoE's)
     router_aux_loss_coef: float = 0.001  # the load-balancing loss's weight (Qwen3-MoE's default)
+    model_type: ClassVar[str] = "qwen3_moe"  # what the built model's config says
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,8 @@ def test_converted_shards_run_in_megatron_core(hf_model_dir, tp, tmp_path):
 def test_weights_outside_the_dense_layout_are_one_clear_error(hf_model_dir):
     hf = hf_state(hf_model_dir)
     shape = GPTShape.from_hf_config(AutoConfig.from_pretrained(hf_model_dir))
-    with pytest.raises(ValueError, match=r"model.layers.0.mlp.experts.0.w1.weight has no place in a dense Qwen2"):
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.experts.0.w1.weight has no place in a Qwen2 / Qwen3 / "
+                                         r"Llama model or a Qwen3-MoE"):
         megatron_name("model.layers.0.mlp.experts.0.w1.weight")
     del hf["model.layers.1.self_attn.k_proj.weight"]
     with pytest.raises(ValueError, match=r"Megatron's decoder.layers.1.self_attention.linear_qkv.weight needs the "

@@ -271,10 +271,12 @@ def cuda_only_calls() -> dict[str, object]:
     """The functions that rlplat.engines.megatron.cpu redirects while Megatron-Core runs on CPU."""
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random
+    from megatron.core.transformer.moe import moe_utils
 
     return {"current_device": torch.cuda.current_device, "synchronize": torch.cuda.synchronize,
             "Tensor.cuda": torch.Tensor.cuda, "schedules.torch": schedules.torch,
-            "get_rng": random._get_cuda_rng_state, "set_rng": random._set_cuda_rng_state}
+            "get_rng": random._get_cuda_rng_state, "set_rng": random._set_cuda_rng_state,
+            "te_general_gemm": getattr(moe_utils, "te_general_gemm", "undefined")}
 
 
 def assert_originals(originals: dict[str, object]) -> None:
@@ -322,6 +324,9 @@ def test_cpu_redirections_nest_and_may_close_out_of_order():
     outer.__enter__()
     inner.__enter__()
     assert torch.cuda.current_device() == "cpu"
+    from megatron.core.transformer.moe import moe_utils
+
+    assert moe_utils.te_general_gemm is None  # TransformerEngine is not installed: a router's plain matmul
     outer.__exit__(None, None, None)
     assert torch.cuda.current_device() == "cpu"  # the inner block is still open
     inner.__exit__(None, None, None)

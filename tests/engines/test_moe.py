@@ -308,8 +308,6 @@ def test_r2_replays_the_log_prob_pass_routing_also_in_the_recomputation(tiny_moe
      r"actor.moe.router_replay=r3: the tool agent loop's trajectories do not carry the rollout's routing yet"),
     (["rollout=vllm", "trainer.device=cpu"], r"rollout.name=vllm: model.path=embedded-moe is a mixture of experts, "
                                             r"and this engine does not take its weight updates on this device"),
-    (["actor.strategy=megatron"], r"actor.strategy=megatron: model.path=embedded-moe is a mixture of experts, "
-                                  r"which this engine does not train yet; use actor.strategy=fsdp"),
     (["trainer.workers_per_node=2", "actor.fsdp.ulysses_size=2"],
      r"actor.fsdp.ulysses_size=2: Ulysses sequence parallelism does not split the routing of a mixture of experts"),
 ])

@@ -35,6 +35,10 @@ def test_an_engine_of_ones_own_is_checked_by_what_it_declares():
         load_run_config(separate)
     with pytest.raises(ConfigError, match=r"rollout.partial=resume .* which the toy engine cannot do"):
         load_run_config([*separate, "rollout.verify_weights=off", "rollout.partial=resume"])
+    # the training engine does not declare trains_experts
+    with pytest.raises(ConfigError, match=r"actor.strategy=toy: model.path=embedded-moe is a mixture of experts, "
+                                          r"which this engine does not train yet; use actor.strategy=fsdp"):
+        load_run_config([*TOY, "model.path=embedded-moe"])
 
 
 def test_a_step_trains_with_engines_of_ones_own(embedded_cache, small_val, tmp_path):

@@ -1,5 +1,5 @@
-"""Hugging Face (Qwen2 / Llama family) <-> Megatron-Core ``GPTModel`` weights, split over tensor-parallel
-ranks, as pure functions of state dicts.
+"""Hugging Face (Qwen2 / Qwen3 / Llama family, Qwen3-MoE) <-> Megatron-Core ``GPTModel`` weights, split over
+tensor-parallel (and expert-parallel) ranks, as pure functions of state dicts.
 
 Megatron-Bridge (``AutoBridge``) does this conversion upstream, but it pins ``transformers<5`` and needs
 TransformerEngine, mamba-ssm and causal-conv1d (CUDA builds), so it cannot be installed next to rlplat's
@@ -23,7 +23,18 @@ Hugging Face (per layer ``model.layers.i.``)       Megatron (per layer ``decoder
                                                    a multiple of tp, then split (dim 0)
 ``model.norm.weight``                              ``decoder.final_layernorm.weight``, replicated
 ``score.{weight,bias}`` (a value model's head)     ``output_layer.{weight,bias}``, replicated (1 output)
+``self_attn.{q,k}_norm.weight`` (Qwen3)            ``self_attention.{q,k}_layernorm.weight``, replicated
+``mlp.gate.weight`` (a sparse layer's router)      ``mlp.router.weight``, replicated
+``mlp.experts.gate_up_proj`` ``[E, 2I, H]``        ``mlp.experts.local_experts.j.linear_fc1.weight`` = expert
+                                                   ``e``'s ``[gate; up]``; expert-parallel rank r holds the
+                                                   experts ``e = r E / ep + j``, each whole (expert tensor
+                                                   parallel size 1)
+``mlp.experts.down_proj`` ``[E, H, I]``            ``mlp.experts.local_experts.j.linear_fc2.weight``, as above
 =================================================  ======================================================
+
+A mixture of experts (Qwen3-MoE: ``num_experts`` routed experts in each sparse layer, no shared expert) keeps its
+experts fused as transformers 5 holds them; an expert-parallel rank's piece of ``gate_up_proj`` / ``down_proj`` is
+its experts' rows (:func:`piece_of`), and its local experts are those rows in order.
 
 Each tensor-parallel rank's Megatron tensors are a function of its slices of the Hugging Face tensors
 (:func:`tp_slice` along :func:`hf_split_dim`) and the other way round (:func:`megatron_from_hf`,
@@ -36,12 +47,17 @@ embedding (Megatron-Core keeps the copies equal by summing their gradients).
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 
+from rlplat.models.moe import num_experts
+
 Tensors = Mapping[str, torch.Tensor]
+QK_NORM_MODELS = ("qwen3", "qwen3_moe")  # model types whose attention normalises each head's queries and keys
+EXPERTS = ".mlp.experts."  # in the name of a Hugging Face expert tensor (fused over the experts)
 
 
 @dataclass(frozen=True)
@@ -55,16 +71,35 @@ class GPTShape:
     intermediate_size: int
     vocab_size: int
     tied_embeddings: bool
+    explicit_head_dim: int = 0  # a config's head_dim when it says one (Qwen3); else hidden_size / num_heads
+    qk_norm: bool = False  # RMSNorm of each head's queries and keys (Qwen3)
+    # a mixture of experts: routed experts per sparse layer, experts per token, one expert's MLP width, which layers
+    # are sparse (the others have a dense MLP), and whether the chosen experts' gates are renormalised over them
+    num_experts: int = 0
+    top_k: int = 0
+    moe_intermediate_size: int = 0
+    sparse_layers: tuple[int, ...] = ()
+    norm_topk_prob: bool = True
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_heads
 
     @classmethod
     def from_hf_config(cls, config) -> GPTShape:
-        return cls(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
+        """The shape of a Hugging Face config (or of an embedded model's spec, whose vocabulary is not known: 0)."""
+        experts, layers = num_experts(config), config.num_hidden_layers
+        dense_only = set(getattr(config, "mlp_only_layers", None) or ())
+        step = getattr(config, "decoder_sparse_step", 1) or 1
+        sparse = tuple(i for i in range(layers) if experts and i not in dense_only and (i + 1) % step == 0)
+        return cls(layers, config.hidden_size, config.num_attention_heads,
                    getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-                   config.intermediate_size, config.vocab_size, bool(config.tie_word_embeddings))
+                   getattr(config, "intermediate_size", 0), getattr(config, "vocab_size", 0),
+                   bool(config.tie_word_embeddings), getattr(config, "head_dim", None) or 0,
+                   getattr(config, "model_type", None) in QK_NORM_MODELS,
+                   experts, getattr(config, "num_experts_per_tok", 0) if experts else 0,
+                   getattr(config, "moe_intermediate_size", 0) if experts else 0, sparse,
+                   bool(getattr(config, "norm_topk_prob", True)))
 
     def padded_vocab_size(self, tp: int) -> int:
         """The vocabulary rounded up to a multiple of ``tp`` (Megatron splits it evenly)."""
@@ -74,18 +109,27 @@ class GPTShape:
         if self.num_kv_heads % tp or self.num_heads % tp:
             raise ValueError(f"tensor parallel size {tp} must divide the {self.num_heads} attention heads and the "
                              f"{self.num_kv_heads} key/value heads")
-        if self.intermediate_size % tp:
+        if self.intermediate_size % tp and len(self.sparse_layers) < self.num_layers:
             raise ValueError(f"tensor parallel size {tp} must divide the MLP width {self.intermediate_size}")
 
+    def check_ep(self, ep: int) -> None:
+        if ep < 1 or (self.num_experts or 1) % ep:
+            raise ValueError(f"expert parallel size {ep} must divide the {self.num_experts or 1} experts of each "
+                             f"sparse layer" + ("" if self.num_experts else " (a dense model has none: use 1)"))
 
-def data_parallel_size(world: int, tp: int, pp: int, shape: GPTShape | None = None) -> int:
+
+def data_parallel_size(world: int, tp: int, pp: int, shape: GPTShape | None = None, ep: int = 1) -> int:
     """``world / (tp x pp)`` after checking that the sizes fit ``world`` workers and the model (when its
-    ``shape`` is known)."""
+    ``shape`` is known). The experts' ranks fold over the same workers: ``ep`` must divide ``world / pp`` (an
+    expert-parallel group is drawn from the tensor- and data-parallel ranks of a stage)."""
     if tp < 1 or pp < 1 or world % (tp * pp):
         raise ValueError(f"tensor x pipeline parallel sizes {tp} x {pp} must divide the {world} workers "
                          f"(the data-parallel size is what is left)")
+    if ep < 1 or (world // pp) % ep:
+        raise ValueError(f"expert parallel size {ep} must divide the {world // pp} workers of a pipeline stage")
     if shape is not None:
         shape.check_tp(tp)
+        shape.check_ep(ep)
         if shape.num_layers % pp:
             raise ValueError(f"pipeline parallel size {pp} must divide the {shape.num_layers} layers")
     return world // (tp * pp)
@@ -115,7 +159,9 @@ def _pad_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
 
 def hf_split_dim(name: str) -> int | None:
     """The dimension of the Hugging Face tensor ``name`` that tensor parallelism splits (None: every rank
-    holds it whole)."""
+    holds it whole; an expert's weights are split over the experts instead: :func:`piece_of`)."""
+    if EXPERTS in name:
+        return None
     if name.endswith(("_proj.weight", "_proj.bias", "embed_tokens.weight", "lm_head.weight")):
         return 1 if name.endswith(("o_proj.weight", "down_proj.weight")) else 0
     return None
@@ -132,11 +178,32 @@ def tp_slice(tensor: torch.Tensor, dim: int | None, tp: int, rank: int) -> torch
     return tensor.narrow(dim, start, min(n, start + -(-n // tp)) - start)
 
 
+def piece_of(name: str, tensor: torch.Tensor, tp: int, tp_rank: int, ep: int = 1, ep_rank: int = 0) -> torch.Tensor:
+    """A rank's piece of the Hugging Face tensor ``name`` (a view): the experts of its expert-parallel rank for an
+    expert tensor, else its tensor-parallel slice (:func:`tp_slice` along :func:`hf_split_dim`)."""
+    if EXPERTS in name:
+        return tp_slice(tensor, 0, ep, ep_rank)
+    return tp_slice(tensor, hf_split_dim(name), tp, tp_rank)
+
+
 # per layer, Megatron name -> Hugging Face name, for the weights that are only renamed
 _LAYER_RENAMES = {"self_attention.linear_proj.weight": "self_attn.o_proj.weight",
                   "mlp.linear_fc2.weight": "mlp.down_proj.weight",
                   "input_layernorm.weight": "input_layernorm.weight",
-                  "pre_mlp_layernorm.weight": "post_attention_layernorm.weight"}
+                  "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+                  "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+                  "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
+                  "mlp.router.weight": "mlp.gate.weight"}
+LOCAL_EXPERT = "mlp.experts.local_experts."  # a Megatron layer's local expert j: LOCAL_EXPERT + "j.linear_fc1.weight"
+_EXPERT_TENSORS = {"linear_fc1.weight": "mlp.experts.gate_up_proj", "linear_fc2.weight": "mlp.experts.down_proj"}
+
+
+def _local_expert(rest: str) -> tuple[int, str] | None:
+    """``mlp.experts.local_experts.j.linear_fc1.weight`` -> (j, the fused Hugging Face tensor's name in the layer)."""
+    if not rest.startswith(LOCAL_EXPERT):
+        return None
+    index, kind = rest[len(LOCAL_EXPERT):].split(".", 1)
+    return int(index), _EXPERT_TENSORS[kind]
 
 
 def _layer(name: str, first_layer: int) -> tuple[str, str]:
@@ -170,6 +237,8 @@ def megatron_from_hf(pieces: Tensors, shape: GPTShape, tp: int, rank: int, names
             return _fuse_qkv(*(pieces[f"{dst}self_attn.{p}_proj.{kind}"] for p in "qkv"), shape)
         if rest == "mlp.linear_fc1.weight":  # each rank: [its gate rows; its up rows]
             return torch.cat([pieces[f"{dst}mlp.gate_proj.weight"], pieces[f"{dst}mlp.up_proj.weight"]])
+        if (expert := _local_expert(rest)) is not None:  # a row of this rank's piece: its experts
+            return pieces[dst + expert[1]][expert[0]]
         raise ValueError(f"no Hugging Face weight maps to Megatron's {name}")
 
     out = {}
@@ -187,7 +256,7 @@ def hf_from_megatron(shard: Tensors, shape: GPTShape, tp: int, rank: int, first_
     tensors in ``shard`` (a whole stage's, or any of them: e.g. the optimizer state of some): vocabulary
     padding is dropped, and so is a tied output layer's copy of the embedding."""
     real_rows = lambda t: t[: max(0, min(len(t), shape.vocab_size - rank * len(t)))]  # noqa: E731
-    out = {}
+    out, experts = {}, {}
     for name, tensor in shard.items():
         if name == "embedding.word_embeddings.weight":
             out["model.embed_tokens.weight"] = real_rows(tensor)
@@ -208,30 +277,38 @@ def hf_from_megatron(shard: Tensors, shape: GPTShape, tp: int, rank: int, first_
             elif rest == "mlp.linear_fc1.weight":
                 gate, up = tensor.chunk(2)
                 out.update({f"{dst}mlp.gate_proj.weight": gate, f"{dst}mlp.up_proj.weight": up})
+            elif (expert := _local_expert(rest)) is not None:
+                experts.setdefault(dst + expert[1], {})[expert[0]] = tensor
             else:
                 raise ValueError(f"Megatron's {name} has no Hugging Face name")
+    for name, local in experts.items():  # this rank's piece: its local experts stacked in order
+        if sorted(local) != list(range(len(local))) or (shape.num_experts and shape.num_experts % len(local)):
+            raise ValueError(f"{name}: a rank's piece needs all of its local experts, got {sorted(local)}")
+        out[name] = torch.stack([local[j] for j in range(len(local))])
     return out
 
 
 def megatron_name(name: str) -> str:
-    """The Megatron tensor that holds the Hugging Face weight ``name`` (or a part of it); ValueError for a
-    weight the dense Qwen2 / Llama layout does not have."""
+    """The Megatron tensor that holds the Hugging Face weight ``name`` (or a part of it; an expert tensor's rows are
+    every local expert's, named with ``*`` for the expert); ValueError for a weight the layout does not have."""
     top = {"model.embed_tokens.weight": "embedding.word_embeddings.weight", "lm_head.weight": "output_layer.weight",
            "model.norm.weight": "decoder.final_layernorm.weight", "score.weight": "output_layer.weight",
            "score.bias": "output_layer.bias"}
     if name in top:
         return top[name]
     if not name.startswith("model.layers.") or name.count(".") < 4:
-        raise ValueError(f"{name} has no place in a dense Qwen2 / Llama model")
+        raise ValueError(f"{name} has no place in a Qwen2 / Qwen3 / Llama model or a Qwen3-MoE")
     index, rest = name[len("model.layers."):].split(".", 1)
     if rest.startswith(("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.")):
         rest = "self_attention.linear_qkv." + rest.rsplit(".", 1)[1]
     elif rest in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
         rest = "mlp.linear_fc1.weight"
+    elif rest in _EXPERT_TENSORS.values():
+        rest = LOCAL_EXPERT + "*." + next(mg for mg, hf in _EXPERT_TENSORS.items() if hf == rest)
     elif rest in _LAYER_RENAMES.values():
         rest = next(mg for mg, hf in _LAYER_RENAMES.items() if hf == rest)
     else:
-        raise ValueError(f"{name} has no place in a dense Qwen2 / Llama model")
+        raise ValueError(f"{name} has no place in a Qwen2 / Qwen3 / Llama model or a Qwen3-MoE")
     return f"decoder.layers.{index}.{rest}"
 
 
@@ -250,8 +327,8 @@ def hf_sources(names: Iterable[str], hf_names: Iterable[str], shape: GPTShape,
             name = f"decoder.layers.{int(index) - first_layer}.{rest}"
         if tied and name == "output_layer.weight":
             continue  # lm_head.weight, as Hugging Face lists a tied output layer: the embedding's copy
-        if name in needs:
-            needs[name].add(hf)
+        for target in fnmatch.filter(needs, name) if "*" in name else [name] if name in needs else []:
+            needs[target].add(hf)
         if tied and hf == "model.embed_tokens.weight" and "output_layer.weight" in needs:
             needs["output_layer.weight"].add(hf)
     return needs

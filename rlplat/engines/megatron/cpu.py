@@ -16,6 +16,8 @@ it redirects, and where megatron-core 0.16 needs it:
   tracker is Megatron-Core's inference tracker, whose forks draw nothing either.
 * ``Tensor.cuda()`` while a model is built (:func:`building`): the tied output layer of the last
   pipeline stage is moved to CUDA before its first all-reduce with the embedding.
+* ``moe_utils.te_general_gemm`` -> None where TransformerEngine is not installed (the name is then left
+  undefined, and a router's forward reads it to choose its plain torch matmul).
 
 These are private details of one Megatron-Core release, so another release is refused
 (:func:`check_version`) rather than patched blindly.
@@ -69,7 +71,8 @@ class _Redirection:
             if self._depth == 0:
                 self._on_enter()
                 targets = self._targets()
-                self._saved = [(owner, name, name in vars(owner), getattr(owner, name)) for owner, name, _ in targets]
+                self._saved = [(owner, name, name in vars(owner), getattr(owner, name, None))
+                               for owner, name, _ in targets]
                 for owner, name, value in targets:
                     setattr(owner, name, value)
             self._depth += 1
@@ -102,8 +105,10 @@ class _SchedulesTorch:
 def _megatron_targets() -> list[tuple[object, str, object]]:
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random
+    from megatron.core.transformer.moe import moe_utils
 
     return [
+        (moe_utils, "te_general_gemm", getattr(moe_utils, "te_general_gemm", None)),
         (torch.cuda, "current_device", lambda: "cpu"),
         (torch.cuda, "synchronize", lambda device=None: None),
         (schedules, "torch", _SchedulesTorch()),

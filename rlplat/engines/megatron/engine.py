@@ -40,27 +40,27 @@ from rlplat.engines.base import (ForwardOutput, ParallelLayout, TrainingEngine, 
 from rlplat.engines.dist import REDUCE_OPS, DistContext
 from rlplat.engines.megatron import cpu, memory
 from rlplat.engines.megatron.checkpoint import checkpoint_state, load_checkpoint_state, masters_here
-from rlplat.engines.megatron.convert import GPTShape, data_parallel_size, megatron_name
+from rlplat.engines.megatron.convert import LOCAL_EXPERT, GPTShape, data_parallel_size, megatron_name
+from rlplat.engines.megatron.routing import MegatronRouterTap, SequenceFirstRows
 from rlplat.engines.megatron.shards import RankShards
 from rlplat.engines.megatron.model import build_gpt_model, no_grad_at
 from rlplat.engines.megatron.vocab_parallel import mask_vocab_padding, vocab_parallel_outputs
 from rlplat.engines.optim import Optimizer
+from rlplat.engines.routing import RoutedForward
 from rlplat.models.moe import is_moe
 from rlplat.models.vision import is_vision
 from rlplat.protocol import Batch
 
 PARAMS_DTYPES = ("fp32", "bf16")  # <role>.megatron.params_dtype
+MOE_MODELS = ("qwen3_moe",)  # the mixtures of experts it converts (rlplat.engines.megatron.convert)
 
 
 def model_shape(model_cfg) -> GPTShape | None:
     """The architecture of ``model.path`` when it is known without downloading (a local directory or the
     embedded model); None for a hub id."""
-    from rlplat.models.embedded import SPEC, known_config
+    from rlplat.models.embedded import known_config
 
     config = known_config(model_cfg)
-    if config is SPEC:
-        return GPTShape(SPEC.num_hidden_layers, SPEC.hidden_size, SPEC.num_attention_heads,
-                        SPEC.num_key_value_heads, SPEC.intermediate_size, 0, SPEC.tie_word_embeddings)
     return None if config is None else GPTShape.from_hf_config(config)
 
 
@@ -81,28 +81,55 @@ def _hf_weights(model_path: str, model_cfg, value_head: bool, device: torch.devi
     return hf, hf_model.get_input_embeddings().padding_idx
 
 
-def _init_parallel_state(tp: int, pp: int, device: torch.device, seed: int) -> None:
+def _init_parallel_state(tp: int, pp: int, ep: int, device: torch.device, seed: int) -> None:
+    """The model-parallel groups; a mixture of experts' experts fold over the tensor- and data-parallel ranks of a
+    stage, each expert whole on its rank (expert tensor parallel size 1)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     if parallel_state.model_parallel_is_initialized():
-        if (parallel_state.get_tensor_model_parallel_world_size(),
-                parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
-            raise RuntimeError("two Megatron engines in one worker need the same tensor and pipeline parallel sizes")
+        sizes = (parallel_state.get_tensor_model_parallel_world_size(),
+                 parallel_state.get_pipeline_model_parallel_world_size(),
+                 parallel_state.get_expert_model_parallel_world_size())
+        if sizes != (tp, pp, ep):
+            raise RuntimeError("two Megatron engines in one worker need the same tensor, pipeline and expert parallel "
+                               "sizes")
         return
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
     if device.type == "cuda":
         model_parallel_cuda_manual_seed(seed)
 
 
 def _check_trains(hf_config, model_path: str) -> None:
-    """The Megatron engine trains dense text models: not yet a mixture of experts, nor a vision-language model."""
-    if is_moe(hf_config):
-        raise ValueError(f"{model_path} is a mixture of experts, which the Megatron engine does not train yet; "
-                         f"use <role>.strategy=fsdp")
+    """The Megatron engine trains dense text models and Qwen3-MoE mixtures of experts, not a vision-language
+    model."""
+    if is_moe(hf_config) and getattr(hf_config, "model_type", None) not in MOE_MODELS:
+        raise ValueError(f"{model_path} is a mixture of experts of type {hf_config.model_type!r}; the Megatron engine "
+                         f"trains {', '.join(MOE_MODELS)} (docs/moe.md): use <role>.strategy=fsdp")
     if is_vision(hf_config):
         raise ValueError(f"{model_path} is a vision-language model, which the Megatron engine does not train; "
                          f"use <role>.strategy=fsdp (docs/vision.md)")
+
+
+def _check_experts(shape: GPTShape, engine_cfg, trained: bool) -> None:
+    """What a mixture of experts runs with on this engine (ValueError in one line): one pipeline stage (the
+    routing and its loss are kept per micro-batch over all layers), sequence parallelism with tensor parallelism
+    (Megatron-Core's MoE layers require it in training), a ``trained`` role's optimizer sharded only without expert
+    parallelism."""
+    if not shape.num_experts:
+        return
+    tp, ep = engine_cfg.tensor_model_parallel_size, engine_cfg.expert_model_parallel_size
+    if engine_cfg.pipeline_model_parallel_size > 1:
+        raise ValueError(f"pipeline_model_parallel_size={engine_cfg.pipeline_model_parallel_size}: a mixture of "
+                         f"experts trains in one pipeline stage on this engine (docs/moe.md); use tensor and expert "
+                         f"parallelism")
+    if tp > 1 and not engine_cfg.sequence_parallel:
+        raise ValueError(f"tensor_model_parallel_size={tp} with a mixture of experts needs sequence_parallel=true "
+                         f"(Megatron-Core's MoE layers train tensor-parallel only with it)")
+    if ep > 1 and engine_cfg.use_distributed_optimizer and trained:
+        raise ValueError(f"expert_model_parallel_size={ep} with use_distributed_optimizer=true: the sharded "
+                         f"optimizer does not shard experts yet (docs/moe.md); set use_distributed_optimizer=false")
 
 
 def _copy_masters(masters: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> None:
@@ -128,6 +155,7 @@ class MegatronEngine(TrainingEngine):
     """One Megatron-Core ``GPTModel``; ``optim_cfg=None`` builds a frozen engine (the reference policy)."""
 
     checkpoints_hf_names = True  # its checkpoints name every tensor as Hugging Face does (docs/megatron.md)
+    trains_experts = True  # Qwen3-MoE, with expert parallelism and routing replay (docs/moe.md)
     update_knob = ("actor.megatron.recompute_activations=true, a larger tensor/pipeline parallel size or a smaller "
                    "micro-batch")
 
@@ -152,8 +180,11 @@ class MegatronEngine(TrainingEngine):
             raise ConfigError(f"model.lora.rank={cfg.model.lora.rank}: LoRA is not supported on the Megatron engine "
                               f"yet; use actor.strategy=fsdp")
         tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
+        shape = model_shape(model_of(cfg, role))
         try:  # for a hub id the model's side is checked when it loads
-            data_parallel_size(world_size, tp, pp, model_shape(model_of(cfg, role)))
+            data_parallel_size(world_size, tp, pp, shape, engine_cfg.expert_model_parallel_size)
+            if shape is not None:
+                _check_experts(shape, engine_cfg, trained=cfg[role].get("optim") is not None)
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
         check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
@@ -185,10 +216,15 @@ class MegatronEngine(TrainingEngine):
         return super().computes_in(engine_cfg, device)
 
     def __init__(self, model_path: str, model_cfg: DictConfig, engine_cfg: DictConfig, dist_ctx: DistContext,
-                 optim_cfg: DictConfig | None = None, total_optimizer_steps: int = 1, value_head: bool = False):
+                 optim_cfg: DictConfig | None = None, total_optimizer_steps: int = 1, value_head: bool = False,
+                 moe: DictConfig | None = None):
         self.ctx, self.device = dist_ctx, dist_ctx.device
         with self._megatron_context():
             self._build(model_path, model_cfg, engine_cfg, optim_cfg, total_optimizer_steps, value_head)
+            # a mixture of experts (``moe``: actor.moe): the routing its forwards replay and record
+            self.routing = self._routing(moe, optim_cfg is not None) if moe is not None and self.shape.num_experts \
+                else None
+        self._routed = None  # the last forward's (routing, rows, micro-batch tensors), for its loss
 
     def _megatron_context(self) -> contextlib.AbstractContextManager:
         """What every call into Megatron-Core runs inside: on CPU, :data:`cpu.redirected`; nothing on a GPU."""
@@ -201,17 +237,24 @@ class MegatronEngine(TrainingEngine):
         from megatron.core import parallel_state as ps
         from transformers import AutoConfig
 
-        tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
-        _init_parallel_state(tp, pp, self.device, seed=0)
+        tp, pp, ep = (engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size,
+                      engine_cfg.expert_model_parallel_size)
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
         _check_trains(hf_config, model_path)  # a hub id's config is read only here (check_config: a known one's)
         self.shape = GPTShape.from_hf_config(hf_config)
-        data_parallel_size(self.ctx.world_size, tp, pp, self.shape)  # a clear error for sizes that do not fit
+        self.model_aux_loss_coef = getattr(hf_config, "router_aux_loss_coef", 0.0)  # a mixture of experts' default
+        data_parallel_size(self.ctx.world_size, tp, pp, self.shape, ep)  # a clear error for sizes that do not fit
+        _check_experts(self.shape, engine_cfg, trained=optim_cfg is not None)
+        _init_parallel_state(tp, pp, ep, self.device, seed=0)
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), tp
         self.pp_rank, self.pp = ps.get_pipeline_model_parallel_rank(), pp
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pp - 1
         self.tp_group, self.pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
         self.dp_group, self.model_parallel_group = ps.get_data_parallel_group(), ps.get_model_parallel_group()
+        # the experts: each on one rank of its expert-parallel group, replicated over the expert-data-parallel one
+        self.ep, self.ep_rank = ep, ps.get_expert_model_parallel_rank()
+        self.ep_group, self.expert_dp_group = ps.get_expert_model_parallel_group(), ps.get_expert_data_parallel_group()
+        self.expert_model_group = ps.get_expert_tensor_model_pipeline_parallel_group()
         self.value_head, self.sequence_parallel = value_head, engine_cfg.sequence_parallel
         # bf16 compute with fp32 weights, gradients and optimizer (as FSDP's mixed precision): Megatron-Core's
         # layers cast under CUDA autocast, in forward and in backward. bf16 weights (params_dtype=bf16) compute
@@ -225,20 +268,25 @@ class MegatronEngine(TrainingEngine):
             if engine_cfg.recompute_activations else {}
         building = cpu.building() if self.device.type == "cpu" else contextlib.nullcontext()
         with building:  # the losses carry the global denominators: the schedule must not rescale them
+            # the experts' tokens all-to-all on a GPU; on CPU all-gathered (the all-to-all path needs CUDA streams)
+            dispatch = {"moe_token_dispatcher_type": "alltoall" if self.device.type == "cuda" else "allgather"}
             self._model = build_gpt_model(hf_config, self.params_dtype, pre_process=self.first_stage,
                                           post_process=self.last_stage,
                                           value_head=value_head, tensor_model_parallel_size=tp,
-                                          pipeline_model_parallel_size=pp, calculate_per_token_loss=True,
-                                          sequence_parallel=self.sequence_parallel, **recompute)
+                                          pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+                                          calculate_per_token_loss=True, sequence_parallel=self.sequence_parallel,
+                                          **recompute, **(dispatch if self.shape.num_experts else {}))
         names = [name for name in self._model.state_dict() if not name.endswith("_extra_state")]
+        self.expert_params = {p for name, p in self._model.named_parameters() if LOCAL_EXPERT in name}
         self.shards = RankShards(self.shape, tp, self.tp_rank, pp, self.pp_rank, names, list(hf), self.tied_output,
-                                 self.tp_group, self.pp_group, self.device)
+                                 self.tp_group, self.pp_group, self.device, ep, self.ep_rank, self.ep_group)
         try:
             for name in self.shards.hf_names:
                 megatron_name(name)
             weights = self.shards.from_hf(hf)
         except ValueError as err:
-            raise ValueError(f"{model_path}: {err}; only dense Qwen2 / Llama models convert to Megatron") from None
+            raise ValueError(f"{model_path}: {err}; only Qwen2 / Qwen3 / Llama models and Qwen3-MoE convert to "
+                             f"Megatron") from None
         self._model.load_state_dict(weights, strict=False)  # every weight: only TransformerEngine's extra state is left
         self._model.to(self.device)
         if padding_idx is not None and self.first_stage:  # as torch's Embedding(padding_idx=...): no lookup gradient
@@ -251,6 +299,16 @@ class MegatronEngine(TrainingEngine):
             if optim_cfg else None
         if self.optim is not None and self.optim.masters:
             _copy_masters(masters_here(self._model, self.optim), weights)
+
+    def _routing(self, moe: DictConfig, trained: bool) -> RoutedForward:
+        """A mixture of experts' routing policy (``actor.moe``) over Megatron-Core's routers; the load-balancing
+        loss's coefficient ``moe.aux_loss_coef``, or the model config's ``router_aux_loss_coef``."""
+        coef = self.model_aux_loss_coef if moe.aux_loss_coef is None else moe.aux_loss_coef
+        tap = MegatronRouterTap(self._model, float(coef), self.tp_group, self.sequence_parallel)
+        return RoutedForward(tap, moe.router_replay, trained)
+
+    def own_routing(self):
+        return self.routing.own_routing() if self.routing is not None else contextlib.nullcontext()
 
     @property
     def model(self) -> torch.nn.Module:
@@ -289,8 +347,14 @@ class MegatronEngine(TrainingEngine):
             self.tokens_computed += t["input_ids"].numel()
         causal = torch.ones(run, run, dtype=torch.bool, device=self.device).triu(1)
         masked = causal[None, None] | ~t["attention_mask"].bool()[:, None, None, :]  # True = not attended
-        with self.compute():
+        routes, self._routed = contextlib.nullcontext(), None
+        if self.routing is not None:
+            rows = SequenceFirstRows(t["attention_mask"], run)
+            routes = self.routing.around(rows, micro.tensors, torch.is_grad_enabled())
+        with self.compute(), routes as routing:
             out = self._model(t["input_ids"], t["position_ids"], masked)
+        if routing is not None:
+            self._routed = (routing, rows, micro.tensors)
         return out[:, :seq] if self.last_stage else out
 
     def _outputs(self, logits: torch.Tensor, micro: Batch, temperature: float, need_entropy: bool,
@@ -301,8 +365,12 @@ class MegatronEngine(TrainingEngine):
         if self.value_head:
             return ForwardOutput(values=logits.squeeze(-1))
         logits = mask_vocab_padding(logits / temperature, self.tp_rank, self.shape.vocab_size)
-        return vocab_parallel_outputs(logits, responses, self.tp_rank * logits.shape[-1], need_entropy,
-                                      need_sum_pi_squared)
+        out = vocab_parallel_outputs(logits, responses, self.tp_rank * logits.shape[-1], need_entropy,
+                                     need_sum_pi_squared)
+        if self._routed is not None:  # a mixture of experts: what the forward routed (its loss, metrics, record)
+            routing, rows, tensors = self._routed
+            self.routing.finish(out, routing, rows, tensors, torch.is_grad_enabled())
+        return out
 
     @_runs_megatron
     def forward(self, micro: Batch, *, temperature=1.0, need_entropy=False, need_sum_pi_squared=False, grad=False):
@@ -349,8 +417,8 @@ class MegatronEngine(TrainingEngine):
     def infer(self, batch, *, split, temperature=1.0, need_entropy=False, need_sum_pi_squared=False):
         def outputs(logits, micro):
             fwd = self._outputs(logits, micro, temperature, need_entropy, need_sum_pi_squared)
-            return logits.new_zeros(()), {name: value.float().cpu() for name, value in vars(fwd).items()
-                                          if value is not None}
+            return logits.new_zeros(()), {name: value.cpu() if name == "routed_experts" else value.float().cpu()
+                                          for name, value in vars(fwd).items() if value is not None}
 
         with torch.no_grad():
             results = self._schedule(micro_batches(self, batch, split), outputs, forward_only=True)
@@ -375,15 +443,15 @@ class MegatronEngine(TrainingEngine):
 
     @_runs_megatron
     def reduce_gradients(self) -> None:
-        """Sum the gradients over the replicas (the losses use global denominators); with sequence
-        parallelism, the norms' over the tensor-parallel ranks (each saw its slice of the sequence); with
-        tied embeddings split over pipeline stages, over the embedding and its output-layer copy, so that
-        both copies take the same step."""
+        """Sum the gradients over the replicas (the losses use global denominators; an expert's over the ranks
+        that hold it, its expert-data-parallel group); with sequence parallelism, the norms' and routers' over the
+        tensor-parallel ranks (each saw its slice of the sequence); with tied embeddings split over pipeline
+        stages, over the embedding and its output-layer copy, so that both copies take the same step."""
         from megatron.core import parallel_state
 
         for param in self.optim.params:
             if (grad := self.optim.grad(param)) is not None:  # bf16 weights: the fp32 main gradient
-                dist.all_reduce(grad, group=self.dp_group)
+                dist.all_reduce(grad, group=self.expert_dp_group if param in self.expert_params else self.dp_group)
                 if getattr(param, "sequence_parallel", False):
                     dist.all_reduce(grad, group=self.tp_group)
         if self.pp > 1 and self.tied_output and parallel_state.is_rank_in_embedding_group():
@@ -392,16 +460,22 @@ class MegatronEngine(TrainingEngine):
 
     def _grad_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
         """The global gradient norm: tensor-parallel shards counted once each, replicated weights once, the
-        last stage's copy of a tied embedding not at all."""
+        last stage's copy of a tied embedding not at all, each expert once (summed over the expert-parallel
+        ranks, which hold different experts)."""
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-        squares = torch.zeros((), dtype=torch.float64, device=self.device)
+        squares = torch.zeros(2, dtype=torch.float64, device=self.device)  # [the other weights, the experts]
         for param in params:
             grad = self.optim.grad(param)
-            if grad is not None and param_is_not_tensor_parallel_duplicate(param) and not getattr(param, "shared", False):
-                squares += grad.double().square().sum()
-        dist.all_reduce(squares, group=self.model_parallel_group)
-        return squares.sqrt().float()
+            if param in self.expert_params:
+                squares[1] += grad.double().square().sum() if grad is not None else 0
+            elif grad is not None and param_is_not_tensor_parallel_duplicate(param) \
+                    and not getattr(param, "shared", False):
+                squares[0] += grad.double().square().sum()
+        dist.all_reduce(squares[:1], group=self.model_parallel_group)
+        if self.expert_params:
+            dist.all_reduce(squares[1:], group=self.expert_model_group)
+        return squares.sum().sqrt().float()
 
     def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):
         """Stream the Hugging Face weights one unit at a time (the embedding, each decoder layer, the final

@@ -1,4 +1,4 @@
-"""A Megatron-Core ``GPTModel`` with the architecture of a Hugging Face Qwen2 / Llama config.
+"""A Megatron-Core ``GPTModel`` with the architecture of a Hugging Face Qwen2 / Qwen3 / Llama or Qwen3-MoE config.
 
 Needs ``megatron-core`` (``pip install -e '.[megatron]'``) and an initialised model-parallel state
 (``megatron.core.parallel_state.initialize_model_parallel``). Uses the local layer spec (plain torch
@@ -22,19 +22,35 @@ def transformer_config(hf_config, params_dtype: torch.dtype = torch.float32, **p
     shape = GPTShape.from_hf_config(hf_config)
     return TransformerConfig(
         num_layers=shape.num_layers, hidden_size=shape.hidden_size, num_attention_heads=shape.num_heads,
-        num_query_groups=shape.num_kv_heads, ffn_hidden_size=shape.intermediate_size,
+        num_query_groups=shape.num_kv_heads, ffn_hidden_size=shape.intermediate_size or shape.moe_intermediate_size,
         kv_channels=shape.head_dim, normalization="RMSNorm", layernorm_epsilon=hf_config.rms_norm_eps,
+        qk_layernorm=shape.qk_norm,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu, add_bias_linear=False,
         add_qkv_bias=hf_config.model_type == "qwen2", hidden_dropout=0.0, attention_dropout=0.0,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16, use_cpu_initialization=True,
         # the fused kernels are CUDA-only; the plain torch paths are exact
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
-        # pipeline stages exchange activations of each micro-batch's own shape (token budgets vary the
-        # rows); the check behind this switch also rejects MoE's allgather dispatcher, unused by dense models
-        variable_seq_lengths=parallel.get("pipeline_model_parallel_size", 1) > 1, moe_token_dispatcher_type="alltoall",
-        pipeline_dtype=params_dtype, **parallel,
+        # pipeline stages exchange activations of each micro-batch's own shape (token budgets vary the rows); the
+        # check behind this switch also rejects MoE's allgather dispatcher (a mixture of experts runs at pp 1)
+        variable_seq_lengths=parallel.get("pipeline_model_parallel_size", 1) > 1, pipeline_dtype=params_dtype,
+        **{"moe_token_dispatcher_type": "alltoall", **(moe_config(shape) if shape.num_experts else {}), **parallel},
     )
+
+
+def moe_config(shape: GPTShape) -> dict:
+    """A mixture of experts' ``TransformerConfig`` switches: its routed experts in the sparse layers (a dense MLP in
+    the others), each expert whole on its expert-parallel rank (expert tensor parallel size 1), the local experts
+    run one after another (``SequentialMLP``: no grouped GEMM, which needs CUDA); the tokens reach them all-to-all
+    (``parallel`` of :func:`transformer_config` may choose ``moe_token_dispatcher_type=allgather``: on CPU).
+    Softmax top-k routing: the chosen experts' gates are the softmax over their logits when the model renormalises
+    them (Qwen3-MoE's ``norm_topk_prob``), else their share of the softmax over all experts. The load-balancing
+    loss is rlplat's own (:mod:`rlplat.engines.routing`), not Megatron-Core's."""
+    return dict(num_moe_experts=shape.num_experts, moe_router_topk=shape.top_k,
+                moe_ffn_hidden_size=shape.moe_intermediate_size, moe_router_score_function="softmax",
+                moe_router_pre_softmax=not shape.norm_topk_prob, moe_router_load_balancing_type="none",
+                moe_aux_loss_coeff=0.0, moe_grouped_gemm=False, expert_tensor_parallel_size=1,
+                moe_layer_freq=[int(i in shape.sparse_layers) for i in range(shape.num_layers)])
 
 
 class RMSNorm(torch.nn.RMSNorm):
@@ -68,6 +84,19 @@ class ValueHead(torch.nn.Module):
         return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None
 
 
+def _layer_spec(shape: GPTShape, sparse: bool):
+    """The local (plain torch) spec of a decoder layer, its norms rlplat's :class:`RMSNorm`; ``sparse``: its MLP the
+    routed experts."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    layer = get_gpt_layer_local_spec(num_experts=shape.num_experts if sparse else None, qk_layernorm=shape.qk_norm)
+    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
+    if shape.qk_norm:
+        attention = layer.submodules.self_attention.submodules
+        attention.q_layernorm = attention.k_layernorm = RMSNorm
+    return layer
+
+
 def build_gpt_model(hf_config, params_dtype: torch.dtype = torch.float32, pre_process: bool = True,
                     post_process: bool = True, value_head: bool = False, **parallel):
     """The (this rank's shard of the) ``GPTModel`` for ``hf_config``, randomly initialised: load weights
@@ -75,14 +104,14 @@ def build_gpt_model(hf_config, params_dtype: torch.dtype = torch.float32, pre_pr
     pipeline stage holds the embedding; ``post_process``: the final norm and the output layer, which
     ``value_head`` replaces by a :class:`ValueHead` (a critic)."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     shape = GPTShape.from_hf_config(hf_config)
     config = transformer_config(hf_config, params_dtype, **parallel)
-    layer = get_gpt_layer_local_spec()
-    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
-    block = TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+    first = get_transformer_layer_offset(config)  # this pipeline stage's first layer
+    layers = [_layer_spec(shape, first + i in shape.sparse_layers) for i in range(get_num_layers_to_build(config))]
+    block = TransformerBlockSubmodules(layer_specs=layers, layer_norm=RMSNorm)
     rope = getattr(hf_config, "rope_parameters", None) or {"rope_theta": getattr(hf_config, "rope_theta", 10000.0)}
     model = GPTModel(
         config=config, transformer_layer_spec=block,

@@ -1,7 +1,8 @@
 """Where one rank's Megatron tensors sit in the Hugging Face model, and the moves between the two.
 
 A rank of a Megatron engine holds the tensors of its pipeline stage, sliced over the tensor-parallel group
-and renamed and fused by :mod:`rlplat.engines.megatron.convert`. :class:`RankShards` knows that place and
+(a mixture of experts' experts: shared out over the expert-parallel group) and renamed and fused by
+:mod:`rlplat.engines.megatron.convert`. :class:`RankShards` knows that place and
 makes the moves the engine needs beside its forward and backward: its slices of whole Hugging Face weights
 (the load, the reference blend), the whole weights gathered over the ranks one unit at a time (the weight
 export), and its pieces as slices of the whole tensors (checkpoints, which therefore load into any layout:
@@ -17,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from rlplat.engines.base import blend_, check_blended
-from rlplat.engines.megatron.convert import (GPTShape, hf_from_megatron, hf_sources, hf_split_dim, megatron_from_hf,
-                                             stage_layers, tp_slice)
+from rlplat.engines.megatron.convert import (EXPERTS, LOCAL_EXPERT, GPTShape, hf_from_megatron, hf_sources,
+                                             hf_split_dim, megatron_from_hf, piece_of, stage_layers)
 
 EMBEDDING, OUTPUT = "model.embed_tokens.weight", "lm_head.weight"  # Hugging Face names of the vocabulary-split tensors
 
@@ -39,6 +40,9 @@ class RankShards:
     tp_group: Any
     pp_group: Any
     device: torch.device
+    ep: int = 1  # a mixture of experts: its expert-parallel size, this rank's place and group there
+    ep_rank: int = 0
+    ep_group: Any = None
 
     @property
     def first_layer(self) -> int:
@@ -48,9 +52,13 @@ class RankShards:
     def from_hf(self, hf: dict[str, torch.Tensor], names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """This rank's Megatron tensors (``names``, default all) from whole Hugging Face weights: its slices of
         them, converted."""
-        pieces = {name: tp_slice(t, hf_split_dim(name), self.tp, self.tp_rank) for name, t in hf.items()}
+        pieces = {name: self.piece(name, t) for name, t in hf.items()}
         return megatron_from_hf(pieces, self.shape, self.tp, self.tp_rank, self.names if names is None else names,
                                 self.first_layer)
+
+    def piece(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's piece of the whole Hugging Face tensor ``name`` (a view)."""
+        return piece_of(name, tensor, self.tp, self.tp_rank, self.ep, self.ep_rank)
 
     def to_hf(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This rank's Hugging Face pieces of some of its Megatron tensors (weights or optimizer moments)."""
@@ -81,7 +89,9 @@ class RankShards:
         rank (collective over the tensor-parallel group of that stage, then over the pipeline stages)."""
         unit: list[tuple[str, torch.Tensor]] = []
         if self.pp_rank == stage:
-            for name in (name for name in self.names if name.startswith(prefix)):  # one tensor's pieces at a time
+            held = [name for name in self.names if name.startswith(prefix)]
+            unit += self._gather_experts(state, [name for name in held if LOCAL_EXPERT in name], dtype)
+            for name in (name for name in held if LOCAL_EXPERT not in name):  # one tensor's pieces at a time
                 pieces = [state[name]]
                 if self.tp > 1:
                     pieces = [torch.empty_like(state[name]) for _ in range(self.tp)]
@@ -97,6 +107,20 @@ class RankShards:
         if prefix == "embedding." and OUTPUT in self.hf_names and self.tied_output:
             unit.append((OUTPUT, unit[0][1]))  # the output layer is the embedding, as HF lists it
         return unit
+
+    def _gather_experts(self, state: dict[str, torch.Tensor], names: list[str],
+                        dtype: torch.dtype | None) -> list[tuple[str, torch.Tensor]]:
+        """A layer's fused expert tensors, whole (each rank's local experts, gathered over the expert-parallel
+        group)."""
+        out = []
+        for hf_name, piece in hf_from_megatron({name: state[name] for name in names}, self.shape, self.tp,
+                                               self.tp_rank, self.first_layer).items():
+            if self.ep > 1:
+                pieces = [torch.empty_like(piece) for _ in range(self.ep)]
+                dist.all_gather(pieces, piece, group=self.ep_group)
+                piece = torch.cat(pieces)
+            out.append((hf_name, piece.to(dtype) if dtype is not None else piece))
+        return out
 
     def _broadcast_unit(self, unit: list[tuple[str, torch.Tensor]], stage: int) -> list[tuple[str, torch.Tensor]]:
         """``unit`` (held by pipeline stage ``stage``) on every stage: its names, shapes and dtypes, then each
@@ -124,7 +148,7 @@ class RankShards:
                 for name, tensor in bucket:
                     given.add(name)
                     if name in needed:
-                        piece = tp_slice(tensor, hf_split_dim(name), self.tp, self.tp_rank)
+                        piece = self.piece(name, tensor)
                         pending[name] = piece if piece is tensor else piece.clone()  # not a view of the whole
                 ready = [name for name, sources in waiting.items() if sources <= pending.keys()]
                 for name, tensor in self.from_pieces(pending, ready).items():
@@ -139,26 +163,30 @@ class RankShards:
     # ---------------------------------------------------------------- checkpoints
     def checkpoint_pieces(self, tensors: dict[str, torch.Tensor]) -> dict:
         """:meth:`to_hf` of ``tensors``, each piece as the DTensor of its whole Hugging Face tensor over the
-        tensor-parallel group (replicated ones as they are: every rank holding one writes the same tensor, which
-        the checkpoint keeps once). On the last stage of a tied model the output layer's copy is written as
-        the embedding it equals (written twice, kept once, and read back into the copy)."""
+        tensor-parallel group (an expert tensor: over the expert-parallel group; replicated ones as they are:
+        every rank holding one writes the same tensor, which the checkpoint keeps once). On the last stage of a
+        tied model the output layer's copy is written as the embedding it equals (written twice, kept once, and
+        read back into the copy)."""
         pieces = self.to_hf(tensors)
         if self.tied_output and "output_layer.weight" in tensors and "embedding.word_embeddings.weight" not in tensors:
             pieces.update(self.to_hf({"embedding.word_embeddings.weight": tensors["output_layer.weight"]}))
-        if self.tp == 1:
+        if self.tp == 1 and self.ep == 1:
             return pieces
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.tensor import DTensor, Shard
 
-        mesh = DeviceMesh.from_group(self.tp_group, self.device.type)
+        meshes = {}
         out = {}
         for name, piece in pieces.items():
-            if (dim := hf_split_dim(name)) is None:
+            over, size, dim = ("ep", self.ep, 0) if EXPERTS in name else ("tp", self.tp, hf_split_dim(name))
+            if dim is None or size == 1:
                 out[name] = piece
                 continue
+            if over not in meshes:
+                meshes[over] = DeviceMesh.from_group(self.ep_group if over == "ep" else self.tp_group, self.device.type)
             whole = list(piece.shape)
-            whole[dim] = self.shape.vocab_size if name in (EMBEDDING, OUTPUT) else piece.shape[dim] * self.tp
-            out[name] = DTensor.from_local(piece.contiguous(), mesh, [Shard(dim)], run_check=False,
+            whole[dim] = self.shape.vocab_size if name in (EMBEDDING, OUTPUT) else piece.shape[dim] * size
+            out[name] = DTensor.from_local(piece.contiguous(), meshes[over], [Shard(dim)], run_check=False,
                                            shape=torch.Size(whole), stride=torch.empty(whole, device="meta").stride())
         return out
 
