@@ -34,6 +34,10 @@ fi
 # Ray start-up, process spawns and imports leave a core idle), each test module on one worker so its fixtures
 # are built once; a run of chosen tests (arguments given) stays in one process unless the variable is set.
 workers="${RLPLAT_TEST_WORKERS:-$([ $# -eq 0 ] && echo 2 || echo 1)}"
+# Idle OpenMP threads sleep instead of spinning: the workers share the cores, and a process computing with more
+# threads than its share (the embedded mixture of experts' warm start takes every core) otherwise spins against the
+# other worker (that warm start: 76 s beside a busy core, 39 s with this; the same model; docs/testing.md).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 parallel=()
 [ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadscope)
 "$venv/bin/python" -m pytest "${parallel[@]}" --durations=15 "${@:-tests}"  # the 15 slowest tests, for the budgets of docs/testing.md
