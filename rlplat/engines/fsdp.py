@@ -333,7 +333,7 @@ class FSDPEngine(TrainingEngine):
         def outs(*values: torch.Tensor) -> list[torch.Tensor]:  # each [N] -> [B, R], combined in one collective
             return [rows.scatter(v) for v in combine(torch.stack(values, -1)).unbind(-1)]
 
-        routes = self.routing.around(rows, t, grad) if self.routing is not None else contextlib.nullcontext()
+        routes = self.routing.around(rows, t, grad, self.sp_group) if self.routing else contextlib.nullcontext()
         with torch.set_grad_enabled(grad), shard, routes as routing:
             if self.chunked_head:
                 log_prob, entropy, sum_sq = self._model(
@@ -356,7 +356,7 @@ class FSDPEngine(TrainingEngine):
         out = ForwardOutput(log_probs=got[0], entropy=got[1] if need_entropy else None,
                             sum_pi_squared=got[-1] if need_sum_pi_squared else None)
         if routing is not None:
-            self.routing.finish(out, routing, rows, t, grad)
+            self.routing.finish(out, routing, rows, t, grad, self.sp_group)
         return out
 
     def _vision_inputs(self, micro: Batch, rows: PackedBatch, masked: bool) -> dict[str, torch.Tensor]:
@@ -493,12 +493,10 @@ class FSDPEngine(TrainingEngine):
 
 def check_ulysses(config, sp: int, key: str, path: str) -> None:
     """``sp`` (``<key>.ulysses_size``) divides ``config``'s attention heads, and the model is one whose
-    sequences Ulysses splits: not yet a mixture of experts' routing or a vision-language model's images."""
-    for refused, what in ((is_vision, f"an image's tokens ({path} is a vision-language model)"),
-                          (is_moe, f"the routing of a mixture of experts ({path})")):
-        if refused(config):
-            raise ConfigError(f"{key}.ulysses_size={sp}: Ulysses sequence parallelism does not split {what} yet; "
-                              f"set {key}.ulysses_size=1")
+    sequences Ulysses splits: not yet a vision-language model's images."""
+    if is_vision(config):
+        raise ConfigError(f"{key}.ulysses_size={sp}: Ulysses sequence parallelism does not split an image's tokens "
+                          f"({path} is a vision-language model) yet; set {key}.ulysses_size=1")
     check_heads(config.num_attention_heads, sp, f"{key}.ulysses_size")
 
 

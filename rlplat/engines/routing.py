@@ -21,6 +21,7 @@ import contextlib
 
 from rlplat.engines.base import ForwardOutput
 from rlplat.engines.packing import PackedBatch
+from rlplat.engines.ulysses import local_tokens, whole_tokens
 from rlplat.models.moe import (
     NO_ROUTING, RouterTap, Routing, load_balancing_loss, routing_metrics, routing_mismatch,
 )
@@ -58,23 +59,33 @@ class RoutedForward:
         return grad or (self.replay == "r2" and self.trained)
 
     @contextlib.contextmanager
-    def around(self, rows: PackedBatch, tensors, grad: bool):
+    def around(self, rows: PackedBatch, tensors, grad: bool, sp_group=None):
         """Around one forward over ``rows`` (of the micro-batch ``tensors``): sets the routing to replay (kept
         after the forward, for a recomputation in the backward pass) and yields the :class:`Routing` it records
-        (None when it records nothing)."""
+        (None when it records nothing). With Ulysses sequence parallelism (``sp_group``) this rank's model sees
+        its slice of each row: it replays that slice of the routing."""
         field = self._replayed_field(grad)
         if field is not None and field not in tensors.keys():
             why = "the rollout engine did not return it" if field == ROLLOUT_ROUTING else "no log-prob pass recorded it"
             raise KeyError(f"actor.moe.router_replay={self.replay} replays the batch field {field!r}, which this "
                            f"batch lacks ({why})")
         self.tap.replay = rows.pack(tensors[field], NO_ROUTING) if field is not None else None
+        if sp_group is not None and self.tap.replay is not None:
+            self.tap.replay = local_tokens(self.tap.replay, rows.input_ids.shape[1], sp_group)
         with self.tap.recording() if self._records(grad) else contextlib.nullcontext() as routing:
             yield routing
 
-    def finish(self, out: ForwardOutput, routing: Routing, rows: PackedBatch, tensors, grad: bool) -> None:
+    def finish(self, out: ForwardOutput, routing: Routing, rows: PackedBatch, tensors, grad: bool,
+               sp_group=None) -> None:
         """Put what ``routing`` recorded into ``out``: the weighted load-balancing loss and the metrics (a training
-        forward), or the routing itself in the batch's layout (r2's log-prob pass)."""
+        forward), or the routing itself in the batch's layout (r2's log-prob pass). With Ulysses (``sp_group``)
+        the ranks' slices are joined first, on every rank (the logits keep their gradient: each rank's loss is
+        the whole loss)."""
         tap = self.tap
+        if sp_group is not None:
+            shape = rows.input_ids.shape
+            routing = Routing([whole_tokens(x, *shape, sp_group) for x in routing.logits],
+                              [whole_tokens(x, *shape, sp_group) for x in routing.indices])
         real = rows.real.to(routing.logits[0].device)
         if not grad:
             out.routed_experts = rows.unpack(routing.stacked(), tensors["input_ids"].shape[1], NO_ROUTING).cpu()

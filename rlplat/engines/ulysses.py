@@ -100,6 +100,30 @@ def local_slice(tensor: torch.Tensor, rank: int, size: int, dim: int = 1) -> tor
     return tensor.narrow(dim, rank * (length // size), length // size)
 
 
+def local_tokens(flat: torch.Tensor, width: int, group: dist.ProcessGroup, fill=-1) -> torch.Tensor:
+    """This rank's share of ``flat`` ``[rows * width, ...]`` (one value per token of the rows, in their order): its
+    slice of each row, the rows padded with ``fill`` to a width that divides by U, flattened as the rank's model
+    sees its tokens (a mixture of experts' replayed routing)."""
+    rest = flat.shape[1:]
+    rows = flat.reshape(-1, width, *rest)
+    pad = padded_length(width, dist.get_world_size(group)) - width
+    if pad:
+        rows = torch.cat([rows, rows.new_full((len(rows), pad, *rest), fill)], dim=1)
+    return local_slice(rows, dist.get_rank(group), dist.get_world_size(group)).reshape(-1, *rest)
+
+
+def whole_tokens(local: torch.Tensor, rows: int, width: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """The inverse of :func:`local_tokens`: every rank's share gathered into ``[rows * width, ...]``, the same on
+    every rank of the group (a mixture of experts' recorded routing). Its backward sums the group's gradients, as
+    :meth:`LocalRows.combine`'s does."""
+    from torch.distributed._functional_collectives import all_gather_single_autograd
+
+    size, rest = dist.get_world_size(group), local.shape[1:]
+    gathered = all_gather_single_autograd(local.contiguous(), gather_dim=0, group=group)  # [U * rows * slice, ...]
+    per_rank = gathered.reshape(size, rows, -1, *rest).transpose(0, 1).reshape(rows, -1, *rest)
+    return per_rank[:, :width].reshape(rows * width, *rest)
+
+
 @dataclass
 class LocalRows:
     """One rank's part of a micro-batch's rows ``[rows, width]``: its slice of each row (the rows padded to a

@@ -308,8 +308,6 @@ def test_r2_replays_the_log_prob_pass_routing_also_in_the_recomputation(tiny_moe
      r"actor.moe.router_replay=r3: the tool agent loop's trajectories do not carry the rollout's routing yet"),
     (["rollout=vllm", "trainer.device=cpu"], r"rollout.name=vllm: model.path=embedded-moe is a mixture of experts, "
                                             r"and this engine does not take its weight updates on this device"),
-    (["trainer.workers_per_node=2", "actor.fsdp.ulysses_size=2"],
-     r"actor.fsdp.ulysses_size=2: Ulysses sequence parallelism does not split the routing of a mixture of experts"),
 ])
 def test_what_mixtures_of_experts_cannot_run_yet_is_one_line_at_start_up(extra, message):
     with pytest.raises(ConfigError, match=message):

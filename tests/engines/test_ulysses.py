@@ -122,19 +122,23 @@ def test_a_sequence_split_over_ranks_gives_the_unsharded_log_probs_and_gradients
             torch.testing.assert_close(sharded_grads[name], grad, atol=1e-5, rtol=1e-5, msg=f"{packed=} {name}")
 
 
-def _engine_step(rank: int, size: int, port: int, model_path: str, folder: str) -> None:
+def _engine_step(rank: int, size: int, port: int, model_path: str, folder: str, extra: tuple[str, ...] = ()) -> None:
     """One worker of an actor group with actor.fsdp.ulysses_size = the world (one replica), in a spawned process
-    without Ray: each rank gets the whole batch, as the group's dispatch gives a replica's ranks."""
+    without Ray: each rank gets the whole batch, as the group's dispatch gives a replica's ranks. Saves its
+    log-probs of the batch and its update's metrics."""
     from workers.helpers import engine_config
 
     from rlplat.workers.roles import ActorRolloutRefWorker
 
-    cfg, plan = engine_config(model_path, workers=size, extra=[f"actor.fsdp.ulysses_size={size}"])
+    cfg, plan = engine_config(model_path, workers=size, extra=[f"actor.fsdp.ulysses_size={size}", *extra])
     worker = ActorRolloutRefWorker(rank=rank, world_size=size, device="cpu", cfg=cfg, plan=plan)
     worker.setup_distributed(("127.0.0.1", port))
     try:
         worker.init_model(model_path, with_ref=False)
-        metrics = worker.update_actor(torch.load(f"{folder}/batch.pt", weights_only=False))
+        batch = torch.load(f"{folder}/batch.pt", weights_only=False)
+        if extra:
+            torch.save(worker.compute_log_probs(batch).tensors["old_log_probs"], f"{folder}/log_probs{rank}.pt")
+        metrics = worker.update_actor(batch)
         torch.save(metrics, f"{folder}/metrics{rank}.pt")
     finally:
         worker.close()
@@ -260,3 +264,39 @@ def test_a_ulysses_critic_values_and_updates_as_one_unsharded_worker(ray_cluster
     assert split_loss == pytest.approx(loss, rel=1e-5)
     assert (after - values).abs().max() > 1e-3  # the update moved the values ...
     torch.testing.assert_close(split_after, after, atol=1e-5, rtol=0)  # ... alike
+
+
+def test_a_mixture_of_experts_split_by_ulysses_routes_as_one_worker(tmp_path):
+    """U = 2 on a Qwen3-MoE with r3: each rank replays its slice of the rollout's routing, and the slices' routing
+    is joined for the load-balancing loss and the metrics, so log-probs, pg loss, aux loss, routing metrics and the
+    gradient norm are one unsharded worker's."""
+    from workers.helpers import engine_config, prompt_batch, with_training_fields
+
+    from rlplat.controller import InProcessWorkerGroup
+    from rlplat.models.tiny import TinyMoESpec, build_tiny_model
+    from rlplat.workers.roles import ActorRolloutRefWorker
+
+    model_path = str(build_tiny_model(tmp_path / "moe", TinyMoESpec(), seed=0))
+    extra = ("actor.moe.aux_loss_coef=0.5", "actor.moe.router_replay=r3")
+    cfg, plan = engine_config(model_path, extra=list(extra))
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(model_path, with_ref=False)
+        torch.manual_seed(0)
+        train = with_training_fields(group.generate_sequences(prompt_batch(model_path, temperature=1.0)))
+        log_probs = group.compute_log_probs(train).tensors["old_log_probs"]
+        reference = group.update_actor(train)[0]
+    finally:
+        group.shutdown()
+    assert train.tensors["input_ids"].shape[1] % 2  # the rows' width is no multiple of U
+    torch.save(train, tmp_path / "batch.pt")
+    mp.start_processes(_engine_step, args=(2, free_port(), model_path, str(tmp_path), extra), nprocs=2,
+                       start_method="spawn")
+    mask = train.tensors["response_mask"].bool()
+    for rank in range(2):
+        got = torch.load(tmp_path / f"log_probs{rank}.pt")
+        torch.testing.assert_close(got[mask], log_probs[mask], atol=1e-5, rtol=0)
+        metrics = torch.load(tmp_path / f"metrics{rank}.pt", weights_only=False)
+        for key in ("grad_norm", "actor/pg_loss", "moe/aux_loss", "moe/expert_load_max_frac", "moe/routing_entropy",
+                    "moe/routing_mismatch_frac"):
+            assert metrics[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-6), (rank, key)

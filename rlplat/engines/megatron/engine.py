@@ -132,6 +132,60 @@ def _check_experts(shape: GPTShape, engine_cfg, trained: bool) -> None:
                          f"optimizer does not shard experts yet (docs/moe.md); set use_distributed_optimizer=false")
 
 
+def _check_section(cfg, role: str, world_size: int, device: str) -> None:
+    """The engine's own start-up checks of ``<role>.megatron`` (:meth:`MegatronEngine.check_config`)."""
+    engine_cfg, key = cfg[role].megatron, f"{role}.megatron"
+    if role == "actor" and cfg.model.lora.rank:
+        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank}: LoRA is not supported on the Megatron engine "
+                          f"yet; use actor.strategy=fsdp")
+    tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
+    shape = model_shape(model_of(cfg, role))
+    try:  # for a hub id the model's side is checked when it loads
+        data_parallel_size(world_size, tp, pp, shape, engine_cfg.expert_model_parallel_size)
+        if shape is not None:
+            _check_experts(shape, engine_cfg, trained=cfg[role].get("optim") is not None)
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None
+    check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
+                          "Megatron-Core's layers compute in bf16 only under CUDA autocast")
+    if engine_cfg.params_dtype not in PARAMS_DTYPES:
+        raise ConfigError(f"{key}.params_dtype={engine_cfg.params_dtype!r} is not one of: "
+                          f"{', '.join(PARAMS_DTYPES)}")
+    if role == "ref" and engine_cfg.params_dtype == "bf16" and cfg.ref.sync_steps > 0 and cfg.ref.sync_alpha < 1:
+        raise ConfigError(f"{key}.params_dtype=bf16 with ref.sync_alpha={cfg.ref.sync_alpha} < 1: mixing a small "
+                          f"share of the actor into bf16 weights rounds most of it away; set {key}.params_dtype="
+                          f"fp32 (the reference then keeps fp32 weights)")
+    if engine_cfg.params_dtype == "bf16" and engine_cfg.mixed_precision == "none":
+        raise ConfigError(f"{key}.params_dtype=bf16 computes in bf16, and {key}.mixed_precision=none asks for "
+                          f"fp32 compute; set one of them differently")
+    if engine_cfg.sequence_parallel and tp == 1:
+        raise ConfigError(f"{key}.sequence_parallel=true needs {key}.tensor_model_parallel_size > 1 (the "
+                          f"sequence is split over the tensor-parallel ranks)")
+    if device != "cuda":
+        try:
+            cpu.check_version()
+        except RuntimeError as err:
+            raise ConfigError(f"{role}.strategy=megatron on {device}: {err}") from None
+
+
+def _build_model(hf_config, engine_cfg, params_dtype: torch.dtype, first_stage: bool, last_stage: bool,
+                 value_head: bool, device: torch.device) -> torch.nn.Module:
+    """This rank's shard of the ``GPTModel``, randomly initialised (:func:`build_gpt_model` with the section's
+    parallel sizes and switches)."""
+    recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1} \
+        if engine_cfg.recompute_activations else {}
+    # a mixture of experts' tokens reach them all-to-all on a GPU, all-gathered on CPU (all-to-all needs CUDA streams)
+    dispatch = {"moe_token_dispatcher_type": "alltoall" if device.type == "cuda" else "allgather"} \
+        if is_moe(hf_config) else {}
+    with cpu.building() if device.type == "cpu" else contextlib.nullcontext():
+        return build_gpt_model(  # the losses carry the global denominators: the schedule must not rescale them
+            hf_config, params_dtype, pre_process=first_stage, post_process=last_stage, value_head=value_head,
+            tensor_model_parallel_size=engine_cfg.tensor_model_parallel_size,
+            pipeline_model_parallel_size=engine_cfg.pipeline_model_parallel_size,
+            expert_model_parallel_size=engine_cfg.expert_model_parallel_size, calculate_per_token_loss=True,
+            sequence_parallel=engine_cfg.sequence_parallel, **recompute, **dispatch)
+
+
 def _copy_masters(masters: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> None:
     """Start the optimizer's fp32 master weights from the checkpoint's fp32 ``weights`` (not the bf16 copies)."""
     with torch.no_grad():
@@ -175,38 +229,7 @@ class MegatronEngine(TrainingEngine):
     @classmethod
     def check_config(cls, cfg, role, world_size, device):
         super().check_config(cfg, role, world_size, device)
-        engine_cfg, key = cfg[role].megatron, f"{role}.megatron"
-        if role == "actor" and cfg.model.lora.rank:
-            raise ConfigError(f"model.lora.rank={cfg.model.lora.rank}: LoRA is not supported on the Megatron engine "
-                              f"yet; use actor.strategy=fsdp")
-        tp, pp = engine_cfg.tensor_model_parallel_size, engine_cfg.pipeline_model_parallel_size
-        shape = model_shape(model_of(cfg, role))
-        try:  # for a hub id the model's side is checked when it loads
-            data_parallel_size(world_size, tp, pp, shape, engine_cfg.expert_model_parallel_size)
-            if shape is not None:
-                _check_experts(shape, engine_cfg, trained=cfg[role].get("optim") is not None)
-        except ValueError as err:
-            raise ConfigError(f"{key}: {err}") from None
-        check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
-                              "Megatron-Core's layers compute in bf16 only under CUDA autocast")
-        if engine_cfg.params_dtype not in PARAMS_DTYPES:
-            raise ConfigError(f"{key}.params_dtype={engine_cfg.params_dtype!r} is not one of: "
-                              f"{', '.join(PARAMS_DTYPES)}")
-        if role == "ref" and engine_cfg.params_dtype == "bf16" and cfg.ref.sync_steps > 0 and cfg.ref.sync_alpha < 1:
-            raise ConfigError(f"{key}.params_dtype=bf16 with ref.sync_alpha={cfg.ref.sync_alpha} < 1: mixing a small "
-                              f"share of the actor into bf16 weights rounds most of it away; set {key}.params_dtype="
-                              f"fp32 (the reference then keeps fp32 weights)")
-        if engine_cfg.params_dtype == "bf16" and engine_cfg.mixed_precision == "none":
-            raise ConfigError(f"{key}.params_dtype=bf16 computes in bf16, and {key}.mixed_precision=none asks for "
-                              f"fp32 compute; set one of them differently")
-        if engine_cfg.sequence_parallel and tp == 1:
-            raise ConfigError(f"{key}.sequence_parallel=true needs {key}.tensor_model_parallel_size > 1 (the "
-                              f"sequence is split over the tensor-parallel ranks)")
-        if device != "cuda":
-            try:
-                cpu.check_version()
-            except RuntimeError as err:
-                raise ConfigError(f"{role}.strategy=megatron on {device}: {err}") from None
+        _check_section(cfg, role, world_size, device)
 
     @classmethod
     def computes_in(cls, engine_cfg, device: str) -> str:
@@ -264,18 +287,8 @@ class MegatronEngine(TrainingEngine):
         self.compute = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         self.tied_output = self.shape.tied_embeddings and not value_head  # the output layer is the embedding
         hf, padding_idx = _hf_weights(model_path, model_cfg, value_head, self.device)
-        recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1} \
-            if engine_cfg.recompute_activations else {}
-        building = cpu.building() if self.device.type == "cpu" else contextlib.nullcontext()
-        with building:  # the losses carry the global denominators: the schedule must not rescale them
-            # the experts' tokens all-to-all on a GPU; on CPU all-gathered (the all-to-all path needs CUDA streams)
-            dispatch = {"moe_token_dispatcher_type": "alltoall" if self.device.type == "cuda" else "allgather"}
-            self._model = build_gpt_model(hf_config, self.params_dtype, pre_process=self.first_stage,
-                                          post_process=self.last_stage,
-                                          value_head=value_head, tensor_model_parallel_size=tp,
-                                          pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
-                                          calculate_per_token_loss=True, sequence_parallel=self.sequence_parallel,
-                                          **recompute, **(dispatch if self.shape.num_experts else {}))
+        self._model = _build_model(hf_config, engine_cfg, self.params_dtype, self.first_stage, self.last_stage,
+                                   value_head, self.device)
         names = [name for name in self._model.state_dict() if not name.endswith("_extra_state")]
         self.expert_params = {p for name, p in self._model.named_parameters() if LOCAL_EXPERT in name}
         self.shards = RankShards(self.shape, tp, self.tp_rank, pp, self.pp_rank, names, list(hf), self.tied_output,
