@@ -191,14 +191,30 @@ VARIANTS = {  # the knobs of each composition beyond DEVICE=cpu
 }
 
 
+def selected(request, names: list[str]) -> list[str]:
+    """Of ``names`` (scripts or compositions), those the session's selected tests of this module need from the
+    fixture ``request`` serves: a test parametrized by ``script`` needs that script's; any other test using the
+    fixture needs them all. (The vLLM session's ``-k vllm`` composes and plans only the vLLM scripts.)"""
+    needed = set()
+    for item in request.session.items:
+        if item.module is not request.module or request.fixturename not in item.fixturenames:
+            continue
+        script = getattr(item, "callspec", None) and item.callspec.params.get("script")
+        if script is None:
+            return names
+        needed.add(script.stem)
+    return [name for name in names if name in needed]
+
+
 @pytest.fixture(scope="module")
-def compositions(tmp_path_factory):
+def compositions(request, tmp_path_factory):
     """Each script's ``--cfg job`` command, composed and validated as ``python -m rlplat.trainer.main`` does
     it: each script runs with a PYTHON that records the command it builds, then one Python process runs the
     CLI's ``main`` on every recorded command (one interpreter start instead of one per script).
     name -> [exit code, stdout, stderr]."""
     tmp = tmp_path_factory.mktemp("compose")
-    runs = {name: (script, script_env(DEVICE="cpu", **knobs)) for name, (script, knobs) in VARIANTS.items()}
+    runs = {name: (VARIANTS[name][0], script_env(DEVICE="cpu", **VARIANTS[name][1]))
+            for name in selected(request, list(VARIANTS))}
     commands = {name: argv for name, (argv, _) in recorded_commands(runs, tmp, "--cfg", "job", "trainer.seed=5").items()}
     done = subprocess.run([sys.executable, "-c", COMPOSE], input=json.dumps(commands), capture_output=True,
                           text=True, cwd=ROOT)
@@ -310,7 +326,7 @@ json.dump(results, sys.stdout)
 
 
 @pytest.fixture(scope="module")
-def gpu_plans(tmp_path_factory):
+def gpu_plans(request, tmp_path_factory):
     """Each GPU script's dry run (``trainer.dry_run=true``, planned for its GPUs on this CPU machine) with a
     config-only directory of its model (the real shapes, no weights) and prompts as long as the script
     allows (the worst case for memory); the tiny tokenizer stands in for Qwen's."""
@@ -333,7 +349,8 @@ def gpu_plans(tmp_path_factory):
     recorder.write_text(RECORDER)
     recorder.chmod(0o755)
     commands = {}
-    for script in GPU_SCRIPTS:
+    planned = selected(request, [script.stem for script in GPU_SCRIPTS])
+    for script in (script for script in GPU_SCRIPTS if script.stem in planned):
         assert bash(script, script_env(DEVICE="cpu", PYTHON=str(recorder), RLPLAT_RECORD=str(tmp / "a")), "--cfg",
                     "job").returncode == 0
         job = (tmp / "a").read_text()
