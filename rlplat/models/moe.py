@@ -39,6 +39,16 @@ def num_experts(config) -> int:
     return int(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0)
 
 
+def sparse_layers(config) -> tuple[int, ...]:
+    """The layers of a model config whose MLP is the routed experts (Qwen-MoE's rule: every
+    ``decoder_sparse_step``-th layer but those in ``mlp_only_layers``; none for a dense model)."""
+    if not num_experts(config):
+        return ()
+    step = getattr(config, "decoder_sparse_step", None) or 1
+    dense = set(getattr(config, "mlp_only_layers", None) or ())
+    return tuple(i for i in range(config.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+
+
 def is_moe(config) -> bool:
     """Whether a model config (or an embedded model's spec) describes a mixture of experts."""
     return config is not None and num_experts(config) > 0

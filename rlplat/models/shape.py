@@ -37,7 +37,7 @@ class ModelShape:
     @classmethod
     def from_config(cls, config) -> ModelShape:
         """The shape of ``config``'s language model; a vision-language model's also counts its vision encoder."""
-        from rlplat.models.moe import num_experts
+        from rlplat.models.moe import num_experts, sparse_layers
         from rlplat.models.vision import is_vision
 
         vision = _vision_params(config) if is_vision(config) else 0
@@ -47,8 +47,6 @@ class ModelShape:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         qk_norm = {"qwen3": 2 * head_dim, "qwen3_moe": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}
         experts = num_experts(config)
-        step = getattr(config, "decoder_sparse_step", None) or 1  # Qwen-MoE: every step-th layer is sparse ...
-        dense = set(getattr(config, "mlp_only_layers", None) or ())  # ... but these
         return cls(layers=layers, hidden=config.hidden_size, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                    intermediate=config.intermediate_size, vocab=config.vocab_size,
                    tied=bool(getattr(config, "tie_word_embeddings", False)),
@@ -57,7 +55,7 @@ class ModelShape:
                    expert_intermediate=(getattr(config, "moe_intermediate_size", None) or config.intermediate_size)
                    if experts else 0,
                    shared_intermediate=getattr(config, "shared_expert_intermediate_size", None) or 0,
-                   sparse_layers=sum(i not in dense and (i + 1) % step == 0 for i in range(layers)) if experts else 0,
+                   sparse_layers=len(sparse_layers(config)),
                    qk_norm=qk_norm.get(config.model_type, 0), vision_params=vision)
 
     def _layer_params(self, sparse: bool, experts: int) -> int:

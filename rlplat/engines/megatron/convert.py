@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlplat.models.moe import num_experts
+from rlplat.models.moe import num_experts, sparse_layers
 
 Tensors = Mapping[str, torch.Tensor]
 QK_NORM_MODELS = ("qwen3", "qwen3_moe")  # model types whose attention normalises each head's queries and keys
@@ -88,17 +88,14 @@ class GPTShape:
     @classmethod
     def from_hf_config(cls, config) -> GPTShape:
         """The shape of a Hugging Face config (or of an embedded model's spec, whose vocabulary is not known: 0)."""
-        experts, layers = num_experts(config), config.num_hidden_layers
-        dense_only = set(getattr(config, "mlp_only_layers", None) or ())
-        step = getattr(config, "decoder_sparse_step", 1) or 1
-        sparse = tuple(i for i in range(layers) if experts and i not in dense_only and (i + 1) % step == 0)
-        return cls(layers, config.hidden_size, config.num_attention_heads,
+        experts = num_experts(config)
+        return cls(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
                    getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
                    getattr(config, "intermediate_size", 0), getattr(config, "vocab_size", 0),
                    bool(config.tie_word_embeddings), getattr(config, "head_dim", None) or 0,
                    getattr(config, "model_type", None) in QK_NORM_MODELS,
                    experts, getattr(config, "num_experts_per_tok", 0) if experts else 0,
-                   getattr(config, "moe_intermediate_size", 0) if experts else 0, sparse,
+                   getattr(config, "moe_intermediate_size", 0) if experts else 0, sparse_layers(config),
                    bool(getattr(config, "norm_topk_prob", True)))
 
     def padded_vocab_size(self, tp: int) -> int:

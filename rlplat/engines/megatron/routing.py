@@ -18,6 +18,7 @@ keeping its own slice's in backward) so that the loss and the metrics see the wh
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.distributed as dist
@@ -48,8 +49,9 @@ class SequenceFirstRows:
         return tensor.reshape(self.run, self.rows, *tensor.shape[1:]).transpose(0, 1)[:, :length]
 
 
+@functools.cache
 def layer_replay_class():
-    """:class:`LayerReplay`, defined on first use (it subclasses Megatron-Core's ``RouterReplay``, which imports
+    """:class:`LayerReplay`, defined once, on first use (it subclasses Megatron-Core's ``RouterReplay``, which imports
     Megatron-Core)."""
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
