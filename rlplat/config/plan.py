@@ -32,8 +32,8 @@ class RolloutDeclaration:
     scores_sequences: bool = False  # it scores a given token sequence: the weight sync's log-prob probe
     # it loads a weight update between two tokens of a generation under way and goes on (rollout.partial=resume)
     pauses_for_updates: bool = False
-    # a mixture of experts' single-turn rollouts carry the experts each token was routed to (routed_experts), which
-    # actor.moe.router_replay=r3 replays and moe/routing_mismatch_frac compares with
+    # a mixture of experts' rollouts carry the experts each token was routed to (routed_experts; an agent loop's too:
+    # AgentLoop.carries_routing), which actor.moe.router_replay=r3 replays and moe/routing_mismatch_frac compares with
     returns_routing: bool = False
     # it takes a mixture of experts' weight updates (vLLM's CPU MoE backend does not: docs/moe.md)
     loads_expert_weights: bool = True

@@ -42,6 +42,7 @@ from rlplat.agents.environment import Environment, Step
 from rlplat.agents.setup import Environments, check_environment_config
 from rlplat.agents.trajectory import TemplateNotIncremental, Trajectory, retokenize_drift
 from rlplat.config.errors import ConfigError
+from rlplat.models.moe import NO_ROUTING
 from rlplat.protocol import Batch
 from rlplat.registry import Registry
 from rlplat.rollout.base import RolloutEngine, SamplingParams, assemble_rollout, prompt_token_lists
@@ -56,10 +57,13 @@ class AgentLoop(ABC):
     ``reads_rows``: whether the loop reads the rows' text columns (prompt, extra_info, ...: its environments
     do); a loop that needs the tensors only sets False, and the controller then sends its workers no text.
     ``runs_environments``: whether it runs ``rollout.agent.tools`` / ``rollout.agent.environment`` (a loop that
-    does not has them refused at start-up rather than ignored)."""
+    does not has them refused at start-up rather than ignored). ``carries_routing``: whether its batch holds a
+    mixture of experts' rollout routing (``routed_experts``) when the engine's samples do
+    (``actor.moe.router_replay=r3`` is refused with a loop that does not)."""
 
     reads_rows = True
     runs_environments = True
+    carries_routing = True
 
     def __init__(self, agent_cfg, tokenizer, response_length: int):
         self.cfg, self.tokenizer, self.response_length = agent_cfg, tokenizer, response_length
@@ -141,6 +145,7 @@ class ToolLoop(AgentLoop):
         active = list(range(len(rows)))
         stops = set(params.stop_ids(self.tokenizer.eos_token_id))
         asked: dict[int, int] = {}  # trajectory -> its index in the last generate_ids call
+        routing: list[torch.Tensor | None] = [None] * len(rows)  # a mixture of experts': prompt and response so far
         with ThreadPoolExecutor(max_workers=16) as pool, _conversations(engine):
             for _turn in range(self.cfg.max_turns):
                 if not active:
@@ -154,6 +159,9 @@ class ToolLoop(AgentLoop):
                 reacting = []
                 for i, sample in zip(active, samples):
                     ids, log_probs = sample.ids[:room[i]], sample.log_probs[:room[i]]
+                    if sample.routing is not None:
+                        context = len(trajectories[i].prompt_ids) + len(trajectories[i].response_ids)
+                        routing[i] = first_fed(routing[i], sample.routing[:context + len(ids)])
                     text_ids = ids[:-1] if ids and ids[-1] in stops else ids
                     trajectories[i].add_sampled(ids, log_probs, self.tokenizer.decode(text_ids))
                     if sample.stopped and len(ids) == len(sample.ids):
@@ -182,7 +190,10 @@ class ToolLoop(AgentLoop):
         for i in active:
             ended[i] = "max_turns"
         self._finish(prompts, rows, envs, trajectories, rewards, infos)
-        return self._assemble(prompts, rows, trajectories, schemas, ended, rewards, infos)
+        out = self._assemble(prompts, rows, trajectories, schemas, ended, rewards, infos)
+        if all(r is not None for r in routing):
+            out = out.union(Batch.from_dict({"routed_experts": routing_layout(prompts, routing, self.response_length)}))
+        return out
 
     def _finish(self, prompts: Batch, rows, envs, trajectories: list[Trajectory], rewards, infos) -> None:
         """Reward terms of environments that score the finished rollouts together (a prompt group at a time)."""
@@ -239,7 +250,9 @@ class ClientLoop(ToolLoop):
     budget) and an ``openai.AsyncOpenAI`` client on it; the harness holds one conversation that starts with the
     row's prompt (``row["prompt"]``, with ``row["tools"]``: the schemas the prompt was rendered with), and the
     session's record of it, token for token, is the trajectory. Its reward terms add to the score as an
-    environment's do. The harnesses of a batch run concurrently."""
+    environment's do. The harnesses of a batch run concurrently. (The session does not record routing.)"""
+
+    carries_routing = False
 
     def __init__(self, agent_cfg, tokenizer, response_length: int):
         super().__init__(agent_cfg, tokenizer, response_length)
@@ -288,6 +301,27 @@ class ClientLoop(ToolLoop):
         rewards = [{name: float(value) for name, value in (terms or {}).items()} for terms in returned]
         return self._assemble(prompts, rows, [t.cut(self.response_length) for t in trajectories], schemas, ended,
                               rewards, [{} for _ in rows])
+
+
+def first_fed(known: torch.Tensor | None, turn: torch.Tensor) -> torch.Tensor:
+    """A trajectory's routing after a turn: ``turn`` (the routing of the conversation the turn fed and of its sampled
+    ids) where ``known`` (the earlier turns') has none, so that each token keeps its routing in the forward that first
+    fed it, as in one generation: the observation tokens and the previous turn's last sampled id take this turn's."""
+    if known is None:
+        return turn
+    merged = turn.clone()
+    merged[:len(known)] = torch.where(known >= 0, known, turn[:len(known)])
+    return merged
+
+
+def routing_layout(prompts: Batch, routing: list[torch.Tensor], response_length: int) -> torch.Tensor:
+    """The trajectories' routing (each ``[prompt + response tokens, layers, top_k]``) as the ``routed_experts`` field
+    ``[B, P + R, layers, top_k]``: the prompt's part left-padded, the response's right-padded, with -1 (none)."""
+    width, lengths = prompts.tensors["prompts"].shape[1], prompts.tensors["prompt_mask"].sum(-1).tolist()
+    out = torch.full((len(routing), width + response_length, *routing[0].shape[1:]), NO_ROUTING, dtype=torch.int16)
+    for row, (tokens, length) in enumerate(zip(routing, lengths)):
+        out[row, width - length:width - length + len(tokens)] = tokens
+    return out
 
 
 def load_harness(spec: str | None):

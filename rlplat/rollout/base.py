@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -80,6 +80,10 @@ class Sample:
     ids: list[int]
     log_probs: list[float]  # log-softmax(logits / temperature) of each sampled id
     stopped: bool  # ended at EOS or a stop id (False: it reached max_new_tokens)
+    # a mixture of experts' routing of the prompt and the sampled ids, [len(prompt) + len(ids), layers, top_k] int16:
+    # each token's experts in the forward that first fed it (-1: none; the last id is fed by no forward), when the
+    # engine returns routing (its declaration's returns_routing), else None
+    routing: torch.Tensor | None = None
 
 
 class NonFiniteLogitsError(RuntimeError):
@@ -175,8 +179,13 @@ class RolloutEngine(ABC):
             return []
         ids, mask = left_padded(prompts, self.setup.pad_token_id)
         out = self.generate(Batch.from_dict({"prompts": ids, "prompt_mask": mask}), params).tensors
-        return samples_of(out["responses"], out["rollout_log_probs"], out["response_mask"].sum(-1).tolist(),
-                          params.stop_ids(self.setup.eos_token_id))
+        samples = samples_of(out["responses"], out["rollout_log_probs"], out["response_mask"].sum(-1).tolist(),
+                             params.stop_ids(self.setup.eos_token_id))
+        if "routed_experts" not in out:
+            return samples
+        width = out["input_ids"].shape[1] - out["responses"].shape[1]  # the left-padded prompts'
+        return [replace(sample, routing=routed[width - len(prompt):width + len(sample.ids)])
+                for sample, prompt, routed in zip(samples, prompts, out["routed_experts"])]
 
     def end_conversations(self) -> None:
         """Drop what :meth:`generate_ids` kept for continuing the conversations (the agent loop is done)."""

@@ -98,8 +98,8 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
 
 def check_experts(cfg: DictConfig, rollout) -> None:
     """A mixture of experts' settings against the rollout engine's declaration (``rollout``): that it takes the
-    experts' weight updates; ``actor.moe.router_replay`` a known mode, with experts to replay, and for r3 rollouts
-    that carry their routing."""
+    experts' weight updates; ``actor.moe.router_replay`` a known mode, with experts to replay, and for r3 an engine
+    and an agent loop that return the rollout's routing."""
     replay = cfg.actor.moe.router_replay
     known = known_config(cfg.model)
     if not rollout.loads_expert_weights and known is not None and is_moe(known):
@@ -117,9 +117,9 @@ def check_experts(cfg: DictConfig, rollout) -> None:
         raise ConfigError(f"actor.moe.router_replay=r3 replays the rollout engine's routing, which the "
                           f"{cfg.rollout.name} engine does not return with these settings (docs/moe.md); "
                           f"use r2 or none")
-    if replay == "r3" and cfg.rollout.agent.name != "single_turn":
+    if replay == "r3" and not AGENT_LOOPS.get(cfg.rollout.agent.name).carries_routing:
         raise ConfigError(f"actor.moe.router_replay=r3: the {cfg.rollout.agent.name} agent loop's trajectories do not "
-                          f"carry the rollout's routing yet (docs/moe.md); use r2 or none")
+                          f"carry the rollout's routing (docs/moe.md); use r2 or none")
 
 
 def check_vision(cfg: DictConfig, plan: RunPlan, rollout, config) -> None:

@@ -18,7 +18,7 @@ from rlplat.models.tiny import TinyMoESpec, build_tiny_model
 from rlplat.trainer.run import load_run_config
 from rlplat.workers.roles import ActorRolloutRefWorker
 
-from workers.helpers import engine_config, prompt_batch, with_training_fields
+from workers.helpers import ECHO_ENVIRONMENT, agent_prompts, engine_config, prompt_batch, with_training_fields
 
 
 @pytest.fixture(scope="module")
@@ -230,41 +230,75 @@ def _perturb_routers(engine) -> None:
             router.weight.add_(torch.randn(router.weight.shape, generator=gen) * 0.3)
 
 
-def test_r3_replays_the_rollouts_routing_in_every_training_forward(tiny_moe_path):
-    group = _moe_group(tiny_moe_path, ["actor.moe.router_replay=r3"])
+def _fed(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Every real token but each row's last, which no rollout forward fed."""
+    fed = attention_mask.bool().clone()
+    fed[torch.arange(len(fed)), fed.shape[1] - 1 - fed.flip(1).long().argmax(1)] = False
+    return fed
+
+
+def test_r3_replays_the_rollouts_routing_in_every_training_forward(tiny_moe_path, tmp_path):
+    """Single-turn rollouts, and the tool loop's multi-turn trajectories (an environment replying to every turn):
+    each token replays the experts of the rollout forward that first fed it, observation tokens included."""
+    from transformers import AutoTokenizer
+
+    from rlplat.rollout.agent_loop import ToolLoop
+    from rlplat.rollout.base import SamplingParams
+
+    (tmp_path / "echo.py").write_text(ECHO_ENVIRONMENT)
+    group = _moe_group(tiny_moe_path, ["actor.moe.router_replay=r3", "rollout.agent.name=tool",
+                                       f"rollout.agent.environment={tmp_path}/echo.py:Echo"])
     try:
         engine = group.worker.actor
         torch.manual_seed(0)
-        batch = with_training_fields(group.generate_sequences(prompt_batch(tiny_moe_path)))
-        routed, t = batch.tensors["routed_experts"], batch.tensors
-        assert routed.shape == (*t["input_ids"].shape, 2, 2) and routed.dtype == torch.int16
-        fed = t["attention_mask"].bool().clone()  # every real token but each row's last was fed to a forward
-        fed[torch.arange(len(fed)), fed.shape[1] - 1 - fed.flip(1).long().argmax(1)] = False
-        assert bool((routed[fed] >= 0).all()) and bool((routed[~t["attention_mask"].bool()] == -1).all())
-        mask = t["response_mask"].bool()
+        single = with_training_fields(group.generate_sequences(prompt_batch(tiny_moe_path)))
+        tokenizer = AutoTokenizer.from_pretrained(tiny_moe_path)
+        loop = ToolLoop(group.worker.cfg.rollout.agent, tokenizer, response_length=48)
+        params = SamplingParams(max_new_tokens=8, stop_token_ids=tuple(range(20, 40)))  # turns that end
+        multi = with_training_fields(loop.run(group.worker.rollout, agent_prompts(tokenizer, ["1+2=", "33+4="] * 4),
+                                              params))
+        observed = torch.zeros_like(multi.tensors["attention_mask"], dtype=torch.bool)  # attended to, not sampled
+        observed[:, -48:] = multi.tensors["attention_mask"][:, -48:].bool() & ~multi.tensors["response_mask"].bool()
+        assert int(observed.any(-1).sum()) >= 4  # trajectories of several turns
+        for batch, observations in ((single, None), (multi, observed)):
+            routed, t = batch.tensors["routed_experts"], batch.tensors
+            assert routed.shape == (*t["input_ids"].shape, 2, 2) and routed.dtype == torch.int16
+            fed = _fed(t["attention_mask"])
+            assert bool((routed[fed] >= 0).all()) and bool((routed[~t["attention_mask"].bool()] == -1).all())
+            if observations is not None:
+                assert bool((routed[observations & fed] >= 0).all())
+        _check_replay(engine, single, multi)
+    finally:
+        group.shutdown()
 
-        def trained(replay: str):
-            engine.routing.replay = replay
-            out = engine.forward(batch, grad=True)
-            return out.router_metrics["moe/routing_mismatch_frac"], (out.log_probs - t["rollout_log_probs"])[mask]
 
-        mismatch, gap = trained("none")
+def _check_replay(engine, *batches) -> None:
+    """The trainer's routers route as the rollout's; once moved (the trainer's side only), 10-98% of the choices
+    differ without replay, none with r3, and the trainer's log-probs of the sampled tokens come closer."""
+
+    def trained(batch, replay: str):
+        engine.routing.replay = replay
+        out = engine.forward(batch, grad=True)
+        mask = batch.tensors["response_mask"].bool()
+        return out.router_metrics["moe/routing_mismatch_frac"], (out.log_probs - batch.tensors["rollout_log_probs"])[mask]
+
+    for batch in batches:
+        mismatch, gap = trained(batch, "none")
         assert mismatch == 0 and gap.abs().max() < 1e-4  # the trainer's routers are the rollout's
-        _perturb_routers(engine)  # the trainer's side only: the rollout's samples are taken
-        mismatch_none, gap_none = trained("none")
-        mismatch_r3, gap_r3 = trained("r3")
+    _perturb_routers(engine)  # the trainer's side only: the rollout's samples are taken
+    for batch in batches:
+        mismatch_none, gap_none = trained(batch, "none")
+        mismatch_r3, gap_r3 = trained(batch, "r3")
         print(f"routing mismatch none {mismatch_none:.3f} r3 {mismatch_r3:.3f}; mean |log-prob gap| "
               f"none {gap_none.abs().mean():.4f} r3 {gap_r3.abs().mean():.4f}")
         assert mismatch_none > 0.1 and mismatch_r3 == 0
-        assert gap_r3.abs().mean() < 0.75 * gap_none.abs().mean()  # 0.024 vs 0.039: the gates moved too
-        # the log-prob pass replays it too
-        engine.routing.replay = "r3"
-        replayed = engine.infer(batch, split=MicroBatching(4))["log_probs"]
-        torch.testing.assert_close(replayed[mask], engine.forward(batch).log_probs[mask].detach())
-        with pytest.raises(KeyError, match="routed_experts"):
-            engine.forward(batch.select([k for k in t.keys() if k != "routed_experts"]))
-    finally:
-        group.shutdown()
+        assert gap_r3.abs().mean() < 0.75 * gap_none.abs().mean()  # single-turn 0.024 vs 0.039: the gates moved too
+    batch = batches[0]  # the log-prob pass replays it too
+    mask = batch.tensors["response_mask"].bool()
+    replayed = engine.infer(batch, split=MicroBatching(4))["log_probs"]
+    torch.testing.assert_close(replayed[mask], engine.forward(batch).log_probs[mask].detach())
+    with pytest.raises(KeyError, match="routed_experts"):
+        engine.forward(batch.select([k for k in batch.tensors.keys() if k != "routed_experts"]))
 
 
 def test_r2_replays_the_log_prob_pass_routing_also_in_the_recomputation(tiny_moe_path):
@@ -304,8 +338,9 @@ def test_r2_replays_the_log_prob_pass_routing_also_in_the_recomputation(tiny_moe
      r"actor.moe.router_replay=r2: model.path=embedded is a dense model \(no experts to route\)"),
     (["actor.moe.router_replay=r3", "rollout.hf.use_model_generation_config=true"],
      r"actor.moe.router_replay=r3 replays the rollout engine's routing, which the hf engine does not return"),
-    (["actor.moe.router_replay=r3", "rollout.agent.name=tool"],
-     r"actor.moe.router_replay=r3: the tool agent loop's trajectories do not carry the rollout's routing yet"),
+    (["actor.moe.router_replay=r3", "rollout.agent.name=client",
+      "rollout.agent.harness=examples/environments/harnesses.py:again"],
+     r"actor.moe.router_replay=r3: the client agent loop's trajectories do not carry the rollout's routing"),
     (["rollout=vllm", "trainer.device=cpu"], r"rollout.name=vllm: model.path=embedded-moe is a mixture of experts, "
                                             r"and this engine does not take its weight updates on this device"),
 ])
