@@ -11,8 +11,9 @@ layers, top_k]``, ``-1`` where none was recorded):
   (``routed_experts``).
 
 A training forward (with gradients) records its routing for the load-balancing loss and the ``moe/*`` metrics,
-among them ``moe/routing_mismatch_frac``: how often the experts it used differ from the rollout's, when the
-batch has the rollout's routing (0 under r3, by replay; under none, the rollout/training routing gap).
+among them, when the batch has the rollout's routing, ``moe/routing_mismatch_frac``: how often the experts it used
+differ from the rollout's (0 under r3, by replay; under none, the rollout/training routing gap), and
+``moe/router_mismatch_frac``: how often its routers' own choice does (under every mode: the gap that replay closes).
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ class RoutedForward:
         tap = self.tap
         if sp_group is not None:
             shape = rows.input_ids.shape
-            routing = Routing([whole_tokens(x, *shape, sp_group) for x in routing.logits],
-                              [whole_tokens(x, *shape, sp_group) for x in routing.indices])
+            routing = Routing(*([whole_tokens(x, *shape, sp_group) for x in tensors]
+                                for tensors in (routing.logits, routing.indices, routing.own)))
         real = rows.real.to(routing.logits[0].device)
         if not grad:
             out.routed_experts = rows.unpack(routing.stacked(), tensors["input_ids"].shape[1], NO_ROUTING).cpu()
@@ -95,4 +96,5 @@ class RoutedForward:
         out.router_metrics = {"moe/aux_loss": float(aux.detach()), **routing_metrics(routing, real, tap.num_experts)}
         if ROLLOUT_ROUTING in tensors.keys():
             recorded = rows.pack(tensors[ROLLOUT_ROUTING], NO_ROUTING)
-            out.router_metrics["moe/routing_mismatch_frac"] = routing_mismatch(routing, real, recorded)
+            out.router_metrics["moe/routing_mismatch_frac"] = routing_mismatch(routing.indices, real, recorded)
+            out.router_metrics["moe/router_mismatch_frac"] = routing_mismatch(routing.own, real, recorded)

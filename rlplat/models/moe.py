@@ -67,11 +67,17 @@ NO_ROUTING = -1  # a token without recorded routing (in a routed_experts field)
 @dataclass
 class Routing:
     """What the sparse layers of one forward routed, per layer, tokens in the order of the flattened input rows:
-    the router's logits ``[tokens, experts]`` and the experts the tokens went to ``[tokens, top_k]`` (the
-    router's own top-k, or the replayed routing)."""
+    the router's logits ``[tokens, experts]``, the experts the tokens went to ``[tokens, top_k]`` (the
+    router's own top-k, or the replayed routing) and the router's own top-k (``own``; the same tensors as
+    ``indices`` where nothing was replayed)."""
 
     logits: list[torch.Tensor]
     indices: list[torch.Tensor]
+    own: list[torch.Tensor]
+
+    @classmethod
+    def empty(cls, layers: int) -> Routing:
+        return cls([None] * layers, [None] * layers, [None] * layers)
 
     def stacked(self) -> torch.Tensor:
         """The experts the tokens went to, ``[tokens, layers, top_k]`` int16 (a routed_experts field's layout)."""
@@ -119,7 +125,7 @@ class RouterTap:
             if self.replay is not None:
                 indices, weights = self._replayed(layer, logits, own, self.replay[:, layer].to(own.device))
             if self._routing is not None:
-                self._routing.logits[layer], self._routing.indices[layer] = logits, indices
+                self._routing.logits[layer], self._routing.indices[layer], self._routing.own[layer] = logits, indices, own
             return logits, weights, indices
         return record
 
@@ -153,7 +159,7 @@ class RouterTap:
     @contextlib.contextmanager
     def recording(self):
         """Yields the :class:`Routing` the forwards inside fill (each layer's last call)."""
-        self._routing = Routing([None] * len(self.routers), [None] * len(self.routers))
+        self._routing = Routing.empty(len(self.routers))
         try:
             yield self._routing
         finally:
@@ -188,12 +194,13 @@ def load_balancing_loss(routing: Routing, real: torch.Tensor, num_experts: int) 
     return num_experts * (chosen.mean(0) * probs.mean(0)[None]).sum()
 
 
-def routing_mismatch(routing: Routing, real: torch.Tensor, recorded: torch.Tensor) -> float:
-    """``moe/routing_mismatch_frac``: the share of (token, layer) pairs, over the real tokens with a recorded
-    routing (``recorded`` ``[tokens, layers, top_k]``, e.g. the rollout engine's), where the experts this forward
-    used are not the recorded set; 0 when no token has one (so every micro-batch reports it)."""
+def routing_mismatch(indices: list[torch.Tensor], real: torch.Tensor, recorded: torch.Tensor) -> float:
+    """The share of (token, layer) pairs, over the real tokens with a recorded routing (``recorded`` ``[tokens,
+    layers, top_k]``, e.g. the rollout engine's), where the experts ``indices`` (per layer ``[tokens, top_k]``: those a
+    forward used, ``moe/routing_mismatch_frac``, or its routers' own choice, ``moe/router_mismatch_frac``) are not the
+    recorded set; 0 when no token has one (so every micro-batch reports it)."""
     with torch.no_grad():
-        used = torch.stack(routing.indices, dim=1).sort(-1).values  # [tokens, layers, k]
+        used = torch.stack(indices, dim=1).sort(-1).values  # [tokens, layers, k]
         recorded = recorded.to(used.device).long().sort(-1).values
         held = real[:, None] & (recorded >= 0).all(-1)  # [tokens, layers]
         if not bool(held.any()):

@@ -111,7 +111,7 @@ def check_same_step(group, reference) -> None:
     torch.testing.assert_close(got[mask], log_probs[mask], atol=1e-5, rtol=0)
     trained = group.update_actor(batch)[0]
     for key in ("actor/pg_loss", "moe/aux_loss", "moe/expert_load_max_frac", "moe/routing_entropy",
-                "moe/routing_mismatch_frac", "grad_norm"):
+                "moe/routing_mismatch_frac", "moe/router_mismatch_frac", "grad_norm"):
         assert trained[key] == pytest.approx(metrics[key], abs=1e-5), key
     for rank_weights in group.actor_weights():
         assert rank_weights.keys() == weights.keys()

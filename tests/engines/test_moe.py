@@ -280,18 +280,21 @@ def _check_replay(engine, *batches) -> None:
         engine.routing.replay = replay
         out = engine.forward(batch, grad=True)
         mask = batch.tensors["response_mask"].bool()
-        return out.router_metrics["moe/routing_mismatch_frac"], (out.log_probs - batch.tensors["rollout_log_probs"])[mask]
+        metrics = out.router_metrics
+        used, own = metrics["moe/routing_mismatch_frac"], metrics["moe/router_mismatch_frac"]
+        return used, own, (out.log_probs - batch.tensors["rollout_log_probs"])[mask]
 
     for batch in batches:
-        mismatch, gap = trained(batch, "none")
-        assert mismatch == 0 and gap.abs().max() < 1e-4  # the trainer's routers are the rollout's
+        used, own, gap = trained(batch, "none")
+        assert used == own == 0 and gap.abs().max() < 1e-4  # the trainer's routers are the rollout's
     _perturb_routers(engine)  # the trainer's side only: the rollout's samples are taken
     for batch in batches:
-        mismatch_none, gap_none = trained(batch, "none")
-        mismatch_r3, gap_r3 = trained(batch, "r3")
-        print(f"routing mismatch none {mismatch_none:.3f} r3 {mismatch_r3:.3f}; mean |log-prob gap| "
-              f"none {gap_none.abs().mean():.4f} r3 {gap_r3.abs().mean():.4f}")
+        mismatch_none, own_none, gap_none = trained(batch, "none")
+        mismatch_r3, own_r3, gap_r3 = trained(batch, "r3")
+        print(f"routing mismatch none {mismatch_none:.3f} r3 {mismatch_r3:.3f} (the routers' own choice: "
+              f"{own_r3:.3f}); mean |log-prob gap| none {gap_none.abs().mean():.4f} r3 {gap_r3.abs().mean():.4f}")
         assert mismatch_none > 0.1 and mismatch_r3 == 0
+        assert own_none == mismatch_none and own_r3 == pytest.approx(mismatch_none, abs=0.02)  # what r3 corrected
         assert gap_r3.abs().mean() < 0.75 * gap_none.abs().mean()  # single-turn 0.024 vs 0.039: the gates moved too
     batch = batches[0]  # the log-prob pass replays it too
     mask = batch.tensors["response_mask"].bool()

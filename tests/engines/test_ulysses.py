@@ -298,5 +298,5 @@ def test_a_mixture_of_experts_split_by_ulysses_routes_as_one_worker(tmp_path):
         torch.testing.assert_close(got[mask], log_probs[mask], atol=1e-5, rtol=0)
         metrics = torch.load(tmp_path / f"metrics{rank}.pt", weights_only=False)
         for key in ("grad_norm", "actor/pg_loss", "moe/aux_loss", "moe/expert_load_max_frac", "moe/routing_entropy",
-                    "moe/routing_mismatch_frac"):
+                    "moe/routing_mismatch_frac", "moe/router_mismatch_frac"):
             assert metrics[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-6), (rank, key)

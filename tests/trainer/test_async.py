@@ -487,9 +487,12 @@ def test_a_batch_scored_ahead_reports_its_reward_failure_in_the_step_that_needs_
 def test_kill_9_of_an_async_run_then_resume_trains_every_prompt_once(embedded_cache, small_val, tmp_path, ray_cluster):
     # batches in flight at a checkpoint are generated again after the resume (with the resumed weights):
     # the ledger of the finished run is every drawn prompt group exactly once, each step is logged once. The killed
-    # run started a Ray cluster of its own (killed with it); the same settings resume on the test session's
+    # run started a Ray cluster of its own (killed with it); the same settings resume on the test session's. The
+    # model is a mixture of experts whose updates replay the rollout's routing (r3): every batch, one step old or
+    # generated again after the resume, came through the queue with the routing of the weights that sampled it
     out = tmp_path / "run"
-    settings = overrides(out, 5, small_val, SEPARATE, "trainer.async_steps=1", "trainer.save_freq=1")
+    settings = overrides(out, 5, small_val, SEPARATE, "trainer.async_steps=1", "trainer.save_freq=1",
+                         "model.path=embedded-moe", "actor.moe.router_replay=r3")
     command = [sys.executable, "-m", "rlplat.trainer.main", *settings]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -510,3 +513,8 @@ def test_kill_9_of_an_async_run_then_resume_trains_every_prompt_once(embedded_ca
     rows = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows == list(range(6))
     assert [row["step"] for row in read_timeline(out)] == [1, 2, 3, 4, 5]  # cut back with metrics.jsonl
+    steps = metrics(out)
+    assert max(steps[s]["off_policy/staleness_max"] for s in range(2, 6)) == 1
+    # replayed exactly, while the trainer's own routers (a step newer than the rollout's weights) chose otherwise
+    assert all(steps[s]["moe/routing_mismatch_frac"] == 0 for s in range(1, 6))
+    assert max(steps[s]["moe/router_mismatch_frac"] for s in range(2, 6)) > 0

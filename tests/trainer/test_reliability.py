@@ -380,12 +380,16 @@ def _weights_that_differ(one, other) -> list[str]:
     return [name for name, tensor in mine.items() if not torch.equal(theirs[name], tensor)]
 
 
-@pytest.mark.parametrize("extra", [[], ["model.lora.rank=8"], pytest.param(RAY_2, marks=pytest.mark.slow)],
-                         ids=["full", "lora", "ray-2-workers"])
+MOE_R3 = ["model.path=embedded-moe", "actor.moe.router_replay=r3"]
+
+
+@pytest.mark.parametrize("extra", [MOE_R3, ["model.lora.rank=8"], pytest.param(RAY_2, marks=pytest.mark.slow)],
+                         ids=["moe-r3", "lora", "ray-2-workers"])
 def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, small_val, tmp_path, extra, request):
-    """The metrics of every step and the final weights bit for bit. Also for a LoRA run, whose checkpoints
-    hold the adapters and their optimizer state only, and on Ray with two training workers (each holding
-    half of the weights and of the optimizer state, each taking half of a step's rows): the killed run's
+    """The metrics of every step and the final weights bit for bit: for a mixture of experts whose training forwards
+    replay the rollout's routing (in process; the full-weight dense model in process is the next test's), a LoRA run,
+    whose checkpoints hold the adapters and their optimizer state only, and on Ray with two training workers (each
+    holding half of the weights and of the optimizer state, each taking half of a step's rows): the killed run's
     workers die with it (they belonged to its controller) and the resumed run starts new ones."""
     from rlplat.data import TASKS, write_parquet
 
@@ -416,6 +420,8 @@ def test_kill_9_then_resume_gives_the_uninterrupted_trajectory(embedded_cache, s
     for step in range(7):
         assert resumed[step] == full[step], (step, kill_at, saved)
     assert full[3] != full[4]  # the steps differ, so equality means something
+    if extra == MOE_R3:  # the resumed steps' rollouts carried their routing, and the updates replayed it
+        assert all(resumed[step]["moe/routing_mismatch_frac"] == 0 for step in range(1, 7))
     assert _weights_that_differ(tmp_path / "full", crashed) == []
 
     # each step once: the rows the killed run logged after its checkpoint were cut (into a side file)

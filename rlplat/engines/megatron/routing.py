@@ -65,13 +65,13 @@ def layer_replay_class():
             self.tap, self.layer = tap, layer
 
         def get_replay_topk(self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
-            values, indices = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
-            chosen = self.tap.replayed(self.layer, indices)
+            values, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
+            indices, chosen = own, self.tap.replayed(self.layer, own)
             if chosen is not None:
-                indices = torch.where(chosen >= 0, chosen, indices)
+                indices = torch.where(chosen >= 0, chosen, own)
                 values = scores.gather(1, indices)
             self.record_indices(indices)
-            self.tap.record(self.layer, indices=indices)
+            self.tap.record(self.layer, indices=indices, own=own)
             return values, indices
 
     return LayerReplay
@@ -121,17 +121,18 @@ class MegatronRouterTap:
                              f"{tuple(own.shape)} (tokens, top_k)")
         return chosen
 
-    def record(self, layer: int, logits: torch.Tensor | None = None, indices: torch.Tensor | None = None) -> None:
+    def record(self, layer: int, logits: torch.Tensor | None = None, indices: torch.Tensor | None = None,
+               own: torch.Tensor | None = None) -> None:
         if self._routing is not None:
             if logits is not None:
                 self._routing.logits[layer] = logits
             if indices is not None:
-                self._routing.indices[layer] = indices
+                self._routing.indices[layer], self._routing.own[layer] = indices, own
 
     @contextlib.contextmanager
     def recording(self):
         """Yields the :class:`Routing` the forwards inside fill, over the whole micro-batch once the block ends."""
-        routing = self._routing = Routing([None] * len(self.routers), [None] * len(self.routers))
+        routing = self._routing = Routing.empty(len(self.routers))
         try:
             yield routing
         finally:
@@ -141,4 +142,5 @@ class MegatronRouterTap:
 
             routing.logits = [gather_from_sequence_parallel_region(t, tensor_parallel_output_grad=False)
                               for t in routing.logits]
-            routing.indices = [gather_from_sequence_parallel_region(t) for t in routing.indices]
+            routing.indices, routing.own = ([gather_from_sequence_parallel_region(t) for t in tensors]
+                                            for tensors in (routing.indices, routing.own))
