@@ -51,7 +51,8 @@ class MegatronConfig:
     recompute_activations: bool = False  # recompute each layer's activations in backward (saves memory)
     # split the norms' and dropouts' activations along the sequence over the tensor-parallel ranks (tp > 1)
     sequence_parallel: bool = False
-    # shard AdamW's state (moments; fp32 masters of bf16 weights) over the data-parallel replicas (ZeRO-1)
+    # shard AdamW's state (moments; fp32 masters of bf16 weights) over the data-parallel replicas (ZeRO-1; a
+    # mixture of experts' experts: over the ranks that hold the same experts)
     use_distributed_optimizer: bool = True
     # auto = bf16 compute (CUDA autocast) with fp32 weights on GPU, fp32 on CPU | none | bf16 (GPU only)
     mixed_precision: str = "auto"

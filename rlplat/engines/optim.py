@@ -8,8 +8,10 @@ An engine whose replicas each hold whole weights (Megatron's data parallelism) c
 over them (``shard_group``; Megatron-Core's "distributed optimizer", ZeRO stage 1): each replica keeps
 AdamW's state only for its share of the weights (whole tensors, dealt largest first to the replica with
 the fewest elements so far), steps that share with the summed gradients and broadcasts it to the others.
-The update is the unsharded one; the state takes 1 / dp of the memory. FSDP needs none of this: its
-weights, and so its moments, are already sharded.
+The update is the unsharded one; the state takes 1 / dp of the memory. A mixture of experts' expert weights are
+held by fewer replicas (those of their expert-data-parallel group: expert parallelism puts other experts on the
+other ranks), so ``shard_group`` may name each weight's group. FSDP needs none of this: its weights, and so its
+moments, are already sharded.
 
 Weights kept in bf16 (``master_weights``; Megatron-LM's mixed-precision recipe, Micikevicius et al. 2018,
 "Mixed Precision Training") are stepped through fp32 master copies: each backward pass adds a weight's
@@ -54,7 +56,10 @@ class Optimizer:
     """AdamW + LR schedule + clipping over ``params``, for ``total_steps`` optimizer steps. ``grad_norm``
     computes the global gradient norm of ``params`` (default: over the local tensors, DTensors gathered);
     a tensor-parallel engine passes one that counts each shard once. ``shard_group``: the processes that
-    hold the same ``params`` (data-parallel replicas) and share the optimizer state out among them.
+    hold the same ``params`` (data-parallel replicas) and share the optimizer state out among them, or a function
+    giving each weight's (a mixture of experts' expert weights: their expert-data-parallel group); ``shard_unit``:
+    a key per weight, the weights of one key stepped by one replica (those a checkpoint writes as one tensor: a
+    layer's local experts).
     ``master_weights``: accumulate fp32 gradients and step fp32 copies of the weights (kept in a lower
     precision); the engine reads and reduces the gradients through :meth:`grad`. ``flat_state``: keep
     the gradients and AdamW's moments of plain (unsharded) fp32 ``params`` in flat buffers for the whole
@@ -62,16 +67,12 @@ class Optimizer:
 
     def __init__(self, params: Iterable[torch.nn.Parameter], optim_cfg: DictConfig, total_steps: int,
                  grad_norm: Callable[[list[torch.nn.Parameter]], torch.Tensor] | None = None,
-                 shard_group: dist.ProcessGroup | None = None, master_weights: bool = False,
+                 shard_group: dist.ProcessGroup | Callable[[torch.nn.Parameter], dist.ProcessGroup] | None = None,
+                 shard_unit: Callable[[torch.nn.Parameter], object] | None = None, master_weights: bool = False,
                  flat_state: bool = False):
         self.params = [p for p in params if p.requires_grad]
-        self.shard_group = shard_group if shard_group is not None and dist.get_world_size(shard_group) > 1 else None
-        self.owners = shard_owners(self.params, dist.get_world_size(self.shard_group)) if self.shard_group else None
-        self._owner_of = dict(zip(self.params, self.owners or ()))
-        if self.owners is not None and len(set(self.owners)) < dist.get_world_size(self.shard_group):
-            raise ValueError(f"the optimizer is sharded over {dist.get_world_size(self.shard_group)} replicas, more "
-                             f"than there are weights ({len(self.params)}); use fewer data-parallel replicas or an "
-                             f"unsharded optimizer")  # every replica computes the same owners: all of them stop
+        # each sharded weight's group (of more than one process) and the rank in it that steps the weight
+        self._group_of, self._owner_of = _shards(self.params, shard_group, shard_unit)
         self.stepped = [p for p in self.params if self.steps_locally(p)]
         # each stepped weight's tensor that AdamW updates: an fp32 copy (master_weights), else the weight
         self.masters = {p: p.detach().to(torch.float32, copy=True) for p in self.stepped} if master_weights else None
@@ -83,7 +84,7 @@ class Optimizer:
         for param in self.params if master_weights else ():
             param.register_post_accumulate_grad_hook(self._accumulate)
         targets = self._targets()
-        self.grad_buffer = attach_flat_grads(self.params) if flat_state and not (master_weights or self.owners) \
+        self.grad_buffer = attach_flat_grads(self.params) if flat_state and not (master_weights or self._owner_of) \
             else None
         self.grad_norm = grad_norm or _local_grad_norm
         self.grad_clip = optim_cfg.grad_clip
@@ -147,12 +148,11 @@ class Optimizer:
         with torch.no_grad():
             for param, master in (self.masters or {}).items():
                 param.copy_(master)
-            if self.shard_group is not None:
-                works = [dist.broadcast(param.data, src=dist.get_global_rank(self.shard_group, owner),
-                                        group=self.shard_group, async_op=True)
-                         for param, owner in zip(self.params, self.owners)]
-                for work in works:
-                    work.wait()
+            works = [dist.broadcast(param.data, src=dist.get_global_rank(self._group_of[param], owner),
+                                    group=self._group_of[param], async_op=True)
+                     for param, owner in self._owner_of.items()]
+            for work in works:
+                work.wait()
 
     @property
     def local_state(self) -> dict[torch.nn.Parameter, dict[str, torch.Tensor]]:
@@ -173,16 +173,39 @@ class Optimizer:
 
     def steps_locally(self, param: torch.nn.Parameter) -> bool:
         """Whether this process keeps ``param``'s optimizer state (always, unless sharded)."""
-        return self.owners is None or self._owner_of[param] == dist.get_rank(self.shard_group)
+        return param not in self._owner_of or self._owner_of[param] == dist.get_rank(self._group_of[param])
 
 
-def shard_owners(params: list[torch.nn.Parameter], replicas: int) -> list[int]:
-    """The replica that steps each weight: largest tensors first, each to the replica holding the fewest
-    elements so far (lowest index on a tie), so that every replica computes the same assignment."""
-    owners, load = [0] * len(params), [0] * replicas
-    for index in sorted(range(len(params)), key=lambda i: -params[i].numel()):
+def _shards(params: list[torch.nn.Parameter], shard_group, shard_unit) -> tuple[dict, dict]:
+    """Each sharded weight's group and the rank of that group that steps it (:func:`shard_owners` within each group,
+    over the units of ``shard_unit``, each weight its own by default): the weights whose group (``shard_group``, or
+    ``shard_group(weight)``) has more than one process."""
+    members: dict[dist.ProcessGroup, dict[object, list[torch.nn.Parameter]]] = {}
+    for param in params if shard_group is not None else ():
+        group = shard_group(param) if callable(shard_group) else shard_group
+        if dist.get_world_size(group) > 1:
+            members.setdefault(group, {}).setdefault(shard_unit(param) if shard_unit else param, []).append(param)
+    group_of, owner_of = {}, {}
+    for group, units in members.items():
+        replicas, units = dist.get_world_size(group), list(units.values())
+        owners = shard_owners([sum(p.numel() for p in unit) for unit in units], replicas)
+        if len(set(owners)) < replicas:  # every replica computes the same owners: all of them stop
+            raise ValueError(f"the optimizer is sharded over {replicas} replicas, more than there are weights they "
+                             f"share ({len(units)}); use fewer data-parallel replicas or an unsharded optimizer")
+        for unit, owner in zip(units, owners):
+            group_of.update(dict.fromkeys(unit, group))
+            owner_of.update(dict.fromkeys(unit, owner))
+    return group_of, owner_of
+
+
+def shard_owners(sizes: list[int], replicas: int) -> list[int]:
+    """The replica that steps each unit of weights (of ``sizes`` elements): largest first, each to the replica
+    holding the fewest elements so far (lowest index on a tie), so that every replica computes the same
+    assignment."""
+    owners, load = [0] * len(sizes), [0] * replicas
+    for index in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         owners[index] = min(range(replicas), key=lambda r: load[r])
-        load[owners[index]] += params[index].numel()
+        load[owners[index]] += sizes[index]
     return owners
 
 

@@ -82,10 +82,10 @@ def test_a_qwen3_moe_checkpoint_round_trips_bit_exactly(tmp_path, tied, tp, ep):
 
 
 # ------------------------------------------------------------------------------------------------- the engine
-def megatron(tp: int = 1, ep: int = 1) -> list[str]:
+def megatron(tp: int = 1, ep: int = 1, sharded: bool = False) -> list[str]:
     return ["actor.strategy=megatron", f"actor.megatron.tensor_model_parallel_size={tp}",
             f"actor.megatron.expert_model_parallel_size={ep}", f"actor.megatron.sequence_parallel={tp > 1}",
-            "actor.megatron.use_distributed_optimizer=false"]
+            f"actor.megatron.use_distributed_optimizer={sharded}"]
 
 
 def fsdp_step(model_path: str, extra: list[str]):
@@ -167,14 +167,15 @@ def test_in_process_megatron_moe_replays_the_rollouts_routing_and_matches_fsdp(m
         group.shutdown()
 
 
-@pytest.mark.parametrize("tp, ep, workers", [(1, 2, 2), (2, 2, 4)], ids=["ep2", "tp2-ep2"])
+@pytest.mark.parametrize("tp, ep, workers", [(1, 2, 2), (2, 2, 4)], ids=["ep2", "tp2-ep2-sharded"])
 def test_experts_split_over_ray_workers_match_fsdp(ray_cluster, moe_path, tmp_path, tp, ep, workers):
-    """ep2: each of two workers holds 4 experts (and is a data-parallel replica of the rest); tp2-ep2: four
-    workers, attention split in two with sequence parallelism, the experts over the other axis. Log-probs, losses,
-    metrics and every trained weight equal the FSDP engine's (EP = 1) within 1e-5; the checkpoint, each rank's
-    experts a slice of the whole tensors, loads into one worker (EP = 1) as those weights."""
+    """ep2: each of two workers holds 4 experts (and is a data-parallel replica of the rest); tp2-ep2-sharded: four
+    workers, attention split in two with sequence parallelism, the experts over the other axis, and the distributed
+    optimizer (each of the two ranks holding an expert steps half of those; each data-parallel replica half of the
+    rest). Log-probs, losses, metrics and every trained weight equal the FSDP engine's (EP = 1) within 1e-5; the
+    checkpoint, each rank's experts a slice of the whole tensors, loads into one worker (EP = 1) as those weights."""
     reference = fsdp_step(moe_path, AUX)
-    cfg, plan = engine_config(moe_path, workers=workers, extra=[*AUX, *megatron(tp, ep)])
+    cfg, plan = engine_config(moe_path, workers=workers, extra=[*AUX, *megatron(tp, ep, sharded=tp > 1)])
     pool = ResourcePool(nnodes=1, workers_per_node=workers, device="cpu").create()
     group = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg, plan=plan)
     try:
@@ -201,8 +202,6 @@ def test_experts_split_over_ray_workers_match_fsdp(ray_cluster, moe_path, tmp_pa
                                                          "experts"),
     (["actor.megatron.pipeline_model_parallel_size=2", *megatron()], "actor.megatron: pipeline_model_parallel_size=2: "
                                                                       "a mixture of experts trains in one pipeline"),
-    ([*megatron(ep=2), "actor.megatron.use_distributed_optimizer=true"],
-     "actor.megatron: expert_model_parallel_size=2 with use_distributed_optimizer=true"),
     ([*megatron(tp=2), "actor.megatron.sequence_parallel=false"],
      "actor.megatron: tensor_model_parallel_size=2 with a mixture of experts needs sequence_parallel=true"),
 ])
@@ -216,3 +215,26 @@ def test_expert_parallelism_on_a_dense_model_is_one_config_line():
     with pytest.raises(ConfigError, match=r"expert parallel size 2 must divide the 1 experts of each sparse layer "
                                           r"\(a dense model has none: use 1\)"):
         load_run_config(["trainer.workers_per_node=2", *megatron(ep=2)])
+
+
+def test_the_plan_shares_each_experts_optimizer_state_over_the_ranks_holding_it(moe_path):
+    """TP 2 x EP 2 on four workers: a rank holds half of the attention and 4 of each layer's 8 experts; with the
+    distributed optimizer it keeps AdamW's state of half of those (its data-parallel replica's share of the rest,
+    its expert-data-parallel pair's share of its experts), without it of all it holds."""
+    from transformers import AutoConfig
+
+    from rlplat.engines.megatron import memory
+    from rlplat.models.shape import ModelShape
+
+    shape = ModelShape.from_config(AutoConfig.from_pretrained(moe_path))
+    experts = memory.expert_params(shape)
+    assert 0 < experts < shape.params
+    held = (shape.params - experts) / 2 + experts / 2  # TP 2 of the rest, EP 2 of the experts
+    for sharded in (False, True):
+        cfg = load_run_config(["model.path=embedded-moe", "trainer.workers_per_node=4",
+                               *megatron(tp=2, ep=2, sharded=sharded)])[0]
+        lay = memory.layout(cfg.actor.megatron, replicas=2)
+        parts = memory.state(shape, cfg, "actor", lay, trained=True)
+        assert parts["actor expert weights, 4 of 8 per layer (fp32)"] == pytest.approx(4 * experts / 2)
+        assert parts["actor gradients (fp32)"] == pytest.approx(4 * held)
+        assert parts["actor AdamW moments (fp32)"] == pytest.approx(8 * held / (2 if sharded else 1))

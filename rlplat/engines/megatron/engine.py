@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 
 import torch
 import torch.distributed as dist
@@ -112,14 +113,13 @@ def _check_trains(hf_config, model_path: str) -> None:
                          f"use <role>.strategy=fsdp (docs/vision.md)")
 
 
-def _check_experts(shape: GPTShape, engine_cfg, trained: bool) -> None:
+def _check_experts(shape: GPTShape, engine_cfg) -> None:
     """What a mixture of experts runs with on this engine (ValueError in one line): one pipeline stage (the
     routing and its loss are kept per micro-batch over all layers), sequence parallelism with tensor parallelism
-    (Megatron-Core's MoE layers require it in training), a ``trained`` role's optimizer sharded only without expert
-    parallelism."""
+    (Megatron-Core's MoE layers require it in training)."""
     if not shape.num_experts:
         return
-    tp, ep = engine_cfg.tensor_model_parallel_size, engine_cfg.expert_model_parallel_size
+    tp = engine_cfg.tensor_model_parallel_size
     if engine_cfg.pipeline_model_parallel_size > 1:
         raise ValueError(f"pipeline_model_parallel_size={engine_cfg.pipeline_model_parallel_size}: a mixture of "
                          f"experts trains in one pipeline stage on this engine (docs/moe.md); use tensor and expert "
@@ -127,9 +127,6 @@ def _check_experts(shape: GPTShape, engine_cfg, trained: bool) -> None:
     if tp > 1 and not engine_cfg.sequence_parallel:
         raise ValueError(f"tensor_model_parallel_size={tp} with a mixture of experts needs sequence_parallel=true "
                          f"(Megatron-Core's MoE layers train tensor-parallel only with it)")
-    if ep > 1 and engine_cfg.use_distributed_optimizer and trained:
-        raise ValueError(f"expert_model_parallel_size={ep} with use_distributed_optimizer=true: the sharded "
-                         f"optimizer does not shard experts yet (docs/moe.md); set use_distributed_optimizer=false")
 
 
 def _check_section(cfg, role: str, world_size: int, device: str) -> None:
@@ -143,7 +140,7 @@ def _check_section(cfg, role: str, world_size: int, device: str) -> None:
     try:  # for a hub id the model's side is checked when it loads
         data_parallel_size(world_size, tp, pp, shape, engine_cfg.expert_model_parallel_size)
         if shape is not None:
-            _check_experts(shape, engine_cfg, trained=cfg[role].get("optim") is not None)
+            _check_experts(shape, engine_cfg)
     except ValueError as err:
         raise ConfigError(f"{key}: {err}") from None
     check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
@@ -267,7 +264,7 @@ class MegatronEngine(TrainingEngine):
         self.shape = GPTShape.from_hf_config(hf_config)
         self.model_aux_loss_coef = getattr(hf_config, "router_aux_loss_coef", 0.0)  # a mixture of experts' default
         data_parallel_size(self.ctx.world_size, tp, pp, self.shape, ep)  # a clear error for sizes that do not fit
-        _check_experts(self.shape, engine_cfg, trained=optim_cfg is not None)
+        _check_experts(self.shape, engine_cfg)
         _init_parallel_state(tp, pp, ep, self.device, seed=0)
         self.tp_rank, self.tp = ps.get_tensor_model_parallel_rank(), tp
         self.pp_rank, self.pp = ps.get_pipeline_model_parallel_rank(), pp
@@ -290,7 +287,9 @@ class MegatronEngine(TrainingEngine):
         self._model = _build_model(hf_config, engine_cfg, self.params_dtype, self.first_stage, self.last_stage,
                                    value_head, self.device)
         names = [name for name in self._model.state_dict() if not name.endswith("_extra_state")]
-        self.expert_params = {p for name, p in self._model.named_parameters() if LOCAL_EXPERT in name}
+        # each expert weight and the layer's tensor it is a piece of (a layer's local experts' fc1 or fc2)
+        self.expert_params = {p: re.sub(r"local_experts\.\d+\.", "", name)
+                              for name, p in self._model.named_parameters() if LOCAL_EXPERT in name}
         self.shards = RankShards(self.shape, tp, self.tp_rank, pp, self.pp_rank, names, list(hf), self.tied_output,
                                  self.tp_group, self.pp_group, self.device, ep, self.ep_rank, self.ep_group)
         try:
@@ -306,12 +305,19 @@ class MegatronEngine(TrainingEngine):
             self._model.embedding.word_embeddings.register_forward_hook(no_grad_at(padding_idx))
         if optim_cfg is None:
             self._model.requires_grad_(False)
-        shard_group = self.dp_group if engine_cfg.use_distributed_optimizer else None
-        self.optim = Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps, grad_norm=self._grad_norm,
-                               shard_group=shard_group, master_weights=self.params_dtype != torch.float32) \
-            if optim_cfg else None
+        self.optim = self._optimizer(engine_cfg, optim_cfg, total_optimizer_steps) if optim_cfg else None
         if self.optim is not None and self.optim.masters:
             _copy_masters(masters_here(self._model, self.optim), weights)
+
+    def _optimizer(self, engine_cfg: DictConfig, optim_cfg: DictConfig, total_optimizer_steps: int) -> Optimizer:
+        """AdamW over the model. The distributed optimizer shares each weight's state out over the ranks that hold
+        it: an expert's over its expert-data-parallel group (a layer's local experts stepped on one rank: one piece
+        of a checkpoint's tensor), the others' over the data-parallel replicas."""
+        shard_group = (lambda p: self.expert_dp_group if p in self.expert_params else self.dp_group) \
+            if engine_cfg.use_distributed_optimizer else None
+        return Optimizer(self._model.parameters(), optim_cfg, total_optimizer_steps, grad_norm=self._grad_norm,
+                         shard_group=shard_group, shard_unit=lambda p: self.expert_params.get(p, p),
+                         master_weights=self.params_dtype != torch.float32)
 
     def _routing(self, moe: DictConfig, trained: bool) -> RoutedForward:
         """A mixture of experts' routing policy (``actor.moe``) over Megatron-Core's routers; the load-balancing

@@ -26,25 +26,28 @@ def state(shape: ModelShape, cfg: DictConfig, role: str, lay: MemoryLayout, trai
     """``params_dtype=bf16``: bf16 weights, fp32 (main) gradients, and fp32 master copies beside the moments in
     the (sharded) optimizer; fp32 weights: as any engine's (:func:`~rlplat.engines.memory.model_state`). A mixture
     of experts' experts are shared out over the expert-parallel ranks (each whole) instead: a rank holds 1 / (ep x
-    pp) of them, beside 1 / (tp x pp) of the other weights."""
+    pp) of them, beside 1 / (tp x pp) of the other weights; the distributed optimizer shares their state out over
+    the tp x dp / ep ranks that hold the same experts (their expert-data-parallel group)."""
     section = cfg[role].megatron
     experts = expert_params(shape)
     if section.params_dtype != "bf16" and not experts:
         return model_state(shape, cfg, role, lay, trained)
     weight_bytes = 2 if section.params_dtype == "bf16" else 4
     per_rank = (shape.params - experts) / lay.shard  # the weights this rank holds
-    optimizer_share = lay.shard / lay.optimizer_shard  # of those, the share whose optimizer state it keeps
+    stepped = per_rank * lay.shard / lay.optimizer_shard  # of those, the share whose optimizer state it keeps
     parts = {f"{role} weights ({'bf16' if weight_bytes == 2 else 'fp32'})": weight_bytes * per_rank}
     if experts:
-        held = experts / (section.expert_model_parallel_size * lay.pp)
-        parts[f"{role} expert weights, {shape.experts // section.expert_model_parallel_size} of {shape.experts} per "
+        ep = section.expert_model_parallel_size
+        held = experts / (ep * lay.pp)
+        parts[f"{role} expert weights, {shape.experts // ep} of {shape.experts} per "
               f"layer ({'bf16' if weight_bytes == 2 else 'fp32'})"] = weight_bytes * held
         per_rank += held
+        stepped += held / (max(1, lay.tp * lay.replicas // ep) if section.use_distributed_optimizer else 1)
     if trained:
         parts[f"{role} gradients (fp32)"] = 4 * per_rank
         if weight_bytes == 2:
-            parts[f"{role} fp32 master weights"] = 4 * per_rank * optimizer_share
-        parts[f"{role} AdamW moments (fp32)"] = 8 * per_rank * optimizer_share
+            parts[f"{role} fp32 master weights"] = 4 * stepped
+        parts[f"{role} AdamW moments (fp32)"] = 8 * stepped
     return parts
 
 
