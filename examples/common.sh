@@ -17,10 +17,10 @@ VERL_NAMES=(
     MAX_PROMPT_LEN=MAX_PROMPT_LENGTH MAX_RESPONSE_LEN=MAX_RESPONSE_LENGTH LR=ACTOR_LR STEPS=TOTAL_TRAINING_STEPS
     WORKERS=NGPUS_PER_NODE WORKERS=N_GPUS_PER_NODE WORKERS=NDEVICES_PER_NODE
     EXPERIMENT=EXPERIMENT_NAME ROLLOUT_TP=GEN_TP ROLLOUT_MEM=ROLLOUT_GPU_MEM_UTIL ULYSSES=SP_SIZE TP=ACTOR_TP
-    TP=TRAIN_TP PP=ACTOR_PP
+    TP=TRAIN_TP PP=ACTOR_PP EP=ACTOR_EP
 )
 # verl's variables these scripts have no knob for: set, each is reported in one line instead of silently ignored
-VERL_OTHERS=(PROJECT_NAME CKPTS_DIR TOTAL_EPOCHS ENTROPY_COEFF KL_LOSS_COEF CLIP_RATIO_LOW CLIP_RATIO_HIGH ACTOR_EP
+VERL_OTHERS=(PROJECT_NAME CKPTS_DIR TOTAL_EPOCHS ENTROPY_COEFF KL_LOSS_COEF CLIP_RATIO_LOW CLIP_RATIO_HIGH
     ACTOR_ETP ACTOR_CP ACTOR_VPP FSDP_SIZE NNODES_TRAIN NNODES_ROLLOUT ALL_OFFLOAD RAY_DATA_HOME MODEL_ID
     VAL_BEFORE_TRAIN USE_KL_LOSS USE_KL_IN_REWARD USE_DYNAMIC_BSZ TEMPERATURE TOP_P TOP_K VAL_TEMPERATURE VAL_TOP_P)
 set_by_user() {  # whether variable $1 came with the environment the script started with (not a script's default)
@@ -87,6 +87,10 @@ RAY_ADDRESS=${RAY_ADDRESS:-}             # empty = a local Ray cluster; inproces
 #   GRAD_CKPT           model.gradient_checkpointing (FSDP): true = recompute activations in backward
 #   MICRO_BATCH_TOKENS  actor.micro_batch_max_tokens_per_worker: a token budget per micro-batch
 #   RECOMPUTE           actor.megatron.recompute_activations (Megatron)
+#   EP                  actor.megatron.expert_model_parallel_size (Megatron): ranks a mixture of experts' experts are
+#                       shared out over (docs/moe.md)
+#   PARAMS_DTYPE        actor.megatron.params_dtype: fp32 | bf16 (bf16 weights, fp32 masters in the optimizer; GPU)
+#   ROUTER_REPLAY       actor.moe.router_replay: none | r2 | r3 (a mixture of experts' routing replay, docs/moe.md)
 #   REF_OFFLOAD         ref.fsdp.param_offload: the reference's weights in host memory
 #   ROLLOUT_BATCH_SEQS  rollout.hf.batch_size_seqs_per_worker: sequences the HF engine samples at once
 #   ROLLOUT_MEM         rollout.vllm.gpu_memory_utilization / rollout.sglang.mem_fraction_static
@@ -119,8 +123,8 @@ optional() {
 run_rlplat() {
     local ray=() extra=()
     if [ -n "$RAY_ADDRESS" ]; then ray=("trainer.ray_address=$RAY_ADDRESS"); fi
-    if [ "$ACTOR" != megatron ] && { [ "$TP" != 1 ] || [ "$PP" != 1 ]; }; then
-        echo "TP=$TP PP=$PP: Megatron's training parallel sizes, used with ACTOR=megatron only (ACTOR=$ACTOR);" \
+    if [ "$ACTOR" != megatron ] && { [ "$TP" != 1 ] || [ "$PP" != 1 ] || [ "${EP:-1}" != 1 ]; }; then
+        echo "TP=$TP PP=$PP EP=${EP:-1}: Megatron's training parallel sizes, used with ACTOR=megatron only (ACTOR=$ACTOR);" \
              "the rollout engine's tensor parallelism is ROLLOUT_TP" >&2
         exit 2
     fi
@@ -134,6 +138,9 @@ run_rlplat() {
     optional GRAD_CKPT model.gradient_checkpointing
     optional MICRO_BATCH_TOKENS actor.micro_batch_max_tokens_per_worker
     optional RECOMPUTE actor.megatron.recompute_activations
+    optional EP actor.megatron.expert_model_parallel_size
+    optional PARAMS_DTYPE actor.megatron.params_dtype
+    optional ROUTER_REPLAY actor.moe.router_replay
     optional REF_OFFLOAD ref.fsdp.param_offload
     optional ROLLOUT_BATCH_SEQS rollout.hf.batch_size_seqs_per_worker
     optional ROLLOUT_MEM rollout.vllm.gpu_memory_utilization rollout.sglang.mem_fraction_static

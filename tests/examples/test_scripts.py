@@ -239,7 +239,7 @@ def test_gpu_script_composes_and_validates(script, compositions, skip_missing):
     # <model>_<task>_ulysses_<rollout>: the FSDP engine splitting each sequence (docs/long_context.md)
     ulysses = strategy == "ulysses"
     strategy = "fsdp" if lora or ulysses else strategy
-    assert cfg["model"]["path"].startswith("Qwen/Qwen2.5-")
+    assert cfg["model"]["path"].startswith(("Qwen/Qwen2.5-", "Qwen/Qwen3-"))
     assert cfg["actor"]["vision"]["freeze"]  # a vision-language model's tower stays as loaded (docs/vision.md)
     assert cfg["data"]["train_files"].endswith("/train.parquet")
     assert cfg["trainer"]["seed"] == 5 and cfg["actor"]["strategy"] == strategy and cfg["rollout"]["name"] == rollout
@@ -248,8 +248,10 @@ def test_gpu_script_composes_and_validates(script, compositions, skip_missing):
     assert (cfg["actor"]["fsdp"]["ulysses_size"] > 1) == ulysses == (cfg["ref"]["fsdp"]["ulysses_size"] > 1)
     megatron = cfg["actor"]["megatron"]  # sequence parallelism comes with tensor parallelism
     assert megatron["sequence_parallel"] == (megatron["tensor_model_parallel_size"] > 1)
-    if "multinode" in str(script):
+    if "multinode" in str(script) or cfg["trainer"]["nnodes"] > 1:  # joins the cluster its nodes started
         assert cfg["trainer"]["nnodes"] == 2 and cfg["trainer"]["ray_address"] == "auto"
+    if megatron["expert_model_parallel_size"] > 1:  # a mixture of experts (docs/moe.md)
+        assert cfg["actor"]["moe"]["router_replay"] == "r2" and megatron["use_distributed_optimizer"]
 
 
 def test_gpu_script_knobs_reach_the_config(compositions, skip_missing):
@@ -302,6 +304,12 @@ QWEN25 = {
                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
 }
 # Qwen2.5-VL-7B-Instruct's config.json: the 7B language model (3-D rotary positions) and its 32-block vision encoder
+QWEN3_MOE = {  # Qwen3-30B-A3B: 48 layers of 128 experts, top-8
+    "30B-A3B": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                    num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                    num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+                    max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=False),
+}
 QWEN25_VL = {
     "VL-7B": dict(
         text_config=dict(QWEN25["7B"], max_position_embeddings=128000, rope_parameters={
@@ -330,7 +338,7 @@ def gpu_plans(request, tmp_path_factory):
     """Each GPU script's dry run (``trainer.dry_run=true``, planned for its GPUs on this CPU machine) with a
     config-only directory of its model (the real shapes, no weights) and prompts as long as the script
     allows (the worst case for memory); the tiny tokenizer stands in for Qwen's."""
-    from transformers import Qwen2_5_VLConfig, Qwen2Config
+    from transformers import Qwen2_5_VLConfig, Qwen2Config, Qwen3MoeConfig
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from rlplat.models.tiny import VISION_CHAT_TEMPLATE, VISION_TOKENS, build_tokenizer
@@ -342,6 +350,8 @@ def gpu_plans(request, tmp_path_factory):
     for size, spec in QWEN25.items():  # with the tiny tokenizer: a distilling script's teacher is checked against it
         Qwen2Config(max_position_embeddings=32768, rope_theta=1e6, **spec).save_pretrained(tmp / size)
         build_tokenizer().save_pretrained(tmp / size)
+    for size, spec in QWEN3_MOE.items():
+        Qwen3MoeConfig(**spec).save_pretrained(tmp / size)
     for size, spec in QWEN25_VL.items():  # with Qwen2.5-VL's image processor (its preprocessor_config.json)
         Qwen2_5_VLConfig(**spec).save_pretrained(tmp / size)
         Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056).save_pretrained(tmp / size)
@@ -354,7 +364,7 @@ def gpu_plans(request, tmp_path_factory):
         assert bash(script, script_env(DEVICE="cpu", PYTHON=str(recorder), RLPLAT_RECORD=str(tmp / "a")), "--cfg",
                     "job").returncode == 0
         job = (tmp / "a").read_text()
-        size = re.search(r"Qwen2\.5-((?:VL-)?[\d.]+B)", job).group(1)
+        size = re.search(r"Qwen(?:2\.5|3)-((?:VL-)?[\d.]+B(?:-A[\d.]+B)?)", job).group(1)
         teacher = re.search(r"teacher\.model_path=[^\0]*?Qwen2\.5-([\d.]+B)", job)  # on-policy distillation's
         record = tmp / f"{script.stem}.args"
         knobs = {"MODEL": str(tmp / size), **({"TEACHER": str(tmp / teacher.group(1))} if teacher else {})}
