@@ -124,7 +124,8 @@ run_rlplat() {
     local ray=() extra=()
     if [ -n "$RAY_ADDRESS" ]; then ray=("trainer.ray_address=$RAY_ADDRESS"); fi
     if [ "$ACTOR" != megatron ] && { [ "$TP" != 1 ] || [ "$PP" != 1 ] || [ "${EP:-1}" != 1 ]; }; then
-        echo "TP=$TP PP=$PP EP=${EP:-1}: Megatron's training parallel sizes, used with ACTOR=megatron only (ACTOR=$ACTOR);" \
+        echo "TP=$TP PP=$PP EP=${EP:-1}: Megatron's training parallel sizes, used with ACTOR=megatron only" \
+             "(ACTOR=$ACTOR);" \
              "the rollout engine's tensor parallelism is ROLLOUT_TP" >&2
         exit 2
     fi
