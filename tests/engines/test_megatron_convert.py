@@ -196,8 +196,11 @@ def _megatron_logits(rank: int, tp: int, port: int, model_dir: str, ids: torch.T
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("hf_model_dir", [False], ids=["untied"], indirect=True)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_converted_shards_run_in_megatron_core(hf_model_dir, tp, tmp_path):
+    """The untied model's shards give Hugging Face's logits in Megatron-Core at TP 1 and 2 (the tied model's: the
+    Megatron engine's tests, whose log-probs equal the Hugging Face model's at TP 1 and 2)."""
     pytest.importorskip("megatron.core", reason="needs megatron-core (pip install -e '.[megatron]')")
     ids = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(0))
     mp.start_processes(_megatron_logits, args=(tp, free_port(), hf_model_dir, ids, str(tmp_path)), nprocs=tp,
