@@ -75,6 +75,8 @@ class RunPlan:
     loss_scale_factor: float  # for seq-mean-token-sum-norm
     # tokens after the prompt (R of the batch): data.max_response_length, or the agent loop's total budget
     response_length: int
+    # a mixture of experts' rollouts carry each token's experts (routed_experts): the rollout engine returns them
+    rollout_routing: bool
     train_files: tuple[str, ...]
     val_files: tuple[str, ...]
     # data.train_files as (path, kind, value) (as_mixture): how many rows each file gives an epoch
@@ -184,6 +186,7 @@ def make_plan(cfg: DictConfig, device: str, engines: EngineDeclarations) -> RunP
         rollout_log_probs_exact=log_probs_exact(engines, rollout_dtype),
         loss_scale_factor=float(algo.loss_scale_factor or response_length(cfg)),
         response_length=response_length(cfg),
+        rollout_routing=engines.rollout.returns_routing,
         train_files=as_paths(cfg, "data.train_files"),
         val_files=as_paths(cfg, "data.val_files"),
         train_mixture=as_mixture(cfg, "data.train_files"),

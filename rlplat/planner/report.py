@@ -120,7 +120,7 @@ def report(cfg: DictConfig, plan, device_memory: int, model_path: Callable[[], s
 
         raise DataError(f"every train prompt is longer than data.max_prompt_length={cfg.data.max_prompt_length} and "
                         f"data.truncation=filter drops them all: raise data.max_prompt_length")
-    led = report_ledger(cfg, plan, scans["train"], kept["train"])
+    led = report_ledger(cfg, plan, scans["train"], kept["train"], shape)
     teacher = teacher_shape(cfg, teacher_path(), tokenizer) if plan.needs_teacher else None
     fits = report_memory(shape, cfg, plan, led, device_memory, teacher)
     report_validation_and_disk(shape, cfg, plan, scans["test"], kept["test"])
@@ -177,8 +177,9 @@ def report_data(cfg: DictConfig, plan, tokenizer, images=None) -> dict[str, Prom
     return scans
 
 
-def report_ledger(cfg: DictConfig, plan, train: PromptLengths, kept: int) -> Ledger:
-    """Print the batch ledger of one training step over the ``kept`` train prompts."""
+def report_ledger(cfg: DictConfig, plan, train: PromptLengths, kept: int, shape: ModelShape) -> Ledger:
+    """Print the batch ledger of one training step over the ``kept`` train prompts (and, for a mixture of experts,
+    the routing the batch carries)."""
     replicas = layout(cfg, "actor", plan.world_size).replicas
     led = ledger(cfg, plan, kept, replicas, min(cfg.data.max_prompt_length, max(train.lengths)))
     say("\nbatch ledger (per training step)")
@@ -191,7 +192,17 @@ def report_ledger(cfg: DictConfig, plan, train: PromptLengths, kept: int) -> Led
         f"(at most {led.micro_tokens:,} tokens) per mini-batch and worker")
     say(f"  {led.steps_per_epoch:.1f} steps per epoch of {kept} prompts; trainer.total_steps="
         f"{cfg.trainer.total_steps} = {led.epochs:.2f} epochs")
+    fields = ["routed_experts"] * plan.rollout_routing + ["old_routed_experts"] * (cfg.actor.moe.router_replay == "r2")
+    if shape.experts and fields:  # int16 per (token, sparse layer, choice)
+        per_sequence = len(fields) * led.length * shape.sparse_layers * shape.top_k * 2
+        say(f"  routing: {' and '.join(fields)} [sequences, tokens, {shape.sparse_layers} layers, top-{shape.top_k}] "
+            f"int16, at most {_size(per_sequence * led.sequences)} per step, "
+            f"{_size(per_sequence * led.sequences_per_replica)} per replica")
     return led
+
+
+def _size(size: float) -> str:
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
 
 
 def teacher_shape(cfg: DictConfig, path: str, tokenizer) -> ModelShape:

@@ -352,3 +352,21 @@ def test_what_mixtures_of_experts_cannot_run_yet_is_one_line_at_start_up(extra, 
         chosen = any(arg.startswith("model.path=") for arg in extra)
         # planned as for a machine that has the engines' packages (vllm need not be installed here)
         load_run_config([*([] if chosen else ["model.path=embedded-moe"]), *extra], require_installed=False)
+
+
+@pytest.mark.parametrize("replay, fields", [("none", "routed_experts"),
+                                            ("r2", "routed_experts and old_routed_experts")])
+def test_the_plan_counts_the_routing_the_batch_carries(replay, fields, capsys):
+    """The HF rollout returns a mixture of experts' routing whatever the mode; r2 adds the log-prob pass's: int16 per
+    (token, sparse layer, choice) of the step's batch (a dense model's plan has no such line)."""
+    import re
+
+    from rlplat.tools import plan as plan_tool
+
+    assert plan_tool.main(["model.path=embedded-moe", f"actor.moe.router_replay={replay}"]) == 0
+    out = capsys.readouterr().out
+    tokens = int(re.search(r"tokens: at most ([\d,]+) ", out).group(1).replace(",", ""))
+    size = tokens * 2 * 2 * 2 * len(fields.split(" and "))  # 2 sparse layers, top-2, int16
+    assert (f"routing: {fields} [sequences, tokens, 2 layers, top-2] int16, at most {size / 2**20:.2f} MiB per step, "
+            f"{size / 2**20:.2f} MiB per replica") in out
+    assert plan_tool.main([]) == 0 and "routing:" not in capsys.readouterr().out

@@ -440,6 +440,8 @@ def test_gpu_script_plan_fits_its_gpus(script, gpu_plans):
     assert code == 0, (out + err)[-3000:]
     assert "memory per device (estimate, docs/plan.md) against 80 GB" in out
     assert "DOES NOT FIT" not in out
+    if "qwen3-30b-a3b" in script.stem:  # r2's routing, recorded by the log-prob pass (vLLM returns none)
+        assert "routing: old_routed_experts [sequences, tokens, 48 layers, top-8] int16" in out
     calls = int(re.search(r"in (\d+) call\(s\)", out).group(1))
     assert calls <= 3
     if "-vl-" in script.stem:  # the plan counts the images' tokens and the vision encoder's parameters
