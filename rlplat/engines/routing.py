@@ -85,8 +85,9 @@ class RoutedForward:
         tap = self.tap
         if sp_group is not None:
             shape = rows.input_ids.shape
-            routing = Routing(*([whole_tokens(x, *shape, sp_group) for x in tensors]
-                                for tensors in (routing.logits, routing.indices, routing.own)))
+            joined = lambda tensors: [whole_tokens(x, *shape, sp_group) for x in tensors]  # noqa: E731
+            indices = joined(routing.indices)
+            routing = Routing(joined(routing.logits), indices, joined(routing.own) if routing.replayed else indices)
         real = rows.real.to(routing.logits[0].device)
         if not grad:
             out.routed_experts = rows.unpack(routing.stacked(), tensors["input_ids"].shape[1], NO_ROUTING).cpu()
@@ -96,5 +97,7 @@ class RoutedForward:
         out.router_metrics = {"moe/aux_loss": float(aux.detach()), **routing_metrics(routing, real, tap.num_experts)}
         if ROLLOUT_ROUTING in tensors.keys():
             recorded = rows.pack(tensors[ROLLOUT_ROUTING], NO_ROUTING)
-            out.router_metrics["moe/routing_mismatch_frac"] = routing_mismatch(routing.indices, real, recorded)
-            out.router_metrics["moe/router_mismatch_frac"] = routing_mismatch(routing.own, real, recorded)
+            used = routing_mismatch(routing.indices, real, recorded)
+            out.router_metrics["moe/routing_mismatch_frac"] = used
+            out.router_metrics["moe/router_mismatch_frac"] = routing_mismatch(routing.own, real, recorded) \
+                if routing.replayed else used

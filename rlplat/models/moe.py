@@ -79,6 +79,11 @@ class Routing:
     def empty(cls, layers: int) -> Routing:
         return cls([None] * layers, [None] * layers, [None] * layers)
 
+    @property
+    def replayed(self) -> bool:
+        """Whether some layer went to other experts than its router's own choice (else ``own`` is ``indices``)."""
+        return any(own is not used for own, used in zip(self.own, self.indices))
+
     def stacked(self) -> torch.Tensor:
         """The experts the tokens went to, ``[tokens, layers, top_k]`` int16 (a routed_experts field's layout)."""
         return torch.stack(self.indices, dim=1).to(torch.int16)
@@ -125,7 +130,8 @@ class RouterTap:
             if self.replay is not None:
                 indices, weights = self._replayed(layer, logits, own, self.replay[:, layer].to(own.device))
             if self._routing is not None:
-                self._routing.logits[layer], self._routing.indices[layer], self._routing.own[layer] = logits, indices, own
+                routing = self._routing
+                routing.logits[layer], routing.indices[layer], routing.own[layer] = logits, indices, own
             return logits, weights, indices
         return record
 

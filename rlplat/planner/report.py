@@ -196,13 +196,10 @@ def report_ledger(cfg: DictConfig, plan, train: PromptLengths, kept: int, shape:
     if shape.experts and fields:  # int16 per (token, sparse layer, choice)
         per_sequence = len(fields) * led.length * shape.sparse_layers * shape.top_k * 2
         say(f"  routing: {' and '.join(fields)} [sequences, tokens, {shape.sparse_layers} layers, top-{shape.top_k}] "
-            f"int16, at most {_size(per_sequence * led.sequences)} per step, "
-            f"{_size(per_sequence * led.sequences_per_replica)} per replica")
+            f"int16, at most {fmt(per_sequence * led.sequences)} per step, "
+            f"{fmt(per_sequence * led.sequences_per_replica)} per replica")
     return led
 
-
-def _size(size: float) -> str:
-    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
 
 
 def teacher_shape(cfg: DictConfig, path: str, tokenizer) -> ModelShape:

@@ -361,12 +361,13 @@ def test_the_plan_counts_the_routing_the_batch_carries(replay, fields, capsys):
     (token, sparse layer, choice) of the step's batch (a dense model's plan has no such line)."""
     import re
 
+    from rlplat.planner.memory import fmt
     from rlplat.tools import plan as plan_tool
 
     assert plan_tool.main(["model.path=embedded-moe", f"actor.moe.router_replay={replay}"]) == 0
     out = capsys.readouterr().out
     tokens = int(re.search(r"tokens: at most ([\d,]+) ", out).group(1).replace(",", ""))
     size = tokens * 2 * 2 * 2 * len(fields.split(" and "))  # 2 sparse layers, top-2, int16
-    assert (f"routing: {fields} [sequences, tokens, 2 layers, top-2] int16, at most {size / 2**20:.2f} MiB per step, "
-            f"{size / 2**20:.2f} MiB per replica") in out
+    assert (f"routing: {fields} [sequences, tokens, 2 layers, top-2] int16, at most {fmt(size)} per step, "
+            f"{fmt(size)} per replica") in out
     assert plan_tool.main([]) == 0 and "routing:" not in capsys.readouterr().out

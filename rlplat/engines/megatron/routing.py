@@ -142,5 +142,7 @@ class MegatronRouterTap:
 
             routing.logits = [gather_from_sequence_parallel_region(t, tensor_parallel_output_grad=False)
                               for t in routing.logits]
-            routing.indices, routing.own = ([gather_from_sequence_parallel_region(t) for t in tensors]
-                                            for tensors in (routing.indices, routing.own))
+            replayed = routing.replayed
+            routing.indices = [gather_from_sequence_parallel_region(t) for t in routing.indices]
+            routing.own = ([gather_from_sequence_parallel_region(t) for t in routing.own] if replayed
+                           else routing.indices)
