@@ -35,8 +35,6 @@ class RolloutDeclaration:
     # a mixture of experts' rollouts carry the experts each token was routed to (routed_experts; an agent loop's too:
     # AgentLoop.carries_routing), which actor.moe.router_replay=r3 replays and moe/routing_mismatch_frac compares with
     returns_routing: bool = False
-    # it takes a mixture of experts' weight updates (vLLM's CPU MoE backend does not: docs/moe.md)
-    loads_expert_weights: bool = True
     # it generates from prompts that show images (a vision-language model's; docs/vision.md), or why not here
     takes_images: bool = False
     images_refused_because: str = ""

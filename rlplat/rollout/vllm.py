@@ -45,6 +45,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -76,7 +77,19 @@ def _prepare_process_environment() -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
+def _fresh_parallel_groups() -> None:
+    """vLLM keeps its parallel groups in the process and builds them with the first engine, for its model: the
+    expert-parallel group only for a mixture of experts. With no engine of this process alive, drop the groups an
+    earlier one built, so that this engine builds them for its own model (a dense run, then an MoE, in one process)."""
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+
+
 class VLLMRolloutEngine(RolloutEngine):
+    _open: weakref.WeakSet = weakref.WeakSet()  # engines of this process not yet closed: they share vLLM's groups
+
     @classmethod
     def check_config(cls, engine_cfg, key: str, device: str) -> None:
         check_load_format(engine_cfg, key)
@@ -90,13 +103,11 @@ class VLLMRolloutEngine(RolloutEngine):
     def declare(cls, engine_cfg, device: str) -> RolloutDeclaration:
         """vLLM sleeps between rollouts with ``sleep_level`` > 0, on CUDA only; it applies adapters (its LoRA
         requests), scores the probe (prompt log-probs), and pauses for an update between two engine steps
-        (:meth:`_generate_resumable`). Its weights live in its own worker, where no checksum reaches. On CPU its MoE
-        backend (vllm-cpu 0.32) samples from a mixture of experts' checkpoint but not after a weight update
-        (docs/moe.md). It takes images where it can build a Qwen-VL model's processor, which needs torchvision
-        (installed with vLLM on GPU machines; vllm-cpu's lack it)."""
+        (:meth:`_generate_resumable`). Its weights live in its own worker, where no checksum reaches. It takes
+        images where it can build a Qwen-VL model's processor, which needs torchvision (installed with vLLM on GPU
+        machines; vllm-cpu's lack it)."""
         return replace(super().declare(engine_cfg, device), sleeps=engine_cfg.sleep_level > 0 and device == "cuda",
                        applies_adapters=True, scores_sequences=True, pauses_for_updates=True,
-                       loads_expert_weights=device == "cuda",
                        **_takes_images())
 
     @classmethod
@@ -135,6 +146,8 @@ class VLLMRolloutEngine(RolloutEngine):
         if reads_files and self.vision is not None and self.can_sleep and engine_cfg.sleep_level >= 2:
             raise ConfigError("rollout.vllm.sleep_level=2 drops the weights, and the actor does not send a frozen "
                               "vision tower (actor.vision.freeze=true): use sleep_level=1 or actor.vision.freeze=false")
+        if not VLLMRolloutEngine._open:
+            _fresh_parallel_groups()
         self.llm = LLM(
             model=setup.model_path,
             tokenizer=setup.tokenizer_path,
@@ -156,6 +169,7 @@ class VLLMRolloutEngine(RolloutEngine):
             **lora,
             **({} if self.vision is None else self.vision.engine_args(max_model_len)),
         )
+        VLLMRolloutEngine._open.add(self)
         self._asleep = self._weights_dropped = False
         self._calls = 0  # numbers the requests of rollout.partial=resume's own loop
 
@@ -297,6 +311,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def close(self) -> None:
         """Stop the engine core while this process's torch.distributed groups still exist."""
         self.llm.llm_engine.engine_core.shutdown()
+        VLLMRolloutEngine._open.discard(self)
         if self._adapters is not None:
             self._adapters.cleanup()
 

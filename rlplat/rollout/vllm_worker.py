@@ -21,6 +21,33 @@ def _reload_functions():
     return initialize_layerwise_reload, finalize_layerwise_reload
 
 
+def _repack_experts_on_reload(model) -> list:
+    """vLLM 0.32's CPU MoE backend packs a layer's experts into its kernel's layout once, when the model is loaded
+    (its experts' ``process_weights_after_loading``); the layer-wise reload re-runs the layer's own processing but
+    not that step, and copies the unpacked weights into the packed storage (sampling from scrambled experts:
+    docs/moe.md). Wrap each such layer's processing, for this update, to pack the new weights before they are
+    copied. On CPU only: vLLM's comments call that step a no-op for most GPU kernels, and no GPU with vLLM has
+    tested it. Returns the wrapped methods (the wrapper is an attribute of each: deleting it restores the class's)."""
+    from vllm.platforms import current_platform
+
+    wrapped = []
+    if not current_platform.is_cpu():
+        return wrapped
+    for layer in model.modules():
+        method = getattr(layer, "quant_method", None)
+        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+        if experts is None or "process_weights_after_loading" in vars(method):  # not MoE, or wrapped (shared)
+            continue
+
+        def process(layer, experts=experts, original=method.process_weights_after_loading):
+            original(layer)
+            experts.process_weights_after_loading(layer)
+
+        method.process_weights_after_loading = process
+        wrapped.append(method)
+    return wrapped
+
+
 class RLPlatWeightReceiver:
     """Mixed into vLLM's GPU/CPU worker class; ``self.model_runner`` and ``self.vllm_config`` are the worker's."""
 
@@ -31,6 +58,7 @@ class RLPlatWeightReceiver:
 
             with set_current_vllm_config(self.vllm_config):
                 functions[0](self.model_runner.get_model())
+            self._rlplat_wrapped = _repack_experts_on_reload(self.model_runner.get_model())
 
     def rlplat_load_weights(self, bucket: list) -> int:
         """Load one bucket of (Hugging Face name, full tensor) pairs through the model's own
@@ -56,3 +84,6 @@ class RLPlatWeightReceiver:
 
             with set_current_vllm_config(self.vllm_config):
                 functions[1](self.model_runner.get_model(), self.vllm_config.model_config)
+            for method in getattr(self, "_rlplat_wrapped", ()):
+                del method.process_weights_after_loading
+            self._rlplat_wrapped = []

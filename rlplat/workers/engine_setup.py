@@ -97,19 +97,15 @@ def plan_run(cfg: DictConfig, device: str | None = None, require_installed: bool
 
 
 def check_experts(cfg: DictConfig, rollout) -> None:
-    """A mixture of experts' settings against the rollout engine's declaration (``rollout``): that it takes the
-    experts' weight updates; ``actor.moe.router_replay`` a known mode, with experts to replay, and for r3 an engine
-    and an agent loop that return the rollout's routing."""
+    """A mixture of experts' settings against the rollout engine's declaration (``rollout``):
+    ``actor.moe.router_replay`` a known mode, with experts to replay, and for r3 an engine and an agent loop that
+    return the rollout's routing."""
     replay = cfg.actor.moe.router_replay
-    known = known_config(cfg.model)
-    if not rollout.loads_expert_weights and known is not None and is_moe(known):
-        raise ConfigError(f"rollout.name={cfg.rollout.name}: model.path={cfg.model.path} is a mixture of experts, "
-                          f"and this engine does not take its weight updates on this device (docs/moe.md); "
-                          f"use rollout.name=hf")
     if replay not in ROUTER_REPLAY:
         raise ConfigError(f"actor.moe.router_replay={replay!r} is not one of: {', '.join(ROUTER_REPLAY)}")
     if replay == "none":
         return
+    known = known_config(cfg.model)
     if known is not None and not is_moe(known):
         raise ConfigError(f"actor.moe.router_replay={replay}: model.path={cfg.model.path} is a dense model (no "
                           f"experts to route); set actor.moe.router_replay=none")

@@ -344,8 +344,6 @@ def test_r2_replays_the_log_prob_pass_routing_also_in_the_recomputation(tiny_moe
     (["actor.moe.router_replay=r3", "rollout.agent.name=client",
       "rollout.agent.harness=examples/environments/harnesses.py:again"],
      r"actor.moe.router_replay=r3: the client agent loop's trajectories do not carry the rollout's routing"),
-    (["rollout=vllm", "trainer.device=cpu"], r"rollout.name=vllm: model.path=embedded-moe is a mixture of experts, "
-                                            r"and this engine does not take its weight updates on this device"),
 ])
 def test_what_mixtures_of_experts_cannot_run_yet_is_one_line_at_start_up(extra, message):
     with pytest.raises(ConfigError, match=message):
