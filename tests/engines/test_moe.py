@@ -354,7 +354,7 @@ def test_what_mixtures_of_experts_cannot_run_yet_is_one_line_at_start_up(extra, 
 
 @pytest.mark.parametrize("replay, fields", [("none", "routed_experts"),
                                             ("r2", "routed_experts and old_routed_experts")])
-def test_the_plan_counts_the_routing_the_batch_carries(replay, fields, capsys):
+def test_the_plan_counts_the_routing_the_batch_carries(replay, fields, small_val, capsys):
     """The HF rollout returns a mixture of experts' routing whatever the mode; r2 adds the log-prob pass's: int16 per
     (token, sparse layer, choice) of the step's batch (a dense model's plan has no such line)."""
     import re
@@ -362,10 +362,11 @@ def test_the_plan_counts_the_routing_the_batch_carries(replay, fields, capsys):
     from rlplat.planner.memory import fmt
     from rlplat.tools import plan as plan_tool
 
-    assert plan_tool.main(["model.path=embedded-moe", f"actor.moe.router_replay={replay}"]) == 0
+    data = [f"data.train_files={small_val}", f"data.val_files={small_val}"]  # prompt lengths read fast
+    assert plan_tool.main(["model.path=embedded-moe", f"actor.moe.router_replay={replay}", *data]) == 0
     out = capsys.readouterr().out
     tokens = int(re.search(r"tokens: at most ([\d,]+) ", out).group(1).replace(",", ""))
     size = tokens * 2 * 2 * 2 * len(fields.split(" and "))  # 2 sparse layers, top-2, int16
     assert (f"routing: {fields} [sequences, tokens, 2 layers, top-2] int16, at most {fmt(size)} per step, "
             f"{fmt(size)} per replica") in out
-    assert plan_tool.main([]) == 0 and "routing:" not in capsys.readouterr().out
+    assert plan_tool.main(data) == 0 and "routing:" not in capsys.readouterr().out
