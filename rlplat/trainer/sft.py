@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import functools
-import os
 import shutil
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from rlplat.data import TASKS, PromptSampler, RLDataset, collate, resolve_files,
 from rlplat.data.synthetic import with_tool_demonstrations
 from rlplat.data.dataset import ToolsOf
 from rlplat.data.vision import ImageInputs
-from rlplat.models.embedded import (EMBEDDED, EMBEDDED_MOE, EMBEDDED_TOOLS, FURTHER, embedded_model_dir, spec_of,
+from rlplat.models.embedded import (EMBEDDED, EMBEDDED_TOOLS, FURTHER, embedded_model_dir, spec_of,
                                     warm_start_of)
 from rlplat.models.tiny import build_tiny_model
 from rlplat.models.vision import image_inputs_of
@@ -178,14 +177,14 @@ def _built_once(target: Path, build: Callable[[Path], Path]) -> Path:
 
 
 def _build_embedded_model(name: str, target: Path, base: Path | None, tmp: Path) -> Path:
-    """Build ``name`` in ``tmp``, so that any process of one machine builds the same model. The dense models' warm
-    starts come out bit-identical at 1 and 2 threads (measured on a 2-core AMD EPYC), so they compute with the
-    caller's threads (a test worker's share of the cores). The mixture of experts' does not: its routers' top-k turns
-    the last bit into other experts (at 1 thread P(correct answer) 0.077 instead of 0.312), so it takes every core,
-    whatever the caller computes with."""
+    """Build ``name`` in ``tmp``, so that any process builds the same model. The dense models' warm starts come out
+    bit-identical at 1 and 2 threads (measured on a 2-core AMD EPYC), so they compute with the caller's threads (a
+    test worker's share of the cores). The mixture of experts' does not (its routers' top-k turns the last bit into
+    other experts): it computes with the threads its warm start names (:data:`~rlplat.models.embedded.MOE_WARM_START`),
+    whatever the caller computes with or the machine has."""
     threads = torch.get_num_threads()
-    if name == EMBEDDED_MOE:
-        torch.set_num_threads(os.cpu_count() or 1)
+    if "threads" in warm_start_of(name):
+        torch.set_num_threads(warm_start_of(name)["threads"])
     try:
         return _warm_start(name, target, base, tmp)
     finally:

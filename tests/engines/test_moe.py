@@ -370,3 +370,22 @@ def test_the_plan_counts_the_routing_the_batch_carries(replay, fields, small_val
     assert (f"routing: {fields} [sequences, tokens, 2 layers, top-2] int16, at most {fmt(size)} per step, "
             f"{fmt(size)} per replica") in out
     assert plan_tool.main(data) == 0 and "routing:" not in capsys.readouterr().out
+
+
+def test_the_embedded_moe_is_built_at_its_warm_starts_threads_whatever_the_callers(monkeypatch, tmp_path):
+    """Each thread count builds another embedded MoE (docs/moe.md#the-embedded-moe): the build computes with the
+    threads its warm start names, then gives the caller its own back."""
+    from rlplat.models.embedded import MOE_WARM_START
+    from rlplat.trainer import sft
+
+    seen = []
+    monkeypatch.setattr(sft, "_warm_start", lambda *args: seen.append(torch.get_num_threads()) or tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        for caller in (1, 3):
+            torch.set_num_threads(caller)
+            sft._build_embedded_model("embedded-moe", tmp_path, None, tmp_path)
+            assert torch.get_num_threads() == caller
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [MOE_WARM_START["threads"]] * 2 == [2, 2]
