@@ -50,7 +50,7 @@ RUNS = {
     "grpo_lora": LearningRun(["algorithm=grpo", "model.lora.rank=16", "model.lora.alpha=32", "actor.optim.lr=1e-3"],
                              40, 0.02),
     # the tiny mixture of experts (docs/moe.md), the routers' load-balancing loss at the model's coefficient
-    "grpo_moe": LearningRun(["algorithm=grpo"], 40, 0.045, model="embedded-moe"),
+    "grpo_moe": LearningRun(["algorithm=grpo"], 40, 0.02, model="embedded-moe"),
     "grpo_vl": LearningRun(["algorithm=grpo"], 10, 0.02, model="embedded-vl", task="shapes"),
     # on-policy distillation from embedded-teacher (docs/distillation.md): the task reward is not trained on
     "opd": LearningRun(["algorithm=opd", "teacher.model_path=embedded-teacher"], 40, 0.025),
