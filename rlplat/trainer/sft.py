@@ -33,8 +33,7 @@ from rlplat.data import TASKS, PromptSampler, RLDataset, collate, resolve_files,
 from rlplat.data.synthetic import with_tool_demonstrations
 from rlplat.data.dataset import ToolsOf
 from rlplat.data.vision import ImageInputs
-from rlplat.models.embedded import (EMBEDDED, EMBEDDED_TOOLS, FURTHER, embedded_model_dir, spec_of,
-                                    warm_start_of)
+from rlplat.models.embedded import EMBEDDED, EMBEDDED_TOOLS, FURTHER, embedded_model_dir, spec_of, warm_start_of
 from rlplat.models.tiny import build_tiny_model
 from rlplat.models.vision import image_inputs_of
 from rlplat.protocol import Batch
