@@ -201,7 +201,6 @@ def report_ledger(cfg: DictConfig, plan, train: PromptLengths, kept: int, shape:
     return led
 
 
-
 def teacher_shape(cfg: DictConfig, path: str, tokenizer) -> ModelShape:
     """On-policy distillation's teacher (in the directory ``path``): its shape, once its tokenizer gives the
     student's tokens (``tokenizer``'s) their ids; a RunError otherwise, as at the run's start."""

@@ -181,9 +181,9 @@ def _build_embedded_model(name: str, target: Path, base: Path | None, tmp: Path)
     test worker's share of the cores). The mixture of experts' does not (its routers' top-k turns the last bit into
     other experts): it computes with the threads its warm start names (:data:`~rlplat.models.embedded.MOE_WARM_START`),
     whatever the caller computes with or the machine has."""
-    threads = torch.get_num_threads()
-    if "threads" in warm_start_of(name):
-        torch.set_num_threads(warm_start_of(name)["threads"])
+    threads, fixed = torch.get_num_threads(), warm_start_of(name).get("threads")
+    if fixed:
+        torch.set_num_threads(fixed)
     try:
         return _warm_start(name, target, base, tmp)
     finally:
