@@ -32,6 +32,13 @@ ROLLOUT_ROUTING = "routed_experts"  # the batch field of the rollout engine's ro
 OLD_ROUTING = "old_routed_experts"  # the actor's log-prob pass's (r2)
 
 
+def router_loss_share(response_mask, num_tokens: float) -> float:
+    """The weight of a micro-batch's router loss and metrics in its mini-batch's (of ``num_tokens`` response tokens,
+    over the replicas): its share of the response tokens, so that the micro-batches' weighted values add up to the
+    mini-batch's mean."""
+    return float(response_mask.sum()) / max(num_tokens, 1.0)
+
+
 class RoutedForward:
     """One engine's routing policy over its model's :class:`~rlplat.models.moe.RouterTap`: ``replay`` is
     ``actor.moe.router_replay``; ``trained`` says whether the engine trains (the actor) or only scores (the
@@ -55,7 +62,7 @@ class RoutedForward:
             return ROLLOUT_ROUTING
         return OLD_ROUTING if self.replay == "r2" and grad else None
 
-    def _records(self, grad: bool) -> bool:
+    def records(self, grad: bool) -> bool:
         """A training forward, or (r2) the actor's log-prob pass."""
         return grad or (self.replay == "r2" and self.trained)
 
@@ -73,7 +80,7 @@ class RoutedForward:
         self.tap.replay = rows.pack(tensors[field], NO_ROUTING) if field is not None else None
         if sp_group is not None and self.tap.replay is not None:
             self.tap.replay = local_tokens(self.tap.replay, rows.input_ids.shape[1], sp_group)
-        with self.tap.recording() if self._records(grad) else contextlib.nullcontext() as routing:
+        with self.tap.recording() if self.records(grad) else contextlib.nullcontext() as routing:
             yield routing
 
     def finish(self, out: ForwardOutput, routing: Routing, rows: PackedBatch, tensors, grad: bool,

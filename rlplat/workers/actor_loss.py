@@ -33,12 +33,13 @@ from rlplat.algorithms import (
     value_loss,
 )
 from rlplat.engines.base import ForwardOutput
+from rlplat.engines.routing import router_loss_share
 from rlplat.protocol import Batch
 
 
 def _weighted(metrics: dict[str, torch.Tensor], mask: torch.Tensor, denominators: LossDenominators) -> dict[str, float]:
     """Token-mean metrics of a micro-batch, weighted by its share of the mini-batch's tokens."""
-    share = float(mask.sum()) / max(denominators.num_tokens, 1.0)
+    share = router_loss_share(mask, denominators.num_tokens)
     return {k: float(v) * share for k, v in metrics.items()}
 
 
@@ -99,7 +100,7 @@ def _with_router_loss(loss: torch.Tensor, metrics: dict[str, float], fwd: Forwar
     weighted by its share of the mini-batch's response tokens, so they add up to the mini-batch's mean."""
     if fwd.router_loss is None:
         return loss, metrics
-    share = float(mask.sum()) / max(denominators.num_tokens, 1.0)
+    share = router_loss_share(mask, denominators.num_tokens)
     return loss + share * fwd.router_loss, {**metrics, **{k: v * share for k, v in fwd.router_metrics.items()}}
 
 

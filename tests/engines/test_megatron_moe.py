@@ -1,7 +1,8 @@
 """A Qwen3-MoE on the Megatron engine: its experts convert to Megatron-Core and back bit for bit at any tensor x
 expert-parallel layout; the engine's log-probs, load-balancing loss, routing metrics and update equal the FSDP
-engine's in one process and with the experts split over two gloo ranks (EP = 2) or four (TP = 2 x EP = 2);
-Megatron-Core's RouterReplay hook replays the Hugging Face rollout's routing; bad expert settings are one line."""
+engine's in one process, with the experts split over two gloo ranks (EP = 2) or four (TP = 2 x EP = 2), and with the
+layers over two pipeline stages (PP = 2); Megatron-Core's RouterReplay hook replays the Hugging Face rollout's
+routing; bad expert settings are one line."""
 
 from __future__ import annotations
 
@@ -82,10 +83,17 @@ def test_a_qwen3_moe_checkpoint_round_trips_bit_exactly(tmp_path, tied, tp, ep):
 
 
 # ------------------------------------------------------------------------------------------------- the engine
-def megatron(tp: int = 1, ep: int = 1, sharded: bool = False) -> list[str]:
+def megatron(tp: int = 1, ep: int = 1, sharded: bool = False, pp: int = 1) -> list[str]:
     return ["actor.strategy=megatron", f"actor.megatron.tensor_model_parallel_size={tp}",
             f"actor.megatron.expert_model_parallel_size={ep}", f"actor.megatron.sequence_parallel={tp > 1}",
-            f"actor.megatron.use_distributed_optimizer={sharded}"]
+            f"actor.megatron.use_distributed_optimizer={sharded}", f"actor.megatron.pipeline_model_parallel_size={pp}"]
+
+
+def with_recorded_routing(batch, scored):
+    """``batch`` with the log-probs and routing of its log-prob pass ``scored`` when it recorded one (r2: the update
+    replays it)."""
+    recorded = "old_routed_experts" in scored.tensors
+    return batch.union(scored.select(["old_log_probs", "old_routed_experts"])) if recorded else batch
 
 
 def fsdp_step(model_path: str, extra: list[str]):
@@ -96,8 +104,10 @@ def fsdp_step(model_path: str, extra: list[str]):
     try:
         torch.manual_seed(0)
         batch = with_training_fields(group.generate_sequences(prompt_batch(model_path)))
-        log_probs = group.compute_log_probs(batch).tensors["old_log_probs"]
+        scored = group.compute_log_probs(batch)
+        batch = with_recorded_routing(batch, scored)
         metrics = group.update_actor(batch)[0]
+        log_probs = scored.tensors["old_log_probs"]
         return batch, log_probs, metrics, group.actor_weights()[0]
     finally:
         group.shutdown()
@@ -107,8 +117,10 @@ def check_same_step(group, reference) -> None:
     """``group`` (a Megatron actor) scores and trains ``reference``'s batch as the FSDP engine did."""
     batch, log_probs, metrics, weights = reference
     mask = batch.tensors["response_mask"].bool()
-    got = group.compute_log_probs(batch).tensors["old_log_probs"]
-    torch.testing.assert_close(got[mask], log_probs[mask], atol=1e-5, rtol=0)
+    scored = group.compute_log_probs(batch)
+    torch.testing.assert_close(scored.tensors["old_log_probs"][mask], log_probs[mask], atol=1e-5, rtol=0)
+    if "old_routed_experts" in batch.tensors:  # r2: the log-prob pass recorded the experts it used, every layer's
+        assert torch.equal(scored.tensors["old_routed_experts"], batch.tensors["old_routed_experts"])
     trained = group.update_actor(batch)[0]
     for key in ("actor/pg_loss", "moe/aux_loss", "moe/expert_load_max_frac", "moe/routing_entropy",
                 "moe/routing_mismatch_frac", "moe/router_mismatch_frac", "grad_norm"):
@@ -167,15 +179,35 @@ def test_in_process_megatron_moe_replays_the_rollouts_routing_and_matches_fsdp(m
         group.shutdown()
 
 
-@pytest.mark.parametrize("tp, ep, workers", [(1, 2, 2), (2, 2, 4)], ids=["ep2", "tp2-ep2-sharded"])
-def test_experts_split_over_ray_workers_match_fsdp(ray_cluster, moe_path, tmp_path, tp, ep, workers):
+def test_recomputed_layers_add_the_load_balancing_loss_as_fsdp(moe_path):
+    """With recomputed activations the forward whose graph the backward runs is the recomputation: the routers'
+    loss still reaches them (from a counting pass; without it the gradient norm falls short of FSDP's)."""
+    reference = fsdp_step(moe_path, AUX)
+    cfg, plan = engine_config(moe_path, extra=[*AUX, *megatron(), "actor.megatron.recompute_activations=true"])
+    group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
+    try:
+        group.init_model(moe_path, with_ref=False)
+        check_same_step(group, reference)
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.parametrize("tp, ep, pp, workers", [(1, 2, 1, 2), (2, 2, 1, 4), (1, 1, 2, 2)],
+                         ids=["ep2", "tp2-ep2-sharded", "pp2-r2-recomputed"])
+def test_experts_split_over_ray_workers_match_fsdp(ray_cluster, moe_path, tmp_path, tp, ep, pp, workers):
     """ep2: each of two workers holds 4 experts (and is a data-parallel replica of the rest); tp2-ep2-sharded: four
     workers, attention split in two with sequence parallelism, the experts over the other axis, and the distributed
     optimizer (each of the two ranks holding an expert steps half of those; each data-parallel replica half of the
-    rest). Log-probs, losses, metrics and every trained weight equal the FSDP engine's (EP = 1) within 1e-5; the
-    checkpoint, each rank's experts a slice of the whole tensors, loads into one worker (EP = 1) as those weights."""
-    reference = fsdp_step(moe_path, AUX)
-    cfg, plan = engine_config(moe_path, workers=workers, extra=[*AUX, *megatron(tp, ep, sharded=tp > 1)])
+    rest); pp2-r2-recomputed: a layer on each of two pipeline stages, replaying r2's routing (the log-prob pass's,
+    recorded on both stages), the load-balancing loss pooled over both stages' layers, each layer recomputed in the
+    backward pass (after the stage ran the next micro-batch's forward: 1F1B) as its forward routed. Log-probs,
+    losses, metrics and every trained weight equal the FSDP engine's (EP = 1) within 1e-5; the checkpoint, each
+    rank's experts a slice of the whole tensors, loads into one worker (EP = 1) as those weights."""
+    aux = AUX if pp == 1 else ["actor.moe.aux_loss_coef=0.5", "actor.moe.router_replay=r2"]
+    reference = fsdp_step(moe_path, aux)
+    recomputed = [f"actor.megatron.recompute_activations={pp > 1}"]
+    cfg, plan = engine_config(moe_path, workers=workers,
+                              extra=[*aux, *megatron(tp, ep, sharded=tp > 1, pp=pp), *recomputed])
     pool = ResourcePool(nnodes=1, workers_per_node=workers, device="cpu").create()
     group = RayWorkerGroup(ActorRolloutRefWorker, pool, cfg=cfg, plan=plan)
     try:
@@ -185,7 +217,7 @@ def test_experts_split_over_ray_workers_match_fsdp(ray_cluster, moe_path, tmp_pa
     finally:
         group.shutdown()
         pool.release()
-    cfg, plan = engine_config(moe_path, extra=[*AUX, *megatron()])
+    cfg, plan = engine_config(moe_path, extra=[*aux, *megatron()])
     group = InProcessWorkerGroup(ActorRolloutRefWorker, device="cpu", cfg=cfg, plan=plan)
     group.init_model(moe_path, with_ref=False)
     try:
@@ -200,8 +232,6 @@ def test_experts_split_over_ray_workers_match_fsdp(ray_cluster, moe_path, tmp_pa
 @pytest.mark.parametrize("extra, message", [
     (["trainer.workers_per_node=16", *megatron(ep=16)], "actor.megatron: expert parallel size 16 must divide the 8 "
                                                          "experts"),
-    (["actor.megatron.pipeline_model_parallel_size=2", *megatron()], "actor.megatron: pipeline_model_parallel_size=2: "
-                                                                      "a mixture of experts trains in one pipeline"),
     ([*megatron(tp=2), "actor.megatron.sequence_parallel=false"],
      "actor.megatron: tensor_model_parallel_size=2 with a mixture of experts needs sequence_parallel=true"),
 ])

@@ -42,7 +42,7 @@ from rlplat.engines.dist import REDUCE_OPS, DistContext
 from rlplat.engines.megatron import cpu, memory
 from rlplat.engines.megatron.checkpoint import checkpoint_state, load_checkpoint_state, masters_here
 from rlplat.engines.megatron.convert import LOCAL_EXPERT, GPTShape, data_parallel_size, megatron_name
-from rlplat.engines.megatron.routing import MegatronRouterTap, SequenceFirstRows
+from rlplat.engines.megatron.routing import CountedRouting, MegatronRouterTap, SequenceFirstRows
 from rlplat.engines.megatron.shards import RankShards
 from rlplat.engines.megatron.model import build_gpt_model, no_grad_at
 from rlplat.engines.megatron.vocab_parallel import mask_vocab_padding, vocab_parallel_outputs
@@ -114,17 +114,10 @@ def _check_trains(hf_config, model_path: str) -> None:
 
 
 def _check_experts(shape: GPTShape, engine_cfg) -> None:
-    """What a mixture of experts runs with on this engine (ValueError in one line): one pipeline stage (the
-    routing and its loss are kept per micro-batch over all layers), sequence parallelism with tensor parallelism
-    (Megatron-Core's MoE layers require it in training)."""
-    if not shape.num_experts:
-        return
+    """What a mixture of experts runs with on this engine (ValueError in one line): sequence parallelism with tensor
+    parallelism (Megatron-Core's MoE layers require it in training)."""
     tp = engine_cfg.tensor_model_parallel_size
-    if engine_cfg.pipeline_model_parallel_size > 1:
-        raise ValueError(f"pipeline_model_parallel_size={engine_cfg.pipeline_model_parallel_size}: a mixture of "
-                         f"experts trains in one pipeline stage on this engine (docs/moe.md); use tensor and expert "
-                         f"parallelism")
-    if tp > 1 and not engine_cfg.sequence_parallel:
+    if shape.num_experts and tp > 1 and not engine_cfg.sequence_parallel:
         raise ValueError(f"tensor_model_parallel_size={tp} with a mixture of experts needs sequence_parallel=true "
                          f"(Megatron-Core's MoE layers train tensor-parallel only with it)")
 
@@ -190,6 +183,10 @@ def _copy_masters(masters: dict[str, torch.Tensor], weights: dict[str, torch.Ten
             master.copy_(weights[name])
 
 
+def _no_loss(logits: torch.Tensor, micro: Batch):
+    return logits.new_zeros(()), None
+
+
 def _runs_megatron(method):
     """``method`` calls into Megatron-Core: on CPU it runs with Megatron-Core's CUDA-only calls redirected
     (:data:`rlplat.engines.megatron.cpu.redirected`), and they are restored when it returns."""
@@ -244,6 +241,9 @@ class MegatronEngine(TrainingEngine):
             # a mixture of experts (``moe``: actor.moe): the routing its forwards replay and record
             self.routing = self._routing(moe, optim_cfg is not None) if moe is not None and self.shape.num_experts \
                 else None
+        # trained over pipeline stages or with recomputed layers: the routers' loss from a counting pass
+        counts = self.routing is not None and self.routing.trained and (self.pp > 1 or engine_cfg.recompute_activations)
+        self.counted = CountedRouting(self.routing.tap, self.pp_group) if counts else None
         self._routed = None  # the last forward's (routing, rows, micro-batch tensors), for its loss
 
     def _megatron_context(self) -> contextlib.AbstractContextManager:
@@ -323,7 +323,7 @@ class MegatronEngine(TrainingEngine):
         """A mixture of experts' routing policy (``actor.moe``) over Megatron-Core's routers; the load-balancing
         loss's coefficient ``moe.aux_loss_coef``, or the model config's ``router_aux_loss_coef``."""
         coef = self.model_aux_loss_coef if moe.aux_loss_coef is None else moe.aux_loss_coef
-        tap = MegatronRouterTap(self._model, float(coef), self.tp_group, self.sequence_parallel)
+        tap = MegatronRouterTap(self._model, float(coef), self.tp_group, self.sequence_parallel, self.pp_group)
         return RoutedForward(tap, moe.router_replay, trained)
 
     def own_routing(self):
@@ -353,9 +353,10 @@ class MegatronEngine(TrainingEngine):
         seq = micro.tensors["input_ids"].shape[1]
         return -(-seq // self.tp) * self.tp if self.sequence_parallel else seq
 
-    def _stage_forward(self, micro: Batch) -> torch.Tensor:
+    def _stage_forward(self, micro: Batch, as_training: bool | None = None) -> torch.Tensor:
         """This stage's part of the forward pass: the logits ``[B, T, V / tp]`` on the last stage, the
-        hidden states for the next stage elsewhere (the schedule feeds a later stage its input)."""
+        hidden states for the next stage elsewhere (the schedule feeds a later stage its input). A mixture of
+        experts routes as a training forward does when ``as_training`` (default: when gradients are on)."""
         t = {k: v.to(self.device) for k, v in micro.tensors.items()
              if k in ("input_ids", "attention_mask", "position_ids")}
         seq, run = t["input_ids"].shape[1], self._seq_length(micro)
@@ -369,12 +370,17 @@ class MegatronEngine(TrainingEngine):
         routes, self._routed = contextlib.nullcontext(), None
         if self.routing is not None:
             rows = SequenceFirstRows(t["attention_mask"], run)
-            routes = self.routing.around(rows, micro.tensors, torch.is_grad_enabled())
+            as_training = torch.is_grad_enabled() if as_training is None else as_training
+            routes = self.routing.around(rows, micro.tensors, as_training)
+            if self.counted is not None and torch.is_grad_enabled():
+                self.counted.begin(rows)
         with self.compute(), routes as routing:
             out = self._model(t["input_ids"], t["position_ids"], masked)
         if routing is not None:
             self._routed = (routing, rows, micro.tensors)
-        return out[:, :seq] if self.last_stage else out
+        if self.counted is not None and torch.is_grad_enabled():
+            out = self.counted.routes_again(out)
+        return out[:, :seq] if self.last_stage else out.contiguous()  # (sent to the next stage as it is)
 
     def _outputs(self, logits: torch.Tensor, micro: Batch, temperature: float, need_entropy: bool,
                  need_sum_pi_squared: bool) -> ForwardOutput:
@@ -386,7 +392,9 @@ class MegatronEngine(TrainingEngine):
         logits = mask_vocab_padding(logits / temperature, self.tp_rank, self.shape.vocab_size)
         out = vocab_parallel_outputs(logits, responses, self.tp_rank * logits.shape[-1], need_entropy,
                                      need_sum_pi_squared)
-        if self._routed is not None:  # a mixture of experts: what the forward routed (its loss, metrics, record)
+        if self.counted is not None and torch.is_grad_enabled():  # the routers added their terms: the metrics
+            out.router_loss, out.router_metrics = logits.new_zeros(()), self.counted.metrics
+        elif self._routed is not None:  # a mixture of experts: what the forward routed (its loss, metrics, record)
             routing, rows, tensors = self._routed
             self.routing.finish(out, routing, rows, tensors, torch.is_grad_enabled())
         return out
@@ -398,17 +406,21 @@ class MegatronEngine(TrainingEngine):
         with torch.set_grad_enabled(grad):
             return self._outputs(self._stage_forward(micro), micro, temperature, need_entropy, need_sum_pi_squared)
 
-    def _schedule(self, pieces: list[Batch], per_micro, forward_only: bool) -> list:
+    def _schedule(self, pieces: list[Batch], per_micro, forward_only: bool, after_forward=None,
+                  as_training: bool | None = None) -> list:
         """Run the micro-batches ``pieces`` through Megatron-Core's forward(-backward) schedule (pipelined when pp > 1);
         ``per_micro(logits, micro) -> (scalar loss, result)`` runs on the last stage, whose results are
-        returned in order (an empty list on the other stages)."""
+        returned in order (an empty list on the other stages). ``after_forward(output, routed)`` sees each of this
+        stage's forwards (a mixture of experts over stages: :class:`StageRouting`)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micros = list(pieces)
 
         def step(data_iterator, model):
             micro = next(data_iterator)
-            output = self._stage_forward(micro)
+            output = self._stage_forward(micro, as_training)
+            if after_forward is not None:
+                output = after_forward(output, self._routed)
 
             def loss_func(logits):
                 loss, result = per_micro(logits, micro)
@@ -439,8 +451,12 @@ class MegatronEngine(TrainingEngine):
             return logits.new_zeros(()), {name: value.cpu() if name == "routed_experts" else value.float().cpu()
                                           for name, value in vars(fwd).items() if value is not None}
 
+        keeps = self.pp > 1 and self.counted is not None and self.routing.records(grad=False)
         with torch.no_grad():
-            results = self._schedule(micro_batches(self, batch, split), outputs, forward_only=True)
+            results = self._schedule(micro_batches(self, batch, split), outputs, forward_only=True,
+                                     after_forward=self.counted.keep if keeps else None)
+        for result, record in zip(results, self.counted.joined_records() if keeps else []):
+            result["routed_experts"] = record  # r2's record: every stage's layers
         merged = {name: torch.cat([r[name] for r in results]) for name in results[0]} if results else None
         return self._from_last_stage(merged)
 
@@ -451,8 +467,13 @@ class MegatronEngine(TrainingEngine):
         def loss(logits, micro):
             return loss_fn(self._outputs(logits, micro, temperature, need_entropy, False), micro)
 
+        micros = list(micro_batches(self, mini, split))
+        if self.counted is not None:  # the counting pass: every layer's routing of each micro-batch
+            with torch.no_grad():
+                self._schedule(micros, _no_loss, True, after_forward=self.counted.collect, as_training=True)
+            self.counted.count(micros, self.all_reduce_dp([float(mini.tensors["response_mask"].sum())])[0])
         metrics: dict[str, float] = {}
-        for micro_metrics in self._schedule(micro_batches(self, mini, split), loss, forward_only=False):
+        for micro_metrics in self._schedule(micros, loss, forward_only=False):
             add_metrics(metrics, micro_metrics)
         return self._step_optimizer(self._from_last_stage(metrics))
 
@@ -497,27 +518,10 @@ class MegatronEngine(TrainingEngine):
         return squares.sum().sqrt().float()
 
     def export_weights(self, dtype=None, bucket_bytes=512 * 2**20):
-        """Stream the Hugging Face weights one unit at a time (the embedding, each decoder layer, the final
-        norm with the output layer): the stage that holds a unit gathers its tensor-parallel shards on the
-        device, converts and casts them, and broadcasts them to the other stages; buckets of whole units of
-        at most ``bucket_bytes`` (or one unit, when larger) are yielded. Beside its own shard a rank holds the
-        bucket being filled and the unit being gathered, never the whole model."""
-        bucket, size = [], 0
+        """:meth:`RankShards.export_buckets`: the Hugging Face weights streamed one unit at a time."""
         with self._megatron_context():
             state = self._model.state_dict()  # references to the weights: built once, not per unit
-        for stage, prefix in self.shards.export_units():
-            with self._megatron_context():
-                unit = self.shards.gather_unit(state, stage, prefix, dtype)
-            nbytes = sum(t.numel() * t.element_size() for name, t in unit if name != "lm_head.weight"
-                         or not self.tied_output)  # a tied output layer is the embedding: no more bytes
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket += unit
-            size += nbytes
-            del unit
-        if bucket:
-            yield bucket
+        yield from self.shards.export_buckets(state, dtype, bucket_bytes, self._megatron_context)
 
     @_runs_megatron
     def blend_weights(self, buckets, alpha):

@@ -20,7 +20,7 @@ def transformer_config(hf_config, params_dtype: torch.dtype = torch.float32, **p
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     shape = GPTShape.from_hf_config(hf_config)
-    return TransformerConfig(
+    config = TransformerConfig(
         num_layers=shape.num_layers, hidden_size=shape.hidden_size, num_attention_heads=shape.num_heads,
         num_query_groups=shape.num_kv_heads, ffn_hidden_size=shape.intermediate_size or shape.moe_intermediate_size,
         kv_channels=shape.head_dim, normalization="RMSNorm", layernorm_epsilon=hf_config.rms_norm_eps,
@@ -31,11 +31,14 @@ def transformer_config(hf_config, params_dtype: torch.dtype = torch.float32, **p
         # the fused kernels are CUDA-only; the plain torch paths are exact
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
-        # pipeline stages exchange activations of each micro-batch's own shape (token budgets vary the rows); the
-        # check behind this switch also rejects MoE's allgather dispatcher (a mixture of experts runs at pp 1)
-        variable_seq_lengths=parallel.get("pipeline_model_parallel_size", 1) > 1, pipeline_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
         **{"moe_token_dispatcher_type": "alltoall", **(moe_config(shape) if shape.num_experts else {}), **parallel},
     )
+    # Pipeline stages exchange activations of each micro-batch's own shape (token budgets vary the rows): the stages
+    # send each one's shape first. Set after the config's checks, which refuse it beside MoE's allgather dispatcher
+    # (on CPU) though the switch changes only what the stages send each other, not the dispatcher's gathers.
+    config.variable_seq_lengths = parallel.get("pipeline_model_parallel_size", 1) > 1
+    return config
 
 
 def moe_config(shape: GPTShape) -> dict:

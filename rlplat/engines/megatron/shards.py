@@ -82,6 +82,27 @@ class RankShards:
             raise RuntimeError(f"export_weights: no export unit holds the Megatron tensors {missed[:4]}")
         return units
 
+    def export_buckets(self, state: dict[str, torch.Tensor], dtype: torch.dtype | None, bucket_bytes: int, context):
+        """The Hugging Face weights one unit at a time (the embedding, each decoder layer, the final norm with the
+        output layer): the stage that holds a unit gathers its tensor-parallel shards on the device, converts and
+        casts them, and broadcasts them to the other stages (:meth:`gather_unit`, inside ``context()``); buckets of
+        whole units of at most ``bucket_bytes`` (or one unit, when larger) are yielded. Beside its own shard a rank
+        holds the bucket being filled and the unit being gathered, never the whole model."""
+        bucket, size = [], 0
+        for stage, prefix in self.export_units():
+            with context():
+                unit = self.gather_unit(state, stage, prefix, dtype)
+            nbytes = sum(t.numel() * t.element_size() for name, t in unit if name != OUTPUT
+                         or not self.tied_output)  # a tied output layer is the embedding: no more bytes
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket += unit
+            size += nbytes
+            del unit
+        if bucket:
+            yield bucket
+
     def gather_unit(self, state: dict[str, torch.Tensor], stage: int, prefix: str,
                     dtype: torch.dtype | None) -> list[tuple[str, torch.Tensor]]:
         """The Hugging Face tensors of the Megatron tensors named ``prefix...`` on pipeline stage ``stage`` (whose
