@@ -49,8 +49,12 @@ def test_failures_are_reported_with_their_cause(source, status, exit_code, stder
 def test_a_program_past_its_time_is_killed_at_the_deadline(source):
     start = time.monotonic()
     result = run_python(source, "", DEADLINE)
+    # "timeout": the wall clock stopped it (the CPU-time limit that backs it up, 2 s of CPU, says "killed"; the
+    # sleeping program would run 60 s). How soon the sandbox returns after the deadline is the calling process's
+    # own scheduling, not the sandbox's: 2.06 s once in CI beside the other test worker (1.50-1.51 s here with
+    # four busy loops beside it), so the bound below only tells the deadline from a later one
     assert (result.status, result.exit_code) == ("timeout", None)
-    assert 1.5 <= result.wall_s < 1.5 + 0.5 and time.monotonic() - start < 5
+    assert 1.5 <= result.wall_s < 2 * 1.5 and time.monotonic() - start < 5
 
 
 def test_output_past_the_limit_stops_the_program_and_keeps_the_first_bytes():

@@ -184,6 +184,7 @@ def _copy_masters(masters: dict[str, torch.Tensor], weights: dict[str, torch.Ten
 
 
 def _no_loss(logits: torch.Tensor, micro: Batch):
+    """A forward-only pass's per-micro-batch: no loss, no result (the pass is for what the stages routed)."""
     return logits.new_zeros(()), None
 
 
@@ -411,7 +412,7 @@ class MegatronEngine(TrainingEngine):
         """Run the micro-batches ``pieces`` through Megatron-Core's forward(-backward) schedule (pipelined when pp > 1);
         ``per_micro(logits, micro) -> (scalar loss, result)`` runs on the last stage, whose results are
         returned in order (an empty list on the other stages). ``after_forward(output, routed)`` sees each of this
-        stage's forwards (a mixture of experts over stages: :class:`StageRouting`)."""
+        stage's forwards (a mixture of experts' counting pass and r2's record over stages: :class:`CountedRouting`)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micros = list(pieces)
