@@ -234,6 +234,10 @@ def test_experts_split_over_ray_workers_match_fsdp(ray_cluster, moe_path, tmp_pa
                                                          "experts"),
     ([*megatron(tp=2), "actor.megatron.sequence_parallel=false"],
      "actor.megatron: tensor_model_parallel_size=2 with a mixture of experts needs sequence_parallel=true"),
+    # replicas' micro-batches of other shapes: the all-gather over the expert-parallel ranks crashed a worker
+    ([*megatron(ep=2), "actor.micro_batch_max_tokens_per_worker=31"],
+     "actor.micro_batch_max_tokens_per_worker=31 with actor.megatron.expert_model_parallel_size=2 on cpu: the "
+     "experts' tokens are all-gathered"),
 ])
 def test_bad_expert_settings_are_one_config_line(extra, message):
     with pytest.raises(ConfigError) as err:

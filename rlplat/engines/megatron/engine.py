@@ -136,6 +136,14 @@ def _check_section(cfg, role: str, world_size: int, device: str) -> None:
             _check_experts(shape, engine_cfg)
     except ValueError as err:
         raise ConfigError(f"{key}: {err}") from None
+    ep = engine_cfg.expert_model_parallel_size
+    budgets = [k for k in ("micro_batch_max_tokens_per_worker", "log_prob_micro_batch_max_tokens_per_worker")
+               if cfg[role].get(k)]
+    if budgets and ep > 1 and device != "cuda" and shape is not None and shape.num_experts:
+        raise ConfigError(f"{role}.{budgets[0]}={cfg[role][budgets[0]]} with {key}.expert_model_parallel_size={ep} on "
+                          f"{device}: the experts' tokens are all-gathered over the expert-parallel ranks there, which "
+                          f"takes micro-batches of one shape on every rank; count sequences instead (the "
+                          f"*_size_seqs_per_worker keys; a GPU's all-to-all takes any)")
     check_mixed_precision(engine_cfg.mixed_precision, f"{key}.mixed_precision", device,
                           "Megatron-Core's layers compute in bf16 only under CUDA autocast")
     if engine_cfg.params_dtype not in PARAMS_DTYPES:
